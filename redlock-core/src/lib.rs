@@ -1,1 +1,78 @@
-//! stub
+//! The Redlock distributed lock over [deadpool-redis] pools, one pool per
+//! independent Redis master.
+//!
+//! This crate implements the algorithm of the redis.io "Distributed Locks with
+//! Redis" page:
+//!
+//! 1. take the time on a monotonic clock ([`std::time::Instant`]);
+//! 2. send `SET key token NX PX ttl` to all N nodes at once, each call under a short
+//!    per-node timeout, with a fresh 128-bit token from the OS CSPRNG;
+//! 3. the attempt holds the lock iff at least `N/2 + 1` nodes said OK and the
+//!    validity `ttl − elapsed − (ttl·drift_factor + 2 ms)` is positive;
+//! 4. a failed attempt is released wherever it may have landed, then retried after a
+//!    random delay;
+//! 5. release is a compare-and-delete Lua script on every node, never a bare `DEL`.
+//!
+//! On top of that: compare-and-pexpire extension that counts only with a quorum
+//! inside the current validity, a [`LockGuard`] that renews the lock while work runs
+//! and says when it is lost, and [`Redlock::with_lock`], which drops the work if the
+//! lock is lost.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redlock_core::{LockOptions, Redlock};
+//!
+//! # async fn run() -> Result<(), redlock_core::Error> {
+//! let redlock = Redlock::from_urls([
+//!     "redis://10.0.0.1:6379",
+//!     "redis://10.0.0.2:6379",
+//!     "redis://10.0.0.3:6379",
+//! ])?;
+//!
+//! // One attempt, manual release.
+//! let lock = redlock.try_lock("invoice:42", Duration::from_secs(5)).await?;
+//! println!("held for another {:?}", lock.remaining());
+//! redlock.unlock(lock).await?;
+//!
+//! // Held with auto-extension while the work runs; the work is dropped if the
+//! // lock is lost.
+//! redlock
+//!     .with_lock("tenant:7", &LockOptions::new(Duration::from_secs(2)), |lock| async move {
+//!         // long work here
+//!         lock.remaining()
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Safety notes
+//!
+//! Redlock assumes the nodes are independent masters (no replication between them)
+//! and that a restarted node stays down longer than the largest TTL, or persists
+//! with `appendfsync always`. A paused holder (GC, swap) can outlive its validity:
+//! check [`LockHandle::is_lost`] or use fencing in the protected resource when that
+//! matters.
+//!
+//! [deadpool-redis]: https://docs.rs/deadpool-redis
+
+#![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+mod config;
+mod error;
+mod guard;
+mod node;
+mod redlock;
+
+pub use config::{LockOptions, RedlockBuilder, RetryPolicy};
+pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report, redact_url};
+pub use guard::{LockGuard, LockHandle};
+pub use redlock::{Lock, NodeInfo, Redlock};
+
+/// The deadpool-redis crate this one is built on, for building pools.
+pub use deadpool_redis;

@@ -1,0 +1,489 @@
+//! The builder, the retry policy and the per-lock options.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::{Pool, Runtime};
+use redis::{ConnectionAddr, IntoConnectionInfo};
+
+use crate::error::{Error, redact_url};
+use crate::node::Node;
+use crate::redlock::{Inner, Redlock};
+
+/// How [`Redlock::lock`] retries a failed attempt.
+///
+/// Every failed attempt is released on all nodes, then the next one starts after
+/// `delay + random(0..=jitter)`. The random part keeps competing clients from
+/// retrying in lockstep (the distlock page's "split brain" advice). Retries stop
+/// after `max_attempts`, or when the next attempt could not finish before the
+/// `deadline`, whichever comes first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) delay: Duration,
+    pub(crate) jitter: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 10 attempts, 100 ms apart plus up to 100 ms of jitter: about 1.5 s of waiting.
+    fn default() -> Self {
+        Self {
+            max_attempts: 10,
+            deadline: None,
+            delay: Duration::from_millis(100),
+            jitter: Duration::from_millis(100),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retry (what [`Redlock::try_lock`] does).
+    pub fn no_retry() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Up to `n` attempts in all (at least one).
+    pub fn attempts(n: u32) -> Self {
+        Self {
+            max_attempts: n.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// As many attempts as fit in `deadline`, counted from the first attempt.
+    pub fn deadline(deadline: Duration) -> Self {
+        Self {
+            max_attempts: u32::MAX,
+            deadline: Some(deadline),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the fixed part of the delay between attempts.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Sets the random part of the delay between attempts (uniform in `0..=jitter`).
+    pub fn with_jitter(mut self, jitter: Duration) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Caps the number of attempts (at least one).
+    pub fn with_max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Caps the total time spent, counted from the first attempt.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// The largest number of attempts this policy makes.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The overall deadline, if any.
+    pub fn overall_deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+}
+
+/// Options for a lock held with auto-extension ([`Redlock::lock_guard`] and
+/// [`Redlock::with_lock`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) retry: Option<RetryPolicy>,
+}
+
+impl LockOptions {
+    /// Holds the lock with keys of this TTL, renewed while the work runs.
+    ///
+    /// The TTL is how long other clients wait if this process dies while it holds
+    /// the lock; renewal keeps it alive for as long as the work takes.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            max_hold: None,
+            retry: None,
+        }
+    }
+
+    /// Stops renewing once the lock has been held this long. The holder is told
+    /// the lock is lost when its last validity runs out.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Acquires with this retry policy instead of the handle's default.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// The TTL of each key.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+/// Settings shared by every call on one [`Redlock`].
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) fixed_drift: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) key_prefix: String,
+    pub(crate) min_ttl: Duration,
+    pub(crate) max_ttl: Duration,
+    pub(crate) max_extensions: Option<u32>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            fixed_drift: Duration::from_millis(2),
+            retry: RetryPolicy::default(),
+            key_prefix: String::new(),
+            min_ttl: Duration::from_millis(10),
+            max_ttl: Duration::from_secs(24 * 3600),
+            max_extensions: None,
+        }
+    }
+}
+
+enum NodeSource {
+    Pool { label: Option<String>, pool: Pool },
+    Url(String),
+}
+
+/// Builds a [`Redlock`]: the nodes, then the settings.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_core::{Redlock, RetryPolicy};
+///
+/// # fn main() -> Result<(), redlock_core::Error> {
+/// let redlock = Redlock::builder()
+///     .url("redis://10.0.0.1:6379")
+///     .url("redis://10.0.0.2:6379")
+///     .url("redis://:secret@10.0.0.3:6379/0")
+///     .node_timeout(Duration::from_millis(20))
+///     .retry(RetryPolicy::deadline(Duration::from_secs(2)))
+///     .key_prefix("lock:")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct RedlockBuilder {
+    sources: Vec<NodeSource>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self
+            .sources
+            .iter()
+            .map(|s| match s {
+                NodeSource::Pool { label, .. } => label.clone().unwrap_or_else(|| "<pool>".into()),
+                NodeSource::Url(u) => redact_url(u),
+            })
+            .collect();
+        f.debug_struct("RedlockBuilder")
+            .field("nodes", &nodes)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl Default for RedlockBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RedlockBuilder {
+    /// A builder with no nodes and the default settings.
+    pub fn new() -> Self {
+        Self {
+            sources: Vec::new(),
+            settings: Settings::default(),
+        }
+    }
+
+    /// Adds a node: a deadpool-redis pool to one independent Redis master.
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.sources.push(NodeSource::Pool { label: None, pool });
+        self
+    }
+
+    /// Adds a node with a label for logs and errors. Labels (or URLs) also let the
+    /// builder refuse the same address listed twice.
+    pub fn labeled_pool(mut self, label: impl Into<String>, pool: Pool) -> Self {
+        self.sources.push(NodeSource::Pool {
+            label: Some(label.into()),
+            pool,
+        });
+        self
+    }
+
+    /// Adds a node by URL: `redis://[user:password@]host[:port][/db]`,
+    /// `rediss://…` with the `tls` feature, or `unix:///path`.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.sources.push(NodeSource::Url(url.into()));
+        self
+    }
+
+    /// Adds several nodes by URL.
+    pub fn urls<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        for u in urls {
+            self = self.url(u);
+        }
+        self
+    }
+
+    /// The longest one node may take to answer one call (default 50 ms). Must be
+    /// shorter than every TTL used. Small values keep a dead or paused node from
+    /// slowing every acquire.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.node_timeout = timeout;
+        self
+    }
+
+    /// The clock drift allowed per unit of TTL (default 0.01).
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.settings.drift_factor = factor;
+        self
+    }
+
+    /// The fixed drift added to `ttl * drift_factor` (default 2 ms).
+    pub fn fixed_drift(mut self, drift: Duration) -> Self {
+        self.settings.fixed_drift = drift;
+        self
+    }
+
+    /// The retry policy of [`Redlock::lock`] (default [`RetryPolicy::default`]).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.settings.retry = retry;
+        self
+    }
+
+    /// A prefix put before every resource name to form the Redis key (default
+    /// none, so keys match other Redlock clients that lock the same name).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.key_prefix = prefix.into();
+        self
+    }
+
+    /// The smallest TTL accepted (default 10 ms).
+    pub fn min_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.min_ttl = ttl;
+        self
+    }
+
+    /// The largest TTL accepted (default 24 h).
+    pub fn max_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.max_ttl = ttl;
+        self
+    }
+
+    /// Caps how many times one lock may be extended (default: no cap; use
+    /// [`LockOptions::max_hold`] to cap by time).
+    pub fn max_extensions(mut self, n: u32) -> Self {
+        self.settings.max_extensions = Some(n);
+        self
+    }
+
+    /// Checks the settings and builds the handle. No connection is made yet; call
+    /// [`Redlock::check_nodes`] to connect and to refuse duplicate servers by
+    /// `run_id`.
+    ///
+    /// # Errors
+    /// [`Error::NoNodes`], [`Error::InvalidUrl`], [`Error::DuplicateNode`] (by
+    /// address) or [`Error::InvalidConfig`].
+    pub fn build(self) -> Result<Redlock, Error> {
+        let s = &self.settings;
+        if self.sources.is_empty() {
+            return Err(Error::NoNodes);
+        }
+        if !(0.0..0.5).contains(&s.drift_factor) {
+            return Err(Error::InvalidConfig(format!(
+                "drift_factor {} must be in 0.0..0.5",
+                s.drift_factor
+            )));
+        }
+        if s.node_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "node_timeout must be above zero".into(),
+            ));
+        }
+        if s.min_ttl.is_zero() || s.min_ttl > s.max_ttl {
+            return Err(Error::InvalidConfig(format!(
+                "ttl bounds {:?}..={:?} are empty or start at zero",
+                s.min_ttl, s.max_ttl
+            )));
+        }
+        if s.node_timeout >= s.max_ttl {
+            return Err(Error::NodeTimeoutTooLong {
+                node_timeout: s.node_timeout,
+                ttl: s.max_ttl,
+            });
+        }
+
+        let mut nodes: Vec<Node> = Vec::with_capacity(self.sources.len());
+        for (i, source) in self.sources.into_iter().enumerate() {
+            let node = match source {
+                NodeSource::Pool { label, pool } => {
+                    let address = label.clone();
+                    let label: Arc<str> = label.unwrap_or_else(|| format!("node{i}")).into();
+                    Node::new(label, address, pool)
+                }
+                NodeSource::Url(url) => node_from_url(&url)?,
+            };
+            if let Some(addr) = &node.address {
+                if let Some(first) = nodes.iter().find(|n| n.address.as_ref() == Some(addr)) {
+                    return Err(Error::DuplicateNode {
+                        first: first.label.clone(),
+                        second: node.label.clone(),
+                        by: "address",
+                    });
+                }
+            }
+            nodes.push(node);
+        }
+        if nodes.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = nodes.len(),
+                quorum = nodes.len() / 2 + 1,
+                "an even number of Redlock nodes tolerates no more failures than one node fewer"
+            );
+        }
+        Ok(Redlock::from_inner(Inner::new(nodes, self.settings)))
+    }
+}
+
+/// Parses a node URL into a pool, its label and its address (no password kept).
+fn node_from_url(url: &str) -> Result<Node, Error> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: redact_url(url),
+        reason: scrub_password(url, reason),
+    };
+    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+        return Err(invalid(
+            "rediss:// needs the `tls` feature of redlock-core".into(),
+        ));
+    }
+    let info = url
+        .into_connection_info()
+        .map_err(|e| invalid(e.to_string()))?;
+    let address = match info.addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_ascii_lowercase();
+            let host = if host == "localhost" {
+                "127.0.0.1".to_owned()
+            } else {
+                host
+            };
+            format!("{host}:{port}")
+        }
+        ConnectionAddr::Unix(path) => format!("unix:{}", path.display()),
+        _ => redact_url(url),
+    };
+    let db = info.redis_settings().db();
+    let label = if db == 0 {
+        address.clone()
+    } else {
+        format!("{address}/{db}")
+    };
+    let pool = deadpool_redis::Config::from_url(url)
+        .create_pool(Some(Runtime::Tokio1))
+        .map_err(|e| invalid(e.to_string()))?;
+    // Two databases of one server are one failure domain: compare the address only.
+    Ok(Node::new(label.into(), Some(address), pool))
+}
+
+/// Removes the URL's password from a message that may quote the URL.
+fn scrub_password(url: &str, message: String) -> String {
+    let Some(rest) = url.split_once("://").map(|(_, r)| r) else {
+        return message;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let Some((userinfo, _)) = authority.rsplit_once('@') else {
+        return message;
+    };
+    let password = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
+    if password.is_empty() {
+        message
+    } else {
+        message.replace(password, "***")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_bad_settings_and_urls() {
+        assert!(matches!(RedlockBuilder::new().build(), Err(Error::NoNodes)));
+        let e = RedlockBuilder::new()
+            .url("http://:pw123@x")
+            .build()
+            .unwrap_err();
+        match e {
+            Error::InvalidUrl { url, reason } => {
+                assert!(
+                    !url.contains("pw123") && !reason.contains("pw123"),
+                    "{url} {reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = RedlockBuilder::new()
+            .url("redis://127.0.0.1:7001")
+            .url("redis://localhost:7001/2")
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::DuplicateNode { by: "address", .. }),
+            "{e:?}"
+        );
+        let e = RedlockBuilder::new()
+            .url("redis://127.0.0.1:7001")
+            .drift_factor(0.9)
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+    }
+
+    #[test]
+    fn retry_policy_bounds() {
+        assert_eq!(RetryPolicy::attempts(0).max_attempts(), 1);
+        assert_eq!(RetryPolicy::no_retry().max_attempts(), 1);
+        let p = RetryPolicy::deadline(Duration::from_secs(1));
+        assert_eq!(p.overall_deadline(), Some(Duration::from_secs(1)));
+    }
+}

@@ -1,0 +1,401 @@
+//! Typed errors: what went wrong, and on which node.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why one node's call failed.
+///
+/// A node error never fails an operation on its own: the operation fails only when
+/// the errors make a quorum impossible. The [`Report`] inside the operation's
+/// [`Error`] then lists every node's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The node could not be reached: connection refused, DNS failure, or the pool
+    /// could not create a connection.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The connection broke mid-call (reset, broken pipe, closed by the server).
+    #[error("connection lost: {0}")]
+    Io(String),
+    /// The node did not answer within the per-node timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The key holds a value this library did not write and cannot own: another
+    /// application uses the same key name.
+    #[error("key holds a foreign {found} value (pttl {pttl_ms} ms)")]
+    WrongType {
+        /// The Redis `TYPE` of the value found at the key (`"?"` when the node only
+        /// said `WRONGTYPE` and did not tell).
+        found: String,
+        /// The `PTTL` seen at the key: `-1` for no expiry, `-2` when unknown.
+        pttl_ms: i64,
+    },
+    /// The script cache did not have the script even after the `EVAL` fallback.
+    #[error("NOSCRIPT: {0}")]
+    NoScript(String),
+    /// The node is a read-only replica. Redlock needs independent masters.
+    #[error("READONLY: the node is a replica, not a master")]
+    ReadOnly,
+    /// The node is over `maxmemory` and refuses writes.
+    #[error("OOM: the node is over maxmemory and refuses writes")]
+    OutOfMemory,
+    /// Authentication is missing or wrong (`NOAUTH`, `WRONGPASS`, `NOPERM`).
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// The node is still loading its dataset into memory.
+    #[error("LOADING: the node is loading its dataset")]
+    Loading,
+    /// The node is busy running another script.
+    #[error("BUSY: the node is running a long script")]
+    ScriptBusy,
+    /// Any other error reply from the server.
+    #[error("server error {code}: {message}")]
+    Server {
+        /// The error code, the first word of the reply (for example `ERR`).
+        code: String,
+        /// The rest of the reply.
+        message: String,
+    },
+    /// The reply did not have the shape the script returns.
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+}
+
+impl NodeError {
+    /// Maps a `redis` error to the node error that says what happened.
+    pub(crate) fn from_redis(err: &redis::RedisError) -> Self {
+        if let Some(code) = err.code() {
+            let message = err.detail().unwrap_or_default().to_owned();
+            return match code {
+                "WRONGTYPE" => NodeError::WrongType {
+                    found: "?".to_owned(),
+                    pttl_ms: -2,
+                },
+                "NOSCRIPT" => NodeError::NoScript(message),
+                "READONLY" => NodeError::ReadOnly,
+                "OOM" => NodeError::OutOfMemory,
+                "NOAUTH" | "WRONGPASS" | "NOPERM" => NodeError::Auth(format!("{code} {message}")),
+                "LOADING" => NodeError::Loading,
+                "BUSY" => NodeError::ScriptBusy,
+                _ => NodeError::Server {
+                    code: code.to_owned(),
+                    message,
+                },
+            };
+        }
+        if err.kind() == redis::ErrorKind::AuthenticationFailed {
+            return NodeError::Auth(err.to_string());
+        }
+        if err.is_connection_refusal() {
+            return NodeError::Connect(err.to_string());
+        }
+        if err.is_timeout() {
+            return NodeError::Io(format!("timed out: {err}"));
+        }
+        if err.is_io_error() || err.is_connection_dropped() {
+            return NodeError::Io(err.to_string());
+        }
+        NodeError::Protocol(err.to_string())
+    }
+
+    /// Whether the cached connection to the node should be dropped and made anew.
+    pub(crate) fn breaks_connection(&self) -> bool {
+        matches!(
+            self,
+            NodeError::Connect(_)
+                | NodeError::Io(_)
+                | NodeError::Timeout(_)
+                | NodeError::Protocol(_)
+        )
+    }
+}
+
+/// What one node answered to one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeStatus {
+    /// The node did what was asked: set, extended or released the key.
+    Ok,
+    /// Another holder has the key. `pttl` is its remaining time to live, when the
+    /// key has one.
+    Busy {
+        /// The holder's remaining time to live on this node.
+        pttl: Option<Duration>,
+    },
+    /// The key does not hold this lock's token (it expired, or was deleted).
+    NotHeld,
+    /// The outcome was decided before this node answered. Its answer is still
+    /// handled in the background (a late key is released).
+    Pending,
+    /// The call failed.
+    Failed(NodeError),
+}
+
+/// One node's outcome within one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeOutcome {
+    /// The node's position in the list the [`Redlock`](crate::Redlock) was built from.
+    pub index: usize,
+    /// The node's label: its address with no password, or `node<i>` for a pool
+    /// given without one.
+    pub node: Arc<str>,
+    /// The time from sending to the answer (zero for [`NodeStatus::Pending`]).
+    pub latency: Duration,
+    /// What the node answered.
+    pub status: NodeStatus,
+}
+
+/// Every node's outcome within one operation, in node order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// One entry per node.
+    pub nodes: Vec<NodeOutcome>,
+}
+
+impl Report {
+    /// How many nodes answered [`NodeStatus::Ok`].
+    pub fn ok_count(&self) -> usize {
+        self.count(|s| matches!(s, NodeStatus::Ok))
+    }
+
+    /// How many nodes failed with an error.
+    pub fn failed_count(&self) -> usize {
+        self.count(|s| matches!(s, NodeStatus::Failed(_)))
+    }
+
+    /// The errors, with the node each came from.
+    pub fn errors(&self) -> impl Iterator<Item = (&NodeOutcome, &NodeError)> {
+        self.nodes.iter().filter_map(|n| match &n.status {
+            NodeStatus::Failed(e) => Some((n, e)),
+            _ => None,
+        })
+    }
+
+    fn count(&self, f: impl Fn(&NodeStatus) -> bool) -> usize {
+        self.nodes.iter().filter(|n| f(&n.status)).count()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.nodes.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}: ", n.node)?;
+            match &n.status {
+                NodeStatus::Ok => write!(f, "ok in {:?}", n.latency)?,
+                NodeStatus::Busy { pttl: Some(p) } => write!(f, "busy, holder expires in {p:?}")?,
+                NodeStatus::Busy { pttl: None } => f.write_str("busy, holder key has no expiry")?,
+                NodeStatus::NotHeld => f.write_str("not held")?,
+                NodeStatus::Pending => f.write_str("pending")?,
+                NodeStatus::Failed(e) => write!(f, "{e}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every error this crate returns.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The resource name is empty.
+    #[error("the resource name is empty")]
+    EmptyResource,
+    /// The TTL is zero, or outside the configured bounds.
+    #[error("ttl {ttl:?} is outside the allowed range {min:?}..={max:?}")]
+    InvalidTtl {
+        /// The TTL given.
+        ttl: Duration,
+        /// The smallest TTL allowed.
+        min: Duration,
+        /// The largest TTL allowed.
+        max: Duration,
+    },
+    /// The per-node timeout must be shorter than the TTL, or no attempt could ever
+    /// leave validity.
+    #[error("node timeout {node_timeout:?} must be shorter than the ttl {ttl:?}")]
+    NodeTimeoutTooLong {
+        /// The per-node timeout configured.
+        node_timeout: Duration,
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// No nodes were given.
+    #[error("no Redis nodes were given")]
+    NoNodes,
+    /// The same Redis server was listed twice. Redlock's safety rests on
+    /// independent masters, so this is refused.
+    #[error("node {second} is the same server as node {first} (same {by})")]
+    DuplicateNode {
+        /// The label of the first listing.
+        first: Arc<str>,
+        /// The label of the second listing.
+        second: Arc<str>,
+        /// How the duplicate was found: `"address"` or `"run_id"`.
+        by: &'static str,
+    },
+    /// A node URL could not be parsed. The URL shown has its password removed.
+    #[error("invalid node URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A builder setting is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// The lock is held by someone else on enough nodes that no quorum was possible.
+    /// The backend itself answered.
+    #[error(
+        "resource {resource:?} is locked by another holder (retry after {retry_after:?}): {report}"
+    )]
+    Busy {
+        /// The resource asked for.
+        resource: Arc<str>,
+        /// When enough holders' keys expire that a quorum could be free, if known.
+        retry_after: Option<Duration>,
+        /// Every node's outcome in the last attempt.
+        report: Report,
+    },
+    /// Too many nodes failed for a quorum: the backend is unavailable.
+    #[error("no quorum for {resource:?}: {ok} of {quorum} needed nodes answered ok: {report}")]
+    NoQuorum {
+        /// The resource asked for.
+        resource: Arc<str>,
+        /// How many nodes said ok.
+        ok: usize,
+        /// How many were needed.
+        quorum: usize,
+        /// Every node's outcome in the last attempt.
+        report: Report,
+    },
+    /// A quorum said ok, but so late that no validity was left
+    /// (`ttl - elapsed - drift <= 0`).
+    #[error(
+        "quorum for {resource:?} took {elapsed:?}, which leaves no validity of the {ttl:?} ttl"
+    )]
+    NoValidity {
+        /// The resource asked for.
+        resource: Arc<str>,
+        /// The time the attempt took.
+        elapsed: Duration,
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// An extension found the lock gone from so many nodes that no quorum holds it.
+    #[error("lock on {resource:?} is no longer held: {report}")]
+    NotHeld {
+        /// The resource.
+        resource: Arc<str>,
+        /// Every node's outcome.
+        report: Report,
+    },
+    /// The lock's validity ran out before the call could be made.
+    #[error("lock on {resource:?} has expired")]
+    Expired {
+        /// The resource.
+        resource: Arc<str>,
+    },
+    /// The configured maximum number of extensions was reached.
+    #[error("lock on {resource:?} reached its limit of {limit} extensions")]
+    ExtensionLimit {
+        /// The resource.
+        resource: Arc<str>,
+        /// The limit.
+        limit: u32,
+    },
+    /// The lock was lost while the work ran, and the work was stopped.
+    #[error("lock on {resource:?} was lost while the work ran")]
+    Lost {
+        /// The resource.
+        resource: Arc<str>,
+    },
+    /// A release did not reach every node. Keys left behind expire with their TTL.
+    #[error("release of {resource:?} deleted {deleted} keys but some nodes failed: {report}")]
+    ReleaseIncomplete {
+        /// The resource.
+        resource: Arc<str>,
+        /// How many keys the release deleted.
+        deleted: usize,
+        /// Every node's outcome.
+        report: Report,
+    },
+}
+
+impl Error {
+    /// For [`Error::Busy`], when it is worth trying again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Busy { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Whether a later attempt may succeed: the lock was busy, or the nodes failed
+    /// in a way that may pass.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Busy { .. } | Error::NoQuorum { .. } | Error::NoValidity { .. }
+        )
+    }
+
+    /// The per-node report, for errors that carry one.
+    pub fn report(&self) -> Option<&Report> {
+        match self {
+            Error::Busy { report, .. }
+            | Error::NoQuorum { report, .. }
+            | Error::NotHeld { report, .. }
+            | Error::ReleaseIncomplete { report, .. } => Some(report),
+            _ => None,
+        }
+    }
+}
+
+/// Replaces the password in a Redis URL with `***`, so it can be logged.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let user = match userinfo.find(':') {
+                Some(colon) => &userinfo[..colon],
+                None if userinfo.is_empty() => "",
+                // `redis://secret@host` puts the password alone in the user part.
+                None => "",
+            };
+            format!("{}{}:***@{}", &url[..scheme_end + 3], user, &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("redis://user:hunter2@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact_url("redis://:hunter2@host"), "redis://:***@host");
+        assert_eq!(
+            redact_url("rediss://hunter2@host/1"),
+            "rediss://:***@host/1"
+        );
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

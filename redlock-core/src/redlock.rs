@@ -1,0 +1,984 @@
+//! The Redlock algorithm: acquire, extend and release on N independent masters.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::Pool;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use rand::Rng;
+use redis::Value;
+use tracing::Instrument;
+
+use crate::config::{RedlockBuilder, RetryPolicy, Settings};
+use crate::error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
+use crate::node::{ACQUIRE, AcquireReply, Call, EXTEND, Node, RELEASE, parse_acquire, parse_flag};
+
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) quorum: usize,
+    pub(crate) settings: Settings,
+}
+
+impl Inner {
+    pub(crate) fn new(nodes: Vec<Node>, settings: Settings) -> Self {
+        Self {
+            quorum: quorum(nodes.len()),
+            nodes,
+            settings,
+        }
+    }
+}
+
+/// A handle to N independent Redis masters that hands out Redlock locks.
+///
+/// Cheap to clone (one `Arc`), `Send + Sync`: build it once at start-up and share
+/// it. Every call talks to all nodes at once and returns as soon as the outcome is
+/// decided.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_core::Redlock;
+///
+/// # async fn run() -> Result<(), redlock_core::Error> {
+/// let redlock = Redlock::from_urls(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+/// let lock = redlock.lock("invoice:42", Duration::from_secs(5)).await?;
+/// // ... at most one holder at a time runs here, for lock.remaining() ...
+/// redlock.unlock(lock).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<&str> = self.inner.nodes.iter().map(|n| &*n.label).collect();
+        f.debug_struct("Redlock")
+            .field("nodes", &nodes)
+            .field("quorum", &self.inner.quorum)
+            .field("settings", &self.inner.settings)
+            .finish()
+    }
+}
+
+/// What [`Redlock::check_nodes`] learned about one node.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    /// The node's label.
+    pub node: Arc<str>,
+    /// The server's `run_id`, unique per server process.
+    pub run_id: Option<String>,
+    /// The server's `redis_version`.
+    pub version: Option<String>,
+    /// The error, if the node did not answer.
+    pub error: Option<NodeError>,
+}
+
+/// One node's settled answer within a fan-out.
+pub(crate) struct Settled<T> {
+    index: usize,
+    latency: Duration,
+    result: Result<T, NodeError>,
+}
+
+/// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
+pub(crate) fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// Spec step 3: the validity left to the holder, `ttl - elapsed - drift` with
+/// `drift = ttl * drift_factor + fixed_drift`. `None` when nothing is left, which
+/// fails the attempt.
+pub(crate) fn validity(ttl: Duration, elapsed: Duration, s: &Settings) -> Option<Duration> {
+    let drift = ttl.mul_f64(s.drift_factor) + s.fixed_drift;
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
+/// Spec step 1: a fresh token of 128 bits from the OS CSPRNG, hex-encoded. A new
+/// one for every attempt, so a late reply to an old attempt can never be taken for
+/// the current one.
+pub(crate) fn new_token() -> Result<Arc<str>, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::InvalidConfig(format!("OS random source failed: {e}")))?;
+    let mut hex = String::with_capacity(32);
+    for b in bytes {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        hex.push(DIGITS[usize::from(b >> 4)] as char);
+        hex.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    Ok(hex.into())
+}
+
+/// Spec step 5 ("retry after a random delay"): `delay + uniform(0..=jitter)`.
+pub(crate) fn retry_delay(policy: &RetryPolicy) -> Duration {
+    let jitter_us = u64::try_from(policy.jitter.as_micros()).unwrap_or(u64::MAX);
+    let extra = if jitter_us == 0 {
+        0
+    } else {
+        rand::rng().random_range(0..=jitter_us)
+    };
+    policy.delay + Duration::from_micros(extra)
+}
+
+/// Busy holders' keys must expire on `quorum - ok` more nodes before a quorum can
+/// be free; the wait is that many-th smallest PTTL.
+fn busy_retry_after(pttls: &mut [Duration], ok: usize, quorum: usize) -> Option<Duration> {
+    let needed = quorum.saturating_sub(ok).max(1);
+    pttls.sort_unstable();
+    pttls.get(needed - 1).copied()
+}
+
+/// Late answers to an acquire that returned before every node answered.
+#[derive(Default)]
+pub(crate) struct Late {
+    /// Set once the lock is released or the attempt failed: a late `OK` must then
+    /// be released at once.
+    abandoned: AtomicBool,
+}
+
+impl Redlock {
+    /// A handle over these pools, one per independent Redis master, with the
+    /// default settings. Use [`Redlock::builder`] for the rest.
+    ///
+    /// # Errors
+    /// [`Error::NoNodes`] for an empty list.
+    pub fn new(pools: impl IntoIterator<Item = Pool>) -> Result<Self, Error> {
+        pools
+            .into_iter()
+            .fold(RedlockBuilder::new(), RedlockBuilder::pool)
+            .build()
+    }
+
+    /// A handle over these node URLs with the default settings.
+    ///
+    /// # Errors
+    /// See [`RedlockBuilder::build`].
+    pub fn from_urls<I, S>(urls: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedlockBuilder::new().urls(urls).build()
+    }
+
+    /// A builder for the nodes and the settings.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::new()
+    }
+
+    pub(crate) fn from_inner(inner: Inner) -> Self {
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// How many nodes this handle talks to.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// How many nodes must agree: `N / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// The per-node timeout.
+    pub fn node_timeout(&self) -> Duration {
+        self.inner.settings.node_timeout
+    }
+
+    /// The default retry policy of [`Redlock::lock`].
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.settings.retry
+    }
+
+    /// The Redis key used for `resource`: the key prefix, then the resource.
+    pub fn key_for(&self, resource: &str) -> String {
+        format!("{}{}", self.inner.settings.key_prefix, resource)
+    }
+
+    /// Connects to every node, reads `INFO server`, and refuses the same server
+    /// listed twice (same `run_id`). Nodes that do not answer are reported, not
+    /// refused: Redlock is built to run with a minority down.
+    ///
+    /// # Errors
+    /// [`Error::DuplicateNode`] with `by: "run_id"`.
+    pub async fn check_nodes(&self) -> Result<Vec<NodeInfo>, Error> {
+        let cmd = {
+            let mut c = redis::cmd("INFO");
+            c.arg("server");
+            c
+        };
+        let timeout = self
+            .inner
+            .settings
+            .node_timeout
+            .max(Duration::from_millis(500));
+        let infos: Vec<NodeInfo> =
+            futures_util::future::join_all(self.inner.nodes.iter().map(|node| {
+                let cmd = &cmd;
+                async move {
+                    let mut info = NodeInfo {
+                        node: node.label.clone(),
+                        run_id: None,
+                        version: None,
+                        error: None,
+                    };
+                    match node.query(cmd, timeout).await {
+                        Ok(v) => {
+                            let text = match v {
+                                Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                                Value::VerbatimString { text, .. } => text,
+                                other => format!("{other:?}"),
+                            };
+                            let field = |name: &str| {
+                                text.lines()
+                                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                                    .map(|v| v.trim().to_owned())
+                            };
+                            info.run_id = field("run_id");
+                            info.version = field("redis_version");
+                        }
+                        Err(e) => info.error = Some(e),
+                    }
+                    info
+                }
+            }))
+            .await;
+        for (i, a) in infos.iter().enumerate() {
+            if let Some(b) = infos[..i]
+                .iter()
+                .find(|b| b.run_id.is_some() && b.run_id == a.run_id)
+            {
+                return Err(Error::DuplicateNode {
+                    first: b.node.clone(),
+                    second: a.node.clone(),
+                    by: "run_id",
+                });
+            }
+        }
+        Ok(infos)
+    }
+
+    fn check_resource(resource: &str) -> Result<(), Error> {
+        if resource.is_empty() {
+            return Err(Error::EmptyResource);
+        }
+        Ok(())
+    }
+
+    /// Spec input checks: the TTL is in bounds and longer than the node timeout.
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), Error> {
+        let s = &self.inner.settings;
+        if ttl.is_zero() || ttl < s.min_ttl || ttl > s.max_ttl {
+            return Err(Error::InvalidTtl {
+                ttl,
+                min: s.min_ttl,
+                max: s.max_ttl,
+            });
+        }
+        if s.node_timeout >= ttl {
+            return Err(Error::NodeTimeoutTooLong {
+                node_timeout: s.node_timeout,
+                ttl,
+            });
+        }
+        Ok(())
+    }
+
+    /// One attempt to take the lock (no retry).
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when another holder has it, [`Error::NoQuorum`] when too
+    /// many nodes failed, [`Error::NoValidity`] when the quorum came too late, or
+    /// an input error.
+    pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_with(resource, ttl, &RetryPolicy::no_retry())
+            .await
+    }
+
+    /// Takes the lock, retrying failed attempts per the handle's retry policy.
+    ///
+    /// # Errors
+    /// The last attempt's error once the policy gives up; see [`Redlock::try_lock`].
+    pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_with(resource, ttl, &self.inner.settings.retry)
+            .await
+    }
+
+    /// Takes the lock, retrying failed attempts per `retry`.
+    ///
+    /// # Errors
+    /// See [`Redlock::lock`].
+    pub async fn lock_with(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        Self::check_resource(resource)?;
+        self.check_ttl(ttl)?;
+        let resource: Arc<str> = resource.into();
+        let key: Arc<str> = self.key_for(&resource).into();
+        let begin = Instant::now();
+        // The last attempt must be able to finish inside the deadline.
+        let latest_start = retry.deadline.map(|d| {
+            (begin + d)
+                .checked_sub(self.inner.settings.node_timeout)
+                .unwrap_or(begin)
+        });
+        let mut attempt = 1;
+        loop {
+            let err = match self.attempt(&resource, &key, ttl, attempt).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) => e,
+            };
+            if attempt >= retry.max_attempts {
+                return Err(err);
+            }
+            let mut wake = Instant::now() + retry_delay(retry);
+            if let Some(latest) = latest_start {
+                if Instant::now() >= latest {
+                    return Err(err);
+                }
+                wake = wake.min(latest);
+            }
+            tokio::time::sleep_until(wake.into()).await;
+            attempt += 1;
+        }
+    }
+
+    /// Spec step 2: sends `call` to every node at once, each under the node timeout.
+    fn fan_out<T>(
+        &self,
+        call: &Arc<Call>,
+        parse: fn(Value) -> Result<T, NodeError>,
+    ) -> FuturesUnordered<impl Future<Output = Settled<T>> + Send + 'static + use<T>>
+    where
+        T: Send + 'static,
+    {
+        let timeout = self.inner.settings.node_timeout;
+        (0..self.inner.nodes.len())
+            .map(|index| {
+                let inner = Arc::clone(&self.inner);
+                let call = Arc::clone(call);
+                async move {
+                    let (result, latency) = inner.nodes[index].run(&call, timeout).await;
+                    Settled {
+                        index,
+                        latency,
+                        result: result.and_then(parse),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Collects answers until `decided` says the outcome is known. Nodes that have
+    /// not answered by then stay in `pending`.
+    async fn settle<T, F>(
+        &self,
+        pending: &mut FuturesUnordered<F>,
+        mut decided: impl FnMut(&Settled<T>) -> bool,
+    ) -> Vec<Option<Settled<T>>>
+    where
+        F: Future<Output = Settled<T>>,
+    {
+        let mut out: Vec<Option<Settled<T>>> = (0..self.inner.nodes.len()).map(|_| None).collect();
+        while let Some(s) = pending.next().await {
+            let done = decided(&s);
+            let index = s.index;
+            if let Some(slot) = out.get_mut(index) {
+                *slot = Some(s);
+            }
+            if done {
+                break;
+            }
+        }
+        out
+    }
+
+    fn report<T>(
+        &self,
+        settled: &[Option<Settled<T>>],
+        status: impl Fn(&T) -> NodeStatus,
+    ) -> Report {
+        Report {
+            nodes: settled
+                .iter()
+                .enumerate()
+                .map(|(index, s)| NodeOutcome {
+                    index,
+                    node: self.inner.nodes[index].label.clone(),
+                    latency: s.as_ref().map_or(Duration::ZERO, |s| s.latency),
+                    status: match s {
+                        None => NodeStatus::Pending,
+                        Some(Settled { result: Ok(v), .. }) => status(v),
+                        Some(Settled { result: Err(e), .. }) => NodeStatus::Failed(e.clone()),
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    /// One acquire attempt: spec steps 1 to 4.
+    async fn attempt(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        ttl: Duration,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let span = tracing::debug_span!(
+            "redlock.acquire",
+            resource = %resource,
+            attempt,
+            ttl_ms = ttl.as_millis() as u64,
+            elapsed_us = tracing::field::Empty,
+            validity_ms = tracing::field::Empty,
+            ok = tracing::field::Empty,
+        );
+        async {
+            let token = new_token()?;
+            let call = Arc::new(Call::new(
+                &ACQUIRE,
+                Arc::clone(key),
+                vec![token.to_string(), ttl.as_millis().to_string()],
+            ));
+            let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+            let start = Instant::now();
+            let mut pending = self.fan_out(&call, parse_acquire);
+            let (mut ok, mut not_ok) = (0, 0);
+            let settled = self
+                .settle(&mut pending, |s| {
+                    if matches!(s.result, Ok(AcquireReply::Acquired)) {
+                        ok += 1;
+                    } else {
+                        not_ok += 1;
+                    }
+                    ok >= q || n - not_ok < q
+                })
+                .await;
+            let elapsed = start.elapsed();
+            let validity = validity(ttl, elapsed, &self.inner.settings);
+            let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
+            let span = tracing::Span::current();
+            span.record("elapsed_us", elapsed.as_micros() as u64);
+            span.record("ok", ok);
+
+            if let (true, Some(validity)) = (ok >= q, validity) {
+                span.record("validity_ms", validity.as_millis() as u64);
+                if let Some(late) = &late {
+                    self.handle_late(
+                        pending,
+                        Arc::clone(late),
+                        Arc::clone(key),
+                        Arc::clone(&token),
+                    );
+                }
+                tracing::debug!(report = %self.report(&settled, acquire_status), "acquired");
+                return Ok(Lock {
+                    redlock: self.clone(),
+                    resource: Arc::clone(resource),
+                    key: Arc::clone(key),
+                    token,
+                    started: start,
+                    valid_until: start + elapsed + validity,
+                    ttl,
+                    extensions: 0,
+                    late,
+                    released: false,
+                });
+            }
+
+            // Spec step 4: a failed attempt is released wherever it may have landed.
+            if let Some(late) = &late {
+                late.abandoned.store(true, Ordering::SeqCst);
+                self.handle_late(
+                    pending,
+                    Arc::clone(late),
+                    Arc::clone(key),
+                    Arc::clone(&token),
+                );
+            }
+            let report = self.report(&settled, acquire_status);
+            self.unlock_all(key, &token, Some(&report)).await;
+            tracing::debug!(report = %report, "attempt failed");
+            Err(self.acquire_error(resource, ok, elapsed, ttl, report))
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn acquire_error(
+        &self,
+        resource: &Arc<str>,
+        ok: usize,
+        elapsed: Duration,
+        ttl: Duration,
+        report: Report,
+    ) -> Error {
+        let q = self.inner.quorum;
+        if ok >= q {
+            return Error::NoValidity {
+                resource: Arc::clone(resource),
+                elapsed,
+                ttl,
+            };
+        }
+        let mut busy: Vec<Duration> = Vec::new();
+        let mut busy_count = 0;
+        for n in &report.nodes {
+            if let NodeStatus::Busy { pttl } = n.status {
+                busy_count += 1;
+                busy.extend(pttl);
+            }
+        }
+        if ok + busy_count >= q {
+            Error::Busy {
+                resource: Arc::clone(resource),
+                retry_after: busy_retry_after(&mut busy, ok, q),
+                report,
+            }
+        } else {
+            Error::NoQuorum {
+                resource: Arc::clone(resource),
+                ok,
+                quorum: q,
+                report,
+            }
+        }
+    }
+
+    /// Drives the answers that came after the outcome was decided: a late `OK` joins
+    /// the lock (and is released with it), or is released at once if the lock is
+    /// already gone; a late failure is released in case the `SET` ran.
+    fn handle_late<F>(
+        &self,
+        mut pending: FuturesUnordered<F>,
+        late: Arc<Late>,
+        key: Arc<str>,
+        token: Arc<str>,
+    ) where
+        F: Future<Output = Settled<AcquireReply>> + Send + 'static,
+    {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        rt.spawn(async move {
+            while let Some(s) = pending.next().await {
+                let release = match s.result {
+                    Ok(AcquireReply::Busy { .. }) | Err(NodeError::WrongType { .. }) => false,
+                    Ok(AcquireReply::Acquired) => late.abandoned.load(Ordering::SeqCst),
+                    Err(_) => true,
+                };
+                tracing::debug!(node = %this.inner.nodes[s.index].label, release, "late acquire answer");
+                if release {
+                    let call = Call::new(&RELEASE, Arc::clone(&key), vec![token.to_string()]);
+                    let _ = this.inner.nodes[s.index].run(&call, this.inner.settings.node_timeout).await;
+                }
+            }
+        });
+    }
+
+    /// Spec step 5 ("release the lock"): compare-and-delete on every node at once.
+    /// With a `report` from a failed acquire, nodes that answered "busy" are
+    /// skipped: the script is atomic, so they never stored this token.
+    /// Returns the keys deleted and every node's outcome.
+    pub(crate) async fn unlock_all(
+        &self,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        acquired: Option<&Report>,
+    ) -> (usize, Report) {
+        let skip = |i: usize| {
+            acquired.is_some_and(|r| {
+                matches!(
+                    r.nodes[i].status,
+                    NodeStatus::Busy { .. } | NodeStatus::Failed(NodeError::WrongType { .. })
+                )
+            })
+        };
+        if (0..self.inner.nodes.len()).all(skip) {
+            return (0, Report::default());
+        }
+        let call = Arc::new(Call::new(
+            &RELEASE,
+            Arc::clone(key),
+            vec![token.to_string()],
+        ));
+        let timeout = self.inner.settings.node_timeout;
+        let mut pending: FuturesUnordered<_> = (0..self.inner.nodes.len())
+            .filter(|&i| !skip(i))
+            .map(|index| {
+                let call = &call;
+                async move {
+                    let (result, latency) = self.inner.nodes[index].run(call, timeout).await;
+                    Settled {
+                        index,
+                        latency,
+                        result: result.and_then(parse_flag),
+                    }
+                }
+            })
+            .collect();
+        let settled = self.settle(&mut pending, |_| false).await;
+        let deleted = settled
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.result, Ok(true)))
+            .count();
+        (
+            deleted,
+            self.report(&settled, |&d| {
+                if d {
+                    NodeStatus::Ok
+                } else {
+                    NodeStatus::NotHeld
+                }
+            }),
+        )
+    }
+
+    /// Releases `lock` on every node (spec step 5). Returns how many keys were
+    /// deleted: fewer than the quorum means some had already expired.
+    ///
+    /// # Errors
+    /// [`Error::ReleaseIncomplete`] when a node failed; its key expires with the TTL.
+    pub async fn unlock(&self, lock: Lock) -> Result<usize, Error> {
+        lock.unlock().await
+    }
+
+    /// Extends `lock` to a fresh `ttl` on every node (compare-and-pexpire).
+    ///
+    /// # Errors
+    /// See [`Lock::extend`].
+    pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        lock.extend(ttl).await
+    }
+}
+
+fn acquire_status(r: &AcquireReply) -> NodeStatus {
+    match r {
+        AcquireReply::Acquired => NodeStatus::Ok,
+        AcquireReply::Busy { pttl_ms } => NodeStatus::Busy {
+            pttl: u64::try_from(*pttl_ms).ok().map(Duration::from_millis),
+        },
+    }
+}
+
+/// A held Redlock lock: the resource, this holder's token, and how long it is valid.
+///
+/// Dropping a `Lock` without [`Lock::unlock`] spawns the release in the background
+/// (when inside a Tokio runtime; otherwise the keys expire with their TTL).
+pub struct Lock {
+    redlock: Redlock,
+    resource: Arc<str>,
+    key: Arc<str>,
+    token: Arc<str>,
+    started: Instant,
+    valid_until: Instant,
+    ttl: Duration,
+    extensions: u32,
+    late: Option<Arc<Late>>,
+    released: bool,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("resource", &self.resource)
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining())
+            .field("ttl", &self.ttl)
+            .field("extensions", &self.extensions)
+            .finish()
+    }
+}
+
+impl Lock {
+    /// The resource name.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The Redis key: the key prefix, then the resource.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// This holder's random token, the value stored at the key.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// When the winning attempt (or the last extension) was sent.
+    pub fn started_at(&self) -> Instant {
+        self.started
+    }
+
+    /// When the validity ends: after this instant, another client may hold the lock.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The validity left, zero once it has run out.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the validity has not run out yet.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// The TTL of the keys as last set.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How many times the lock has been extended.
+    pub fn extensions(&self) -> u32 {
+        self.extensions
+    }
+
+    pub(crate) fn redlock(&self) -> &Redlock {
+        &self.redlock
+    }
+
+    pub(crate) fn shared_key(&self) -> &Arc<str> {
+        &self.key
+    }
+
+    pub(crate) fn shared_token(&self) -> &Arc<str> {
+        &self.token
+    }
+
+    pub(crate) fn shared_resource(&self) -> &Arc<str> {
+        &self.resource
+    }
+
+    /// Spec step "extend": compare-and-pexpire to `ttl` on every node at once. It
+    /// counts only if a quorum agrees before the current validity ends; the new
+    /// validity is then `ttl - elapsed - drift` from the call's start.
+    ///
+    /// # Errors
+    /// [`Error::Expired`] if the validity already ran out, [`Error::NotHeld`] when
+    /// the key is gone from too many nodes, [`Error::NoQuorum`] when nodes failed,
+    /// [`Error::ExtensionLimit`], or a TTL error (a zero TTL is refused before
+    /// sending: `PEXPIRE 0` would delete the key).
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let redlock = self.redlock.clone();
+        redlock.check_ttl(ttl)?;
+        if let Some(limit) = redlock.inner.settings.max_extensions {
+            if self.extensions >= limit {
+                return Err(Error::ExtensionLimit {
+                    resource: Arc::clone(&self.resource),
+                    limit,
+                });
+            }
+        }
+        let start = Instant::now();
+        if start >= self.valid_until {
+            return Err(Error::Expired {
+                resource: Arc::clone(&self.resource),
+            });
+        }
+        let span = tracing::debug_span!(
+            "redlock.extend",
+            resource = %self.resource,
+            extension = self.extensions + 1,
+            ttl_ms = ttl.as_millis() as u64,
+        );
+        let _enter = span.enter();
+        let call = Arc::new(Call::new(
+            &EXTEND,
+            Arc::clone(&self.key),
+            vec![self.token.to_string(), ttl.as_millis().to_string()],
+        ));
+        let (n, q) = (redlock.inner.nodes.len(), redlock.inner.quorum);
+        let (mut ok, mut not_ok, mut not_held) = (0, 0, 0);
+        drop(_enter);
+        let mut pending = redlock.fan_out(&call, parse_flag);
+        let settled = redlock
+            .settle(&mut pending, |s| {
+                match s.result {
+                    Ok(true) => ok += 1,
+                    Ok(false) => {
+                        not_ok += 1;
+                        not_held += 1;
+                    }
+                    Err(_) => not_ok += 1,
+                }
+                ok >= q || n - not_ok < q
+            })
+            .instrument(span.clone())
+            .await;
+        let now = Instant::now();
+        let elapsed = now - start;
+        let report = redlock.report(&settled, |&b| {
+            if b {
+                NodeStatus::Ok
+            } else {
+                NodeStatus::NotHeld
+            }
+        });
+        let validity = validity(ttl, elapsed, &redlock.inner.settings);
+        span.in_scope(|| tracing::debug!(ok, elapsed_us = elapsed.as_micros() as u64, validity_ms = validity.map(|v| v.as_millis() as u64), report = %report, "extend"));
+        match validity {
+            Some(v) if ok >= q && now < self.valid_until => {
+                self.started = start;
+                self.valid_until = now + v;
+                self.ttl = ttl;
+                self.extensions += 1;
+                Ok(())
+            }
+            _ if ok >= q => Err(Error::Expired {
+                resource: Arc::clone(&self.resource),
+            }),
+            _ if n - not_held < q => Err(Error::NotHeld {
+                resource: Arc::clone(&self.resource),
+                report,
+            }),
+            _ => Err(Error::NoQuorum {
+                resource: Arc::clone(&self.resource),
+                ok,
+                quorum: q,
+                report,
+            }),
+        }
+    }
+
+    /// Releases the lock on every node (compare-and-delete). Returns how many keys
+    /// were deleted.
+    ///
+    /// # Errors
+    /// [`Error::ReleaseIncomplete`] when a node failed; its key expires with the TTL.
+    pub async fn unlock(mut self) -> Result<usize, Error> {
+        self.released = true;
+        if let Some(late) = &self.late {
+            late.abandoned.store(true, Ordering::SeqCst);
+        }
+        let span = tracing::debug_span!("redlock.release", resource = %self.resource);
+        let (deleted, report) = self
+            .redlock
+            .unlock_all(&self.key, &self.token, None)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| tracing::debug!(deleted, report = %report, "released"));
+        if report.failed_count() > 0 {
+            return Err(Error::ReleaseIncomplete {
+                resource: Arc::clone(&self.resource),
+                deleted,
+                report,
+            });
+        }
+        Ok(deleted)
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Some(late) = &self.late {
+            late.abandoned.store(true, Ordering::SeqCst);
+        }
+        // Never block in drop: spawn the release, or leave the keys to their TTL
+        // when there is no runtime to spawn on.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (redlock, key, token) = (
+                self.redlock.clone(),
+                Arc::clone(&self.key),
+                Arc::clone(&self.token),
+            );
+            rt.spawn(async move {
+                redlock.unlock_all(&key, &token, None).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_strict_majority() {
+        assert_eq!(quorum(1), 1);
+        assert_eq!(quorum(2), 2);
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(4), 3);
+        assert_eq!(quorum(5), 3);
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let s = Settings::default();
+        let ttl = Duration::from_millis(1000);
+        // 1000 - 100 - (10 + 2) = 888
+        assert_eq!(
+            validity(ttl, Duration::from_millis(100), &s),
+            Some(Duration::from_millis(888))
+        );
+        assert_eq!(validity(ttl, Duration::from_millis(988), &s), None);
+        assert_eq!(validity(ttl, Duration::from_millis(2000), &s), None);
+        assert_eq!(
+            validity(ttl, Duration::from_millis(987), &s),
+            Some(Duration::from_millis(1))
+        );
+    }
+
+    #[test]
+    fn tokens_are_128_bit_and_fresh() {
+        let a = new_token().unwrap();
+        let b = new_token().unwrap();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn retry_delay_stays_in_bounds_and_varies() {
+        let p = RetryPolicy::attempts(3)
+            .with_delay(Duration::from_millis(50))
+            .with_jitter(Duration::from_millis(50));
+        let delays: Vec<Duration> = (0..200).map(|_| retry_delay(&p)).collect();
+        assert!(
+            delays
+                .iter()
+                .all(|d| *d >= Duration::from_millis(50) && *d <= Duration::from_millis(100))
+        );
+        assert!(
+            delays.iter().any(|d| *d != delays[0]),
+            "jitter must vary the delay"
+        );
+    }
+
+    #[test]
+    fn busy_retry_after_waits_for_enough_holders() {
+        let ms = Duration::from_millis;
+        // 5 nodes, none ok: 3 keys must expire.
+        assert_eq!(
+            busy_retry_after(&mut [ms(500), ms(100), ms(300), ms(400), ms(200)], 0, 3),
+            Some(ms(300))
+        );
+        // 2 ok already: one more expiry is enough.
+        assert_eq!(
+            busy_retry_after(&mut [ms(500), ms(100), ms(300)], 2, 3),
+            Some(ms(100))
+        );
+        assert_eq!(busy_retry_after(&mut [], 0, 3), None);
+    }
+}
