@@ -154,12 +154,24 @@ impl Node {
 
     async fn run_inner(&self, call: &Call) -> Result<Value, NodeError> {
         let mut conn = self.connection().await?;
-        match conn.send_packed_command(&call.evalsha).await {
+        // Error replies arrive as `Value::ServerError`; `extract_error` makes them
+        // errors so they are classified.
+        match conn
+            .send_packed_command(&call.evalsha)
+            .await
+            .and_then(Value::extract_error)
+        {
             Ok(v) => Ok(v),
             Err(e) if e.code() == Some("NOSCRIPT") => conn
                 .send_packed_command(&call.eval())
                 .await
-                .map_err(|e| NodeError::from_redis(&e)),
+                .and_then(Value::extract_error)
+                .map_err(|e| match NodeError::from_redis(&e) {
+                    NodeError::Server { code, message } => NodeError::NoScript(format!(
+                        "EVALSHA said NOSCRIPT and the EVAL fallback failed: {code} {message}"
+                    )),
+                    other => other,
+                }),
             Err(e) => Err(NodeError::from_redis(&e)),
         }
     }
@@ -170,6 +182,7 @@ impl Node {
             let mut conn = self.connection().await?;
             conn.send_packed_command(cmd)
                 .await
+                .and_then(Value::extract_error)
                 .map_err(|e| NodeError::from_redis(&e))
         })
         .await
