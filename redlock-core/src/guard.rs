@@ -108,7 +108,7 @@ impl LockHandle {
 
     /// An owned future of [`LockHandle::lost`], for `select!` loops that outlive a
     /// borrow.
-    pub fn lost_owned(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub fn lost_owned(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
         self.shared.lost.clone().cancelled_owned()
     }
 }

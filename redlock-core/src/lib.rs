@@ -68,6 +68,7 @@ mod error;
 mod guard;
 mod node;
 mod redlock;
+pub mod request;
 
 pub use config::{LockOptions, RedlockBuilder, RetryPolicy};
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report, redact_url};

@@ -1,0 +1,200 @@
+//! [`ResponseFuture`]: acquire, then run the handler under the lock.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use pin_project_lite::pin_project;
+use redlock_core::request::{self, Guarded, LockPolicy, Rejection, ReleasePolicy, RequestLock};
+use tower_service::Service;
+
+use crate::body::RedlockBody;
+use crate::layer::RejectionHandler;
+
+type Acquire = Pin<Box<dyn Future<Output = Result<Option<RequestLock>, Rejection>> + Send>>;
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        Acquiring {
+            acquire: Acquire,
+            service: Option<S>,
+            request: Option<Request<ReqBody>>,
+        },
+        Running {
+            #[pin]
+            future: Guarded<S::Future>,
+            lock: Option<RequestLock>,
+        },
+        Rejected {
+            rejection: Option<Rejection>,
+        },
+    }
+}
+
+pin_project! {
+    /// The response future of [`RedlockService`](crate::RedlockService).
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+        policy: Arc<LockPolicy>,
+        on_rejection: Option<RejectionHandler>,
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn acquiring(
+        acquire: Acquire,
+        service: S,
+        request: Request<ReqBody>,
+        policy: Arc<LockPolicy>,
+        on_rejection: Option<RejectionHandler>,
+    ) -> Self {
+        Self {
+            state: State::Acquiring {
+                acquire,
+                service: Some(service),
+                request: Some(request),
+            },
+            policy,
+            on_rejection,
+        }
+    }
+
+    pub(crate) fn unlocked(
+        future: S::Future,
+        policy: Arc<LockPolicy>,
+        on_rejection: Option<RejectionHandler>,
+    ) -> Self {
+        Self {
+            state: State::Running {
+                future: request::guard(future, None, &policy),
+                lock: None,
+            },
+            policy,
+            on_rejection,
+        }
+    }
+
+    pub(crate) fn rejected(
+        rejection: Rejection,
+        policy: Arc<LockPolicy>,
+        on_rejection: Option<RejectionHandler>,
+    ) -> Self {
+        rejection.log();
+        Self {
+            state: State::Rejected {
+                rejection: Some(rejection),
+            },
+            policy,
+            on_rejection,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<RedlockBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquiring {
+                    acquire,
+                    service,
+                    request,
+                } => {
+                    let acquired = ready!(acquire.as_mut().poll(cx));
+                    let (Some(mut service), Some(mut request)) = (service.take(), request.take())
+                    else {
+                        // Only reachable if polled after a panic inside `call`.
+                        return Poll::Ready(Ok(reject(
+                            Rejection::MissingHandle,
+                            this.on_rejection.as_ref(),
+                        )));
+                    };
+                    match acquired {
+                        Ok(lock) => {
+                            if let Some(lock) = &lock {
+                                request.extensions_mut().insert(lock.handle());
+                            }
+                            let future =
+                                request::guard(service.call(request), lock.as_ref(), this.policy);
+                            this.state.set(State::Running { future, lock });
+                        }
+                        Err(rejection) => this.state.set(State::Rejected {
+                            rejection: Some(rejection),
+                        }),
+                    }
+                }
+                StateProj::Running { future, lock } => {
+                    return Poll::Ready(match ready!(future.poll(cx)) {
+                        Ok(Ok(response)) => {
+                            let lock = match this.policy.release_policy() {
+                                ReleasePolicy::BodyEnd => lock.take(),
+                                ReleasePolicy::ResponseHead => {
+                                    drop(lock.take());
+                                    None
+                                }
+                            };
+                            Ok(response.map(|body| RedlockBody::inner(body, lock)))
+                        }
+                        Ok(Err(error)) => {
+                            drop(lock.take());
+                            Err(error)
+                        }
+                        Err(rejection) => {
+                            // Lost: drop the handler's future first, then answer.
+                            this.state.set(State::Rejected { rejection: None });
+                            Ok(reject(rejection, this.on_rejection.as_ref()))
+                        }
+                    });
+                }
+                StateProj::Rejected { rejection } => {
+                    let rejection = rejection.take().unwrap_or(Rejection::MissingHandle);
+                    return Poll::Ready(Ok(reject(rejection, this.on_rejection.as_ref())));
+                }
+            }
+        }
+    }
+}
+
+/// The response for a rejection: the custom handler's, or a problem+json document
+/// with `Retry-After` where it applies.
+pub(crate) fn reject<B>(
+    rejection: Rejection,
+    handler: Option<&RejectionHandler>,
+) -> Response<RedlockBody<B>> {
+    if let Some(handler) = handler {
+        return handler(&rejection).map(RedlockBody::rejection);
+    }
+    let mut response = Response::new(RedlockBody::rejection(Bytes::from(
+        rejection.problem_json(),
+    )));
+    *response.status_mut() =
+        StatusCode::from_u16(rejection.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(Rejection::CONTENT_TYPE),
+    );
+    if let Some(secs) = rejection.retry_after_secs() {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}

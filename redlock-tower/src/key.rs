@@ -1,0 +1,104 @@
+//! Key extractors: which requests share a lock.
+
+#[cfg(feature = "axum")]
+use std::sync::Arc;
+
+use http::HeaderName;
+use http::request::Parts;
+
+/// Computes the lock key of a request. `None` means "this request has no key"; the
+/// layer then follows its missing-key policy (pass through by default).
+///
+/// Closures `Fn(&Parts) -> Option<String>` implement it, so any key can be built
+/// from the method, URI, headers or extensions:
+///
+/// ```
+/// use redlock_tower::RedlockLayer;
+///
+/// let layer = RedlockLayer::by_fn(|req: &http::request::Parts| {
+///     Some(format!("{} {}", req.method, req.uri.path()))
+/// });
+/// # let _ = layer;
+/// ```
+pub trait KeyExtractor: Clone + Send + Sync + 'static {
+    /// The key of this request. It gets `&mut` so extractors can reuse axum's
+    /// synchronous extractors, which take `&mut Parts`.
+    fn extract(&self, req: &mut Parts) -> Option<String>;
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    fn extract(&self, req: &mut Parts) -> Option<String> {
+        self(req)
+    }
+}
+
+/// The request path, e.g. `/orders/42` (no query string). Every request has one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByPath;
+
+impl KeyExtractor for ByPath {
+    fn extract(&self, req: &mut Parts) -> Option<String> {
+        Some(req.uri.path().to_owned())
+    }
+}
+
+/// The value of one request header, e.g. `X-Tenant-Id`. Absent or non-UTF-8 values
+/// give no key.
+///
+/// The client chooses this value: use it for keys where a client can only hurt
+/// itself by choosing another one (its own tenant, its own delivery id), and
+/// check it against authentication where that matters.
+#[derive(Debug, Clone)]
+pub struct ByHeader(pub(crate) HeaderName);
+
+impl KeyExtractor for ByHeader {
+    fn extract(&self, req: &mut Parts) -> Option<String> {
+        req.headers
+            .get(&self.0)?
+            .to_str()
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    }
+}
+
+/// One named parameter of the axum route that matched, e.g. `tenant` in
+/// `/tenants/{tenant}/jobs`. Needs the layer to be applied with `Router::layer`
+/// or `route_layer` (the router fills the parameters in before the layer runs).
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone)]
+pub struct ByPathParam(pub(crate) Arc<str>);
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for ByPathParam {
+    fn extract(&self, req: &mut Parts) -> Option<String> {
+        use axum::extract::{FromRequestParts, RawPathParams};
+        use futures_util::FutureExt;
+        // The extractor only reads the request extensions: it is ready at once.
+        let params = RawPathParams::from_request_parts(req, &())
+            .now_or_never()?
+            .ok()?;
+        params
+            .iter()
+            .find(|(name, _)| *name == &*self.0)
+            .map(|(_, value)| format!("{}={value}", self.0))
+    }
+}
+
+/// The route template that matched, e.g. `/tenants/{tenant}/jobs`: one lock per
+/// route, whatever its parameters.
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByMatchedPath;
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for ByMatchedPath {
+    fn extract(&self, req: &mut Parts) -> Option<String> {
+        req.extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|p| p.as_str().to_owned())
+    }
+}

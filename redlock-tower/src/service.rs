@@ -1,0 +1,65 @@
+//! [`RedlockService`]: the middleware itself.
+
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use redlock_core::Redlock;
+use redlock_core::request::{self, MissingKeyPolicy, Rejection};
+use tower_service::Service;
+
+use crate::body::RedlockBody;
+use crate::future::ResponseFuture;
+use crate::key::KeyExtractor;
+use crate::layer::RedlockLayer;
+
+/// The service [`RedlockLayer`] wraps around the inner one.
+#[derive(Clone, Debug)]
+pub struct RedlockService<S, K> {
+    pub(crate) inner: S,
+    pub(crate) layer: RedlockLayer<K>,
+}
+
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    K: KeyExtractor,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    type Response = Response<RedlockBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        let key = self.layer.key.extract(&mut parts);
+        let req = Request::from_parts(parts, body);
+        let policy = self.layer.policy.clone();
+        let on_rejection = self.layer.on_rejection.clone();
+
+        if key.is_none() && policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
+            return ResponseFuture::unlocked(self.inner.call(req), policy, on_rejection);
+        }
+        let Some(redlock) = self
+            .layer
+            .redlock
+            .clone()
+            .or_else(|| req.extensions().get::<Redlock>().cloned())
+        else {
+            return ResponseFuture::rejected(Rejection::MissingHandle, policy, on_rejection);
+        };
+        // The ready service was this one: take it, leave a clone for next time.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let acquire_policy = policy.clone();
+        let acquire =
+            Box::pin(async move { request::acquire(&redlock, key, &acquire_policy).await });
+        ResponseFuture::acquiring(acquire, inner, req, policy, on_rejection)
+    }
+}
