@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{Pool, Runtime};
-use redis::{ConnectionAddr, IntoConnectionInfo};
+use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
 
 use crate::error::{Error, redact_url};
 use crate::node::Node;
@@ -228,6 +228,11 @@ impl RedlockBuilder {
     }
 
     /// Adds a node: a deadpool-redis pool to one independent Redis master.
+    ///
+    /// Every call is bounded by [`node_timeout`](Self::node_timeout). A pool built
+    /// with `deadpool_redis::Config::create_pool` also carries redis' default
+    /// response timeout (500 ms), which then caps longer node timeouts; build the
+    /// pool with `Manager::new_with_config` to lift it.
     pub fn pool(mut self, pool: Pool) -> Self {
         self.sources.push(NodeSource::Pool { label: None, pool });
         self
@@ -398,6 +403,11 @@ fn node_from_url(url: &str) -> Result<Node, Error> {
         .map_err(|e| invalid(e.to_string()))?;
     let address = match info.addr() {
         ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            if !valid_host(host) {
+                return Err(invalid(format!(
+                    "{host:?} is not a host name or IP address"
+                )));
+            }
             let host = host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
@@ -418,11 +428,36 @@ fn node_from_url(url: &str) -> Result<Node, Error> {
     } else {
         format!("{address}/{db}")
     };
-    let pool = deadpool_redis::Config::from_url(url)
-        .create_pool(Some(Runtime::Tokio1))
+    // No response or connect timeout in the connection itself: every call is
+    // bounded by `node_timeout`, which may be longer than redis' defaults.
+    let manager = deadpool_redis::Manager::new_with_config(
+        info,
+        AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(None),
+    )
+    .map_err(|e| invalid(e.to_string()))?;
+    let pool = Pool::builder(manager)
+        .runtime(Runtime::Tokio1)
+        .build()
         .map_err(|e| invalid(e.to_string()))?;
     // Two databases of one server are one failure domain: compare the address only.
     Ok(Node::new(label.into(), Some(address), pool))
+}
+
+/// A DNS name or an IP address (brackets already removed).
+fn valid_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.parse::<std::net::IpAddr>().is_ok()
+        || (!host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            }))
 }
 
 /// Removes the URL's password from a message that may quote the URL.

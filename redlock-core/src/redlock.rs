@@ -1,6 +1,7 @@
 //! The Redlock algorithm: acquire, extend and release on N independent masters.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use tracing::Instrument;
 
 use crate::config::{RedlockBuilder, RetryPolicy, Settings};
 use crate::error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
-use crate::node::{ACQUIRE, AcquireReply, Call, EXTEND, Node, RELEASE, parse_acquire, parse_flag};
+use crate::node::{AcquireReply, Call, EXTEND, Node, RELEASE, parse_acquire, parse_flag};
 
 pub(crate) struct Inner {
     pub(crate) nodes: Vec<Node>,
@@ -82,8 +83,27 @@ pub struct NodeInfo {
 pub(crate) struct Settled<T> {
     index: usize,
     latency: Duration,
+    /// The node's connection generation when the call was sent.
+    generation: u64,
     result: Result<T, NodeError>,
 }
+
+/// Acquire answers still on their way when the outcome was decided.
+pub(crate) type Stragglers = FuturesUnordered<NodeFuture<AcquireReply>>;
+
+/// What the task that drives [`Stragglers`] needs to know about the lock.
+#[derive(Default)]
+pub(crate) struct Late {
+    /// Set when the lock is released (or the attempt failed): a late `OK` must not
+    /// outlive it.
+    abandoned: AtomicBool,
+    /// Set when the release was sent to every node, pending ones included. A late
+    /// `OK` is then already covered if it used the connection the release used.
+    released_everywhere: AtomicBool,
+}
+
+/// One node's call, boxed.
+pub(crate) type NodeFuture<T> = Pin<Box<dyn Future<Output = Settled<T>> + Send>>;
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
 pub(crate) fn quorum(n: usize) -> usize {
@@ -127,20 +147,18 @@ pub(crate) fn retry_delay(policy: &RetryPolicy) -> Duration {
     policy.delay + Duration::from_micros(extra)
 }
 
-/// Busy holders' keys must expire on `quorum - ok` more nodes before a quorum can
-/// be free; the wait is that many-th smallest PTTL.
-fn busy_retry_after(pttls: &mut [Duration], ok: usize, quorum: usize) -> Option<Duration> {
-    let needed = quorum.saturating_sub(ok).max(1);
+/// When a quorum could be free: the nodes not held by others are free at once, so
+/// `busy - (n - quorum)` holders' keys (at least one) must expire first; the wait
+/// is that many-th smallest PTTL. `None` when keys without expiry are in the way.
+fn busy_retry_after(
+    pttls: &mut [Duration],
+    busy: usize,
+    n: usize,
+    quorum: usize,
+) -> Option<Duration> {
+    let needed = busy.saturating_sub(n - quorum).max(1);
     pttls.sort_unstable();
     pttls.get(needed - 1).copied()
-}
-
-/// Late answers to an acquire that returned before every node answered.
-#[derive(Default)]
-pub(crate) struct Late {
-    /// Set once the lock is released or the attempt failed: a late `OK` must then
-    /// be released at once.
-    abandoned: AtomicBool,
 }
 
 impl Redlock {
@@ -356,28 +374,33 @@ impl Redlock {
         }
     }
 
-    /// Spec step 2: sends `call` to every node at once, each under the node timeout.
+    /// Spec step 2: sends `call` to the given nodes at once, each under the node
+    /// timeout. Each node's future is boxed once, so the set only moves pointers.
     fn fan_out<T>(
         &self,
         call: &Arc<Call>,
         parse: fn(Value) -> Result<T, NodeError>,
-    ) -> FuturesUnordered<impl Future<Output = Settled<T>> + Send + 'static + use<T>>
+        nodes: impl Iterator<Item = usize>,
+    ) -> FuturesUnordered<NodeFuture<T>>
     where
         T: Send + 'static,
     {
         let timeout = self.inner.settings.node_timeout;
-        (0..self.inner.nodes.len())
+        nodes
             .map(|index| {
                 let inner = Arc::clone(&self.inner);
                 let call = Arc::clone(call);
-                async move {
-                    let (result, latency) = inner.nodes[index].run(&call, timeout).await;
+                Box::pin(async move {
+                    let node = &inner.nodes[index];
+                    let generation = node.generation();
+                    let (result, latency) = node.run(&call, timeout).await;
                     Settled {
                         index,
                         latency,
+                        generation,
                         result: result.and_then(parse),
                     }
-                }
+                }) as NodeFuture<T>
             })
             .collect()
     }
@@ -448,14 +471,10 @@ impl Redlock {
         );
         async {
             let token = new_token()?;
-            let call = Arc::new(Call::new(
-                &ACQUIRE,
-                Arc::clone(key),
-                vec![token.to_string(), ttl.as_millis().to_string()],
-            ));
+            let call = Arc::new(Call::acquire(key, &token, ttl.as_millis()));
             let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
             let start = Instant::now();
-            let mut pending = self.fan_out(&call, parse_acquire);
+            let mut pending = self.fan_out(&call, parse_acquire, 0..n);
             let (mut ok, mut not_ok) = (0, 0);
             let settled = self
                 .settle(&mut pending, |s| {
@@ -476,15 +495,8 @@ impl Redlock {
 
             if let (true, Some(validity)) = (ok >= q, validity) {
                 span.record("validity_ms", validity.as_millis() as u64);
-                if let Some(late) = &late {
-                    self.handle_late(
-                        pending,
-                        Arc::clone(late),
-                        Arc::clone(key),
-                        Arc::clone(&token),
-                    );
-                }
                 tracing::debug!(report = %self.report(&settled, acquire_status), "acquired");
+                let late = self.drive_stragglers(pending, late, key, &token);
                 return Ok(Lock {
                     redlock: self.clone(),
                     resource: Arc::clone(resource),
@@ -499,16 +511,12 @@ impl Redlock {
                 });
             }
 
-            // Spec step 4: a failed attempt is released wherever it may have landed.
+            // Spec step 4: a failed attempt is released wherever it may have landed:
+            // now on the nodes that answered, and on the others as their answers come.
             if let Some(late) = &late {
                 late.abandoned.store(true, Ordering::SeqCst);
-                self.handle_late(
-                    pending,
-                    Arc::clone(late),
-                    Arc::clone(key),
-                    Arc::clone(&token),
-                );
             }
+            self.drive_stragglers(pending, late, key, &token);
             let report = self.report(&settled, acquire_status);
             self.unlock_all(key, &token, Some(&report)).await;
             tracing::debug!(report = %report, "attempt failed");
@@ -542,10 +550,12 @@ impl Redlock {
                 busy.extend(pttl);
             }
         }
-        if ok + busy_count >= q {
+        // Busy when the other holders alone make a quorum impossible, or when the
+        // nodes that answered (ours and theirs) make one: the backend is up.
+        if ok + busy_count >= q || self.inner.nodes.len() - busy_count < q {
             Error::Busy {
                 resource: Arc::clone(resource),
-                retry_after: busy_retry_after(&mut busy, ok, q),
+                retry_after: busy_retry_after(&mut busy, busy_count, self.inner.nodes.len(), q),
                 report,
             }
         } else {
@@ -558,41 +568,60 @@ impl Redlock {
         }
     }
 
-    /// Drives the answers that came after the outcome was decided: a late `OK` joins
-    /// the lock (and is released with it), or is released at once if the lock is
-    /// already gone; a late failure is released in case the `SET` ran.
-    fn handle_late<F>(
+    /// Drives the acquire answers that came after the outcome was decided, in a
+    /// background task. A late `OK` joins the lock and is released with it; once
+    /// the lock is released (or the attempt failed), a late `OK` is released again
+    /// unless the release already followed it on the same connection. A late error
+    /// is released too, in case the `SET` ran.
+    fn drive_stragglers(
         &self,
-        mut pending: FuturesUnordered<F>,
-        late: Arc<Late>,
-        key: Arc<str>,
-        token: Arc<str>,
-    ) where
-        F: Future<Output = Settled<AcquireReply>> + Send + 'static,
-    {
+        mut pending: Stragglers,
+        late: Option<Arc<Late>>,
+        key: &Arc<str>,
+        token: &Arc<str>,
+    ) -> Option<Arc<Late>> {
+        let late = late?;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
+            return Some(late);
         };
-        let this = self.clone();
+        let (this, state, key, token) = (
+            self.clone(),
+            Arc::clone(&late),
+            Arc::clone(key),
+            Arc::clone(token),
+        );
         rt.spawn(async move {
             while let Some(s) = pending.next().await {
-                let release = match s.result {
-                    Ok(AcquireReply::Busy { .. }) | Err(NodeError::WrongType { .. }) => false,
-                    Ok(AcquireReply::Acquired) => late.abandoned.load(Ordering::SeqCst),
-                    Err(_) => true,
-                };
-                tracing::debug!(node = %this.inner.nodes[s.index].label, release, "late acquire answer");
-                if release {
-                    let call = Call::new(&RELEASE, Arc::clone(&key), vec![token.to_string()]);
-                    let _ = this.inner.nodes[s.index].run(&call, this.inner.settings.node_timeout).await;
+                if matches!(
+                    s.result,
+                    Ok(AcquireReply::Busy { .. }) | Err(NodeError::WrongType { .. })
+                ) || !state.abandoned.load(Ordering::SeqCst)
+                {
+                    continue;
+                }
+                let covered = state.released_everywhere.load(Ordering::SeqCst)
+                    && this.inner.nodes[s.index].generation() == s.generation;
+                if !covered {
+                    this.release_on(s.index, &key, &token).await;
                 }
             }
         });
+        Some(late)
+    }
+
+    async fn release_on(&self, index: usize, key: &Arc<str>, token: &Arc<str>) {
+        let call = Call::script(&RELEASE, Arc::clone(key), vec![token.to_string()]);
+        let (result, _) = self.inner.nodes[index]
+            .run(&call, self.inner.settings.node_timeout)
+            .await;
+        tracing::debug!(node = %self.inner.nodes[index].label, ?result, "late release");
     }
 
     /// Spec step 5 ("release the lock"): compare-and-delete on every node at once.
     /// With a `report` from a failed acquire, nodes that answered "busy" are
-    /// skipped: the script is atomic, so they never stored this token.
+    /// skipped (they refused the `SET`, so they never stored this token), and so
+    /// are nodes that have not answered yet (their answer is released when it
+    /// comes, see [`Redlock::drive_stragglers`]), so a failure returns at once.
     /// Returns the keys deleted and every node's outcome.
     pub(crate) async fn unlock_all(
         &self,
@@ -604,34 +633,32 @@ impl Redlock {
             acquired.is_some_and(|r| {
                 matches!(
                     r.nodes[i].status,
-                    NodeStatus::Busy { .. } | NodeStatus::Failed(NodeError::WrongType { .. })
+                    NodeStatus::Busy { .. }
+                        | NodeStatus::Pending
+                        | NodeStatus::Failed(NodeError::WrongType { .. })
                 )
             })
         };
         if (0..self.inner.nodes.len()).all(skip) {
             return (0, Report::default());
         }
-        let call = Arc::new(Call::new(
+        let call = Arc::new(Call::script(
             &RELEASE,
             Arc::clone(key),
             vec![token.to_string()],
         ));
-        let timeout = self.inner.settings.node_timeout;
-        let mut pending: FuturesUnordered<_> = (0..self.inner.nodes.len())
-            .filter(|&i| !skip(i))
-            .map(|index| {
-                let call = &call;
-                async move {
-                    let (result, latency) = self.inner.nodes[index].run(call, timeout).await;
-                    Settled {
-                        index,
-                        latency,
-                        result: result.and_then(parse_flag),
-                    }
-                }
-            })
-            .collect();
-        let settled = self.settle(&mut pending, |_| false).await;
+        let mut pending = self.fan_out(
+            &call,
+            parse_flag,
+            (0..self.inner.nodes.len()).filter(|&i| !skip(i)),
+        );
+        let mut settled = self.settle(&mut pending, |_| false).await;
+        for s in settled.iter_mut().flatten() {
+            // A foreign non-string value at the key is not ours to delete.
+            if matches!(s.result, Err(NodeError::WrongType { .. })) {
+                s.result = Ok(false);
+            }
+        }
         let deleted = settled
             .iter()
             .flatten()
@@ -752,6 +779,14 @@ impl Lock {
         self.extensions
     }
 
+    /// Marks the lock released for the straggler task, before the release is sent.
+    fn abandon(&self) {
+        if let Some(late) = &self.late {
+            late.released_everywhere.store(true, Ordering::SeqCst);
+            late.abandoned.store(true, Ordering::SeqCst);
+        }
+    }
+
     pub(crate) fn redlock(&self) -> &Redlock {
         &self.redlock
     }
@@ -801,7 +836,7 @@ impl Lock {
             ttl_ms = ttl.as_millis() as u64,
         );
         let _enter = span.enter();
-        let call = Arc::new(Call::new(
+        let call = Arc::new(Call::script(
             &EXTEND,
             Arc::clone(&self.key),
             vec![self.token.to_string(), ttl.as_millis().to_string()],
@@ -809,12 +844,12 @@ impl Lock {
         let (n, q) = (redlock.inner.nodes.len(), redlock.inner.quorum);
         let (mut ok, mut not_ok, mut not_held) = (0, 0, 0);
         drop(_enter);
-        let mut pending = redlock.fan_out(&call, parse_flag);
+        let mut pending = redlock.fan_out(&call, parse_flag, 0..n);
         let settled = redlock
             .settle(&mut pending, |s| {
                 match s.result {
                     Ok(true) => ok += 1,
-                    Ok(false) => {
+                    Ok(false) | Err(NodeError::WrongType { .. }) => {
                         not_ok += 1;
                         not_held += 1;
                     }
@@ -866,9 +901,7 @@ impl Lock {
     /// [`Error::ReleaseIncomplete`] when a node failed; its key expires with the TTL.
     pub async fn unlock(mut self) -> Result<usize, Error> {
         self.released = true;
-        if let Some(late) = &self.late {
-            late.abandoned.store(true, Ordering::SeqCst);
-        }
+        self.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %self.resource);
         let (deleted, report) = self
             .redlock
@@ -892,9 +925,7 @@ impl Drop for Lock {
         if self.released {
             return;
         }
-        if let Some(late) = &self.late {
-            late.abandoned.store(true, Ordering::SeqCst);
-        }
+        self.abandon();
         // Never block in drop: spawn the release, or leave the keys to their TTL
         // when there is no runtime to spawn on.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -969,16 +1000,21 @@ mod tests {
     #[test]
     fn busy_retry_after_waits_for_enough_holders() {
         let ms = Duration::from_millis;
-        // 5 nodes, none ok: 3 keys must expire.
+        // 5 nodes all held by others: 3 keys must expire.
         assert_eq!(
-            busy_retry_after(&mut [ms(500), ms(100), ms(300), ms(400), ms(200)], 0, 3),
+            busy_retry_after(&mut [ms(500), ms(100), ms(300), ms(400), ms(200)], 5, 5, 3),
             Some(ms(300))
         );
-        // 2 ok already: one more expiry is enough.
+        // 3 of 5 held, 2 free: one expiry is enough.
         assert_eq!(
-            busy_retry_after(&mut [ms(500), ms(100), ms(300)], 2, 3),
+            busy_retry_after(&mut [ms(500), ms(100), ms(300)], 3, 5, 3),
             Some(ms(100))
         );
-        assert_eq!(busy_retry_after(&mut [], 0, 3), None);
+        // 3 nodes (2 s, 8 s, free): the 2 s key frees a quorum.
+        assert_eq!(
+            busy_retry_after(&mut [ms(8000), ms(2000)], 2, 3, 2),
+            Some(ms(2000))
+        );
+        assert_eq!(busy_retry_after(&mut [], 3, 5, 3), None);
     }
 }

@@ -22,7 +22,10 @@ async fn lock_busy_extend_unlock() {
         other => panic!("expected Busy, got {other:?}"),
     }
     a.extend(&mut lock, Duration::from_secs(10)).await.unwrap();
-    assert!(cluster.node(0).pttl("smoke") > 5000);
+    // extend returns at quorum; every node has the new TTL a moment later.
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| {
+        c.nodes().iter().all(|n| n.pttl("smoke") > 5000)
+    }));
     assert_eq!(a.unlock(lock).await.unwrap(), 3);
     assert_eq!(cluster.count_with_key("smoke"), 0);
     let lock = b.try_lock("smoke", ttl).await.unwrap();

@@ -1,0 +1,611 @@
+//! The Redlock algorithm requirements of `redlock-core`, proven on real
+//! `redis-server` processes: fresh 128-bit tokens, fan-out with early return,
+//! validity arithmetic, retry bounds, compare-and-delete release (with the
+//! `NOSCRIPT` fallback), extension, and the "busy" information.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, Lock, Redlock, RetryPolicy};
+use redlock_tests::Cluster;
+use redlock_tests::monitor::{Monitor, parse_monitor_line};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap()
+}
+
+/// Connects to every node (`check_nodes` caches one connection per node), then
+/// locks and unlocks another resource to load the scripts. After this, every call
+/// is one `EVALSHA` on one connection per node, so a late acquire answer can never
+/// be overtaken by the release of the same lock.
+async fn warm_up(cluster: &Cluster, redlock: &Redlock) {
+    let infos = redlock.check_nodes().await.unwrap();
+    assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
+    let lock = held_everywhere(cluster, redlock, "warm-up", Duration::from_secs(5)).await;
+    assert_eq!(redlock.unlock(lock).await.unwrap(), redlock.node_count());
+}
+
+/// A built and warmed-up handle.
+async fn ready(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    let rl = redlock(cluster, node_timeout);
+    warm_up(cluster, &rl).await;
+    rl
+}
+
+/// Takes the lock with every node holding the token, so that the exact counts
+/// asserted afterwards do not depend on answer timing. A node that answers after
+/// the quorum still joins the lock, so this waits (bounded) for it; on a loaded
+/// machine its answer may even time out and be released, and then the lock is
+/// taken again (at most 5 times).
+async fn held_everywhere(cluster: &Cluster, redlock: &Redlock, key: &str, ttl: Duration) -> Lock {
+    for _ in 0..5 {
+        let lock = redlock.try_lock(key, ttl).await.unwrap();
+        let token = lock.token().to_owned();
+        if cluster.wait_until(Duration::from_secs(2), |c| {
+            c.count_holding(key, &token) == c.len()
+        }) {
+            // The late answers have landed; give their background handler a
+            // moment to see them, so it does not race the test's own release.
+            tokio::time::sleep(ms(200)).await;
+            return lock;
+        }
+        let _ = redlock.unlock(lock).await;
+        assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(key) == 0));
+    }
+    panic!("5 locks in a row did not reach every node");
+}
+
+/// Puts a value this library did not write at `key` on node `i`.
+fn occupy(cluster: &Cluster, i: usize, key: &str, value: &str) {
+    cluster.node(i).cmd(&["SET", key, value, "PX", "10000"]);
+}
+
+/// Stops the recorder and returns the commands clients sent (not Lua's).
+fn stop_commands(monitor: Monitor) -> Vec<Vec<String>> {
+    monitor
+        .stop()
+        .iter()
+        .filter(|l| !l.contains(" lua]"))
+        .filter_map(|l| parse_monitor_line(l))
+        .collect()
+}
+
+fn is_script_call(c: &[String]) -> bool {
+    c[0].eq_ignore_ascii_case("EVALSHA") || c[0].eq_ignore_ascii_case("EVAL")
+}
+
+/// Acquire calls on `key`, as `(token, ttl_ms)`: the acquire script
+/// (`EVAL[SHA] sha 1 key token ttl_ms`, the same shape as an extend, which these
+/// tests do not make) or a plain `SET key token NX PX ttl_ms`.
+fn acquire_calls(cmds: &[Vec<String>], key: &str) -> Vec<(String, String)> {
+    cmds.iter()
+        .filter(|c| c.len() == 6)
+        .filter_map(|c| {
+            if is_script_call(c) && c[2] == "1" && c[3] == key {
+                Some((c[4].clone(), c[5].clone()))
+            } else if c[0].eq_ignore_ascii_case("SET")
+                && c[1] == key
+                && c[3].eq_ignore_ascii_case("NX")
+                && c[4].eq_ignore_ascii_case("PX")
+            {
+                Some((c[2].clone(), c[5].clone()))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Release calls on `key`: `EVAL[SHA] sha 1 key token`. Returns the tokens.
+fn release_calls(cmds: &[Vec<String>], key: &str) -> Vec<String> {
+    cmds.iter()
+        .filter(|c| c.len() == 5 && is_script_call(c) && c[2] == "1" && c[3] == key)
+        .map(|c| c[4].clone())
+        .collect()
+}
+
+fn is_token(t: &str) -> bool {
+    t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+// ---------------------------------------------------------------- 1. token
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_stored_at_key_is_128_bit_hex_and_fresh_per_lock() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "token-stored";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(5)).await;
+    let first = lock.token().to_owned();
+    assert!(is_token(&first), "token {first:?} is not 32 hex chars");
+    for node in cluster.nodes() {
+        assert_eq!(node.get(key).as_deref(), Some(first.as_str()));
+    }
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(5)).await;
+    assert!(is_token(lock.token()));
+    assert_ne!(lock.token(), first, "a new lock must get a new token");
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_retry_attempt_uses_a_fresh_token() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "token-per-attempt";
+    occupy(&cluster, 0, key, "other");
+    occupy(&cluster, 1, key, "other");
+    let monitor = cluster.node(2).monitor();
+    let policy = RetryPolicy::attempts(3)
+        .with_delay(ms(20))
+        .with_jitter(Duration::ZERO);
+    let err = rl
+        .lock_with(key, Duration::from_secs(5), &policy)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    // Every attempt's key on the free node is released (maybe in the background).
+    assert!(cluster.wait_until(Duration::from_secs(3), |c| c.node(2).get(key).is_none()));
+    let cmds = stop_commands(monitor);
+    let acquires = acquire_calls(&cmds, key);
+    assert_eq!(acquires.len(), 3, "one acquire per attempt: {cmds:?}");
+    let tokens: HashSet<&str> = acquires.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        tokens.len(),
+        3,
+        "tokens reused across attempts: {acquires:?}"
+    );
+    for (token, ttl) in &acquires {
+        assert!(is_token(token), "token {token:?} is not 32 hex chars");
+        assert_eq!(ttl, "5000");
+    }
+    // Each failed attempt was released on the node where it landed.
+    let released: HashSet<String> = release_calls(&cmds, key).into_iter().collect();
+    for (token, _) in &acquires {
+        assert!(released.contains(token), "attempt {token} not released");
+    }
+}
+
+// ---------------------------------------------------------------- 2. fan-out
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_returns_at_quorum_and_late_sets_join_the_lock() {
+    let cluster = Cluster::start(5);
+    let rl = ready(&cluster, Duration::from_secs(2)).await;
+    let key = "fan-out-ok";
+    cluster.node(3).pause();
+    cluster.node(4).pause();
+    let t0 = Instant::now();
+    let result = rl.try_lock(key, Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    cluster.node(3).resume();
+    cluster.node(4).resume();
+    let lock = result.unwrap();
+    assert!(
+        took < Duration::from_secs(1),
+        "acquire waited for paused nodes: {took:?}"
+    );
+    let token = lock.token().to_owned();
+    assert!(
+        cluster.wait_until(Duration::from_secs(3), |c| {
+            c.node(3).get(key).as_deref() == Some(token.as_str())
+                && c.node(4).get(key).as_deref() == Some(token.as_str())
+        }),
+        "late SETs did not land on the resumed nodes"
+    );
+    assert_eq!(cluster.count_holding(key, &token), 5);
+    assert_eq!(rl.unlock(lock).await.unwrap(), 5);
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+}
+
+/// On a fresh handle the connections are still being made when the two fastest
+/// nodes decide the outcome; the slowest node's `SET` must still go out and land,
+/// so the lock ends up on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_answers_on_a_fresh_handle_still_join_the_lock() {
+    let cluster = Cluster::start(3);
+    for round in 0..10 {
+        let rl = redlock(&cluster, ms(300));
+        let key = format!("fresh-handle:{round}");
+        let lock = rl.try_lock(&key, Duration::from_secs(30)).await.unwrap();
+        let token = lock.token().to_owned();
+        assert!(
+            cluster.wait_until(Duration::from_secs(3), |c| c.count_holding(&key, &token)
+                == 3),
+            "round {round}: the lock never reached the third node: {:?}",
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| n.get(&key))
+                .collect::<Vec<_>>()
+        );
+        rl.unlock(lock).await.unwrap();
+        assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(&key) == 0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempt_returns_early_and_late_set_is_released() {
+    let cluster = Cluster::start(5);
+    let rl = ready(&cluster, Duration::from_secs(2)).await;
+    let key = "fan-out-busy";
+    for i in 0..3 {
+        occupy(&cluster, i, key, "other");
+    }
+    cluster.node(4).pause();
+    let t0 = Instant::now();
+    let result = rl.try_lock(key, Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    cluster.node(4).resume();
+    let err = result.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "a decided failure waited for the paused node: {took:?}"
+    );
+    // The late SET on node 4 (if it ran) is released in the background.
+    let released = cluster.wait_until(Duration::from_secs(3), |c| c.node(4).keys().is_empty());
+    assert!(released, "node 4 kept {:?}", cluster.node(4).get(key));
+    assert_eq!(cluster.node(3).get(key), None);
+}
+
+/// The same failure with a node timeout below the 500 ms response timeout that
+/// redis-rs applies on its own (see `core_faults::node_timeout_above_500ms_is_honoured`),
+/// so that cap does not hide how long the failed attempt waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempt_does_not_wait_for_unanswered_nodes() {
+    let cluster = Cluster::start(5);
+    let rl = ready(&cluster, ms(450)).await;
+    let key = "fan-out-busy-pending";
+    for i in 0..3 {
+        occupy(&cluster, i, key, "other");
+    }
+    cluster.node(4).pause();
+    let t0 = Instant::now();
+    let result = rl.try_lock(key, Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    cluster.node(4).resume();
+    let err = result.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    let released = cluster.wait_until(Duration::from_secs(3), |c| c.node(4).keys().is_empty());
+    assert!(released, "node 4 kept {:?}", cluster.node(4).get(key));
+    assert!(
+        took < ms(300),
+        "Busy was decided by 3 fast answers, yet try_lock took {took:?} (node_timeout 450 ms)"
+    );
+}
+
+// ---------------------------------------------------------------- 3. validity
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validity_subtracts_drift_and_elapsed_time() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let ttl = Duration::from_secs(10);
+    let lock = rl.try_lock("validity", ttl).await.unwrap();
+    let remaining = lock.remaining();
+    let drift = ttl.mul_f64(0.01) + ms(2);
+    assert!(remaining <= ttl - drift, "{remaining:?} ignores the drift");
+    assert!(remaining > ttl - ms(500), "{remaining:?} is far too short");
+    assert!(lock.valid_until() <= lock.started_at() + (ttl - drift));
+    assert!(lock.is_valid());
+    let token = lock.token().to_owned();
+    assert!(cluster.wait_until(
+        Duration::from_secs(2),
+        |c| c.count_holding("validity", &token) == 3
+    ));
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_validity_left_fails_and_releases_every_key() {
+    let cluster = Cluster::start(3);
+    let ttl = Duration::from_secs(1);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .fixed_drift(ttl)
+        .build()
+        .unwrap();
+    warm_up(&cluster, &rl).await;
+    let key = "no-validity";
+    let monitor = cluster.node(0).monitor();
+    let err = rl.try_lock(key, ttl).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::NoValidity { ttl: t, .. } if *t == ttl),
+        "{err:?}"
+    );
+    assert!(
+        cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(key) == 0),
+        "the failed attempt left keys"
+    );
+    // The keys were really set, then released with the same token.
+    let cmds = stop_commands(monitor);
+    let acquires = acquire_calls(&cmds, key);
+    assert_eq!(acquires.len(), 1, "{cmds:?}");
+    // (A node still pending at the decision is released twice: by the failed
+    // attempt and by the late-answer handler. Both carry the attempt's token.)
+    let releases = release_calls(&cmds, key);
+    assert!(
+        !releases.is_empty() && releases.iter().all(|t| *t == acquires[0].0),
+        "{cmds:?}"
+    );
+}
+
+// ---------------------------------------------------------------- 4. retries
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_attempts_are_counted_and_spaced() {
+    let cluster = Cluster::start(3);
+    let holder = ready(&cluster, ms(200)).await;
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "retry-attempts";
+    let held = held_everywhere(&cluster, &holder, key, Duration::from_secs(10)).await;
+    let monitor = cluster.node(0).monitor();
+    let policy = RetryPolicy::attempts(4)
+        .with_delay(ms(50))
+        .with_jitter(Duration::ZERO);
+    let t0 = Instant::now();
+    let err = rl
+        .lock_with(key, Duration::from_secs(5), &policy)
+        .await
+        .unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    assert!(took >= ms(150), "3 delays of 50 ms, took {took:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let cmds = stop_commands(monitor);
+    let ours: Vec<_> = acquire_calls(&cmds, key)
+        .into_iter()
+        .filter(|(t, _)| t != held.token())
+        .collect();
+    assert_eq!(ours.len(), 4, "{cmds:?}");
+    assert_eq!(cluster.count_holding(key, held.token()), 3);
+    assert_eq!(holder.unlock(held).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_deadline_bounds_the_total_time() {
+    let cluster = Cluster::start(3);
+    let holder = ready(&cluster, ms(100)).await;
+    let rl = ready(&cluster, ms(100)).await;
+    let key = "retry-deadline";
+    let held = held_everywhere(&cluster, &holder, key, Duration::from_secs(10)).await;
+    let t0 = Instant::now();
+    let err = rl
+        .lock_with(key, Duration::from_secs(5), &RetryPolicy::deadline(ms(400)))
+        .await
+        .unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    assert!(took >= ms(250), "gave up before the deadline: {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "overran the deadline: {took:?}"
+    );
+    assert_eq!(holder.unlock(held).await.unwrap(), 3);
+}
+
+// ---------------------------------------------------------------- 5. release
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_falls_back_to_eval_after_script_flush() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "release-noscript";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
+    for node in cluster.nodes() {
+        node.cmd(&["SCRIPT", "FLUSH"]);
+    }
+    let monitor = cluster.node(1).monitor();
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    assert_eq!(cluster.count_with_key(key), 0);
+    let cmds = stop_commands(monitor);
+    assert!(
+        cmds.iter()
+            .any(|c| c[0].eq_ignore_ascii_case("EVAL") && c.get(3).map(String::as_str) == Some(key)),
+        "no EVAL fallback seen: {cmds:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_counts_only_keys_actually_deleted() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "release-count";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
+    cluster.node(1).cmd(&["DEL", key]);
+    assert_eq!(rl.unlock(lock).await.unwrap(), 2);
+    assert_eq!(cluster.count_with_key(key), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_is_a_script_never_a_bare_del() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "release-no-del";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
+    let token = lock.token().to_owned();
+    let monitors: Vec<Monitor> = cluster.nodes().iter().map(|n| n.monitor()).collect();
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    for (i, monitor) in monitors.into_iter().enumerate() {
+        let cmds = stop_commands(monitor);
+        assert!(
+            !cmds.is_empty() && cmds.iter().all(|c| is_script_call(c)),
+            "node {i}: client sent something other than EVAL/EVALSHA: {cmds:?}"
+        );
+        assert!(
+            !cmds.iter().any(|c| c[0].eq_ignore_ascii_case("DEL")),
+            "node {i}: bare DEL: {cmds:?}"
+        );
+        let releases = release_calls(&cmds, key);
+        assert!(
+            !releases.is_empty() && releases.iter().all(|t| *t == token),
+            "node {i}: {releases:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_never_deletes_another_holders_key() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "release-foreign";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
+    let other = "0123456789abcdef0123456789abcdef";
+    cluster.node(2).cmd(&["SET", key, other, "PX", "10000"]);
+    assert_eq!(rl.unlock(lock).await.unwrap(), 2);
+    assert_eq!(cluster.node(2).get(key).as_deref(), Some(other));
+    assert_eq!(cluster.node(0).get(key), None);
+    assert_eq!(cluster.node(1).get(key), None);
+}
+
+// ---------------------------------------------------------------- 6. extend
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_pushes_the_pttl_on_every_node() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "extend-grows";
+    let mut lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(1)).await;
+    for node in cluster.nodes() {
+        assert!(node.pttl(key) <= 1000);
+    }
+    rl.extend(&mut lock, Duration::from_secs(10)).await.unwrap();
+    // extend returns at quorum; the last node's PEXPIRE may land a moment later.
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c
+            .nodes()
+            .iter()
+            .all(|n| n.pttl(key) > 5000)),
+        "pttls: {:?}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.pttl(key))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(lock.extensions(), 1);
+    assert_eq!(lock.ttl(), Duration::from_secs(10));
+    assert!(lock.remaining() > Duration::from_secs(5));
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_with_zero_ttl_is_refused_and_changes_nothing() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "extend-zero";
+    let mut lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(5)).await;
+    let before: Vec<i64> = cluster.nodes().iter().map(|n| n.pttl(key)).collect();
+    let err = rl.extend(&mut lock, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidTtl { .. }), "{err:?}");
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        let pttl = node.pttl(key);
+        assert!(
+            pttl <= before[i] && pttl > before[i] - 2000,
+            "node {i}: pttl {pttl} vs {}",
+            before[i]
+        );
+    }
+    assert_eq!(cluster.count_holding(key, lock.token()), 3);
+    assert_eq!(lock.extensions(), 0);
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_after_keys_lost_on_a_majority_is_not_held() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    let key = "extend-not-held";
+    let mut lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(5)).await;
+    cluster.node(0).cmd(&["DEL", key]);
+    cluster.node(1).cmd(&["DEL", key]);
+    let err = rl
+        .extend(&mut lock, Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotHeld { .. }), "{err:?}");
+    // A minority extension does not count.
+    assert_eq!(lock.extensions(), 0);
+    assert_eq!(rl.unlock(lock).await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_after_validity_ran_out_is_expired() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(50)).await;
+    let key = "extend-expired";
+    let mut lock = rl.try_lock(key, ms(200)).await.unwrap();
+    tokio::time::sleep(ms(400)).await;
+    assert!(!lock.is_valid());
+    let err = rl
+        .extend(&mut lock, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Expired { .. }), "{err:?}");
+    assert_eq!(cluster.count_with_key(key), 0, "expired keys came back");
+}
+
+// ---------------------------------------------------------------- 7. busy
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_tells_when_to_retry() {
+    let cluster = Cluster::start(3);
+    let a = ready(&cluster, ms(200)).await;
+    let b = ready(&cluster, ms(200)).await;
+    let key = "busy-info";
+    let ttl = Duration::from_secs(3);
+    let held = held_everywhere(&cluster, &a, key, ttl).await;
+    let err = b.try_lock(key, ttl).await.unwrap_err();
+    match &err {
+        Error::Busy {
+            retry_after: Some(d),
+            report,
+            ..
+        } => {
+            assert!(
+                *d > Duration::from_secs(1) && *d <= ttl,
+                "retry_after {d:?}"
+            );
+            assert_eq!(report.ok_count(), 0);
+        }
+        other => panic!("expected Busy with retry_after, got {other:?}"),
+    }
+    assert!(err.retry_after().is_some());
+    assert!(err.is_retryable());
+    assert_eq!(cluster.count_holding(key, held.token()), 3);
+    assert_eq!(a.unlock(held).await.unwrap(), 3);
+}
+
+/// Node 0's holder key expires in 2 s, node 1's in 8 s, node 2 is free: after
+/// 2 s, nodes 0 and 2 make a quorum, so `retry_after` is about 2 s, whichever
+/// answer came first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_retry_after_is_the_earliest_expiry_that_frees_a_quorum() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(200)).await;
+    for round in 0..20 {
+        let key = format!("busy-retry-after:{round}");
+        cluster.node(0).cmd(&["SET", &key, "other", "PX", "2000"]);
+        cluster.node(1).cmd(&["SET", &key, "other", "PX", "8000"]);
+        let err = rl
+            .try_lock(&key, Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+        let after = err.retry_after().expect("busy nodes report their pttl");
+        assert!(
+            after <= Duration::from_secs(2),
+            "round {round}: retry_after {after:?}: {err}"
+        );
+    }
+}

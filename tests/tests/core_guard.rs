@@ -1,0 +1,189 @@
+//! Locks held over time on real `redis-server` processes: auto-extension keeps
+//! other clients out past the TTL, a lost lock is signalled before its validity
+//! ends (and `with_lock` drops the work), and dropping a `Lock` or `LockGuard`
+//! without an explicit release still frees every node.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, LockOptions, Redlock};
+use redlock_tests::Cluster;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_extension_holds_the_lock_past_its_ttl() {
+    let cluster = Cluster::start(3);
+    let holder = redlock(&cluster, ms(100));
+    let other = redlock(&cluster, ms(100));
+    let key = "guard-extend";
+    let ttl = ms(300);
+    let guard = holder
+        .lock_guard(key, &LockOptions::new(ttl))
+        .await
+        .unwrap();
+    let handle = guard.handle();
+    let held_since = Instant::now();
+    let mut polls = 0;
+    // Poll every 50 ms for 1 s (more than 3 TTLs); bounded by count and time.
+    while held_since.elapsed() < Duration::from_secs(1) && polls < 100 {
+        match other.try_lock(key, ttl).await {
+            Err(Error::Busy { .. }) => {}
+            other => panic!(
+                "second client got {other:?} after {:?} while the guard held the lock",
+                held_since.elapsed()
+            ),
+        }
+        assert!(!guard.is_lost(), "lost after {:?}", held_since.elapsed());
+        polls += 1;
+        tokio::time::sleep(ms(50)).await;
+    }
+    assert!(held_since.elapsed() >= 3 * ttl);
+    assert!(polls >= 5, "only {polls} polls");
+    assert!(
+        handle.extensions() >= 2,
+        "{} renewals in 1 s of a 300 ms TTL",
+        handle.extensions()
+    );
+    assert!(cluster.count_holding(key, handle.token()) >= 2);
+    assert!(guard.release().await.unwrap() >= 2);
+    let lock = other
+        .try_lock(key, ttl)
+        .await
+        .expect("the lock is free right after release");
+    other.unlock(lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_is_signalled_before_its_validity_ends() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(200));
+    let key = "guard-lost";
+    let guard = rl
+        .lock_guard(key, &LockOptions::new(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let handle = guard.handle();
+    let token = handle.token().to_owned();
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+            >= 2)
+    );
+    // No renewal has happened yet (the first comes at half the validity).
+    assert_eq!(handle.extensions(), 0);
+    let deadline = handle.valid_until();
+    cluster.node(0).cmd(&["DEL", key]);
+    cluster.node(1).cmd(&["DEL", key]);
+    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    let lost_at = Instant::now();
+    assert!(lost.is_ok(), "lost() did not fire within 3 s");
+    assert!(
+        lost_at < deadline,
+        "lost fired {:?} after the old validity ended",
+        lost_at - deadline
+    );
+    assert!(handle.is_lost());
+    assert_eq!(handle.remaining(), Duration::ZERO);
+    let _ = guard.release().await;
+    // Nothing of ours is left on any node.
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+            == 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_drops_the_work_when_the_lock_is_lost() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(200));
+    let key = "with-lock-lost";
+    let finished = Arc::new(AtomicBool::new(false));
+    let (n0, n1) = (Arc::clone(cluster.node(0)), Arc::clone(cluster.node(1)));
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        rl.with_lock(key, &LockOptions::new(Duration::from_secs(1)), {
+            let finished = Arc::clone(&finished);
+            move |handle| async move {
+                let key = handle.key().to_owned();
+                tokio::task::spawn_blocking(move || {
+                    n0.cmd(&["DEL", &key]);
+                    n1.cmd(&["DEL", &key]);
+                })
+                .await
+                .unwrap();
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                finished.store(true, Ordering::SeqCst);
+            }
+        }),
+    )
+    .await
+    .expect("with_lock did not return within 5 s");
+    let took = t0.elapsed();
+    assert!(
+        matches!(result, Err(Error::Lost { .. })),
+        "expected Lost, got {result:?}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    tokio::time::sleep(ms(200)).await;
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the work ran on after the loss"
+    );
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_lock_is_released_in_the_background() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(200));
+    let key = "drop-lock";
+    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let token = lock.token().to_owned();
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+            >= 2)
+    );
+    drop(lock);
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        "a dropped 30 s lock still has keys"
+    );
+    // And the resource is free for the next holder.
+    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_guard_is_released_in_the_background() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(200));
+    let key = "drop-guard";
+    let guard = rl
+        .lock_guard(key, &LockOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let token = guard.handle().token().to_owned();
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+            >= 2)
+    );
+    drop(guard);
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        "a dropped 30 s guard still has keys"
+    );
+    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+}

@@ -1,0 +1,91 @@
+//! `redlock-core`'s tracing on real `redis-server` processes: acquire, extend and
+//! release run in spans named `redlock.acquire`, `redlock.extend` and
+//! `redlock.release`, and a node password from the URL is never logged nor shown
+//! by `Debug`.
+//!
+//! The test runs on a current-thread runtime so that the thread-local capturing
+//! subscriber also sees what spawned tasks log.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlock_core::Redlock;
+use redlock_tests::Cluster;
+
+const PASSWORD: &str = "hunter2secret";
+
+/// A `MakeWriter` target that appends everything to a shared buffer.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn spans_are_named_and_the_password_is_never_logged() {
+    let cluster = Cluster::start(3);
+    for node in cluster.nodes() {
+        node.cmd(&["CONFIG", "SET", "requirepass", PASSWORD]);
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port()))
+        .collect();
+
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer({
+            let capture = capture.clone();
+            move || capture.clone()
+        })
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let builder = Redlock::builder()
+        .urls(urls.clone())
+        .node_timeout(Duration::from_millis(200));
+    let builder_debug = format!("{builder:?}");
+    let redlock = builder.build().unwrap();
+    let mut lock = redlock
+        .try_lock("traced", Duration::from_secs(5))
+        .await
+        .expect("the password from the URL authenticates");
+    redlock
+        .extend(&mut lock, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let lock_debug = format!("{lock:?}");
+    assert!(redlock.unlock(lock).await.unwrap() >= 2);
+    // Let spawned late-answer handlers log too.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let logged = capture.text();
+    for span in ["redlock.acquire", "redlock.extend", "redlock.release"] {
+        assert!(logged.contains(span), "no {span} span in:\n{logged}");
+    }
+    assert!(!logged.contains(PASSWORD), "password logged:\n{logged}");
+    let redlock_debug = format!("{redlock:?}");
+    let port = cluster.node(0).port().to_string();
+    assert!(redlock_debug.contains(&port), "{redlock_debug}");
+    for shown in [&redlock_debug, &builder_debug, &lock_debug] {
+        assert!(!shown.contains(PASSWORD), "password in Debug: {shown}");
+    }
+}
