@@ -365,18 +365,18 @@ impl RedlockBuilder {
                 }
                 NodeSource::Url(url) => node_from_url(&url)?,
             };
-            if let Some(addr) = &node.address {
-                if let Some(first) = nodes.iter().find(|n| n.address.as_ref() == Some(addr)) {
-                    return Err(Error::DuplicateNode {
-                        first: first.label.clone(),
-                        second: node.label.clone(),
-                        by: "address",
-                    });
-                }
+            if let Some(addr) = &node.address
+                && let Some(first) = nodes.iter().find(|n| n.address.as_ref() == Some(addr))
+            {
+                return Err(Error::DuplicateNode {
+                    first: first.label.clone(),
+                    second: node.label.clone(),
+                    by: "address",
+                });
             }
             nodes.push(node);
         }
-        if nodes.len() % 2 == 0 {
+        if nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),
                 quorum = nodes.len() / 2 + 1,

@@ -189,10 +189,10 @@ impl Node {
             Ok(r) => r,
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
-        if let Err(e) = &result {
-            if e.breaks_connection() {
-                self.forget_connection();
-            }
+        if let Err(e) = &result
+            && e.breaks_connection()
+        {
+            self.forget_connection();
         }
         (result, start.elapsed())
     }

@@ -815,13 +815,13 @@ impl Lock {
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let redlock = self.redlock.clone();
         redlock.check_ttl(ttl)?;
-        if let Some(limit) = redlock.inner.settings.max_extensions {
-            if self.extensions >= limit {
-                return Err(Error::ExtensionLimit {
-                    resource: Arc::clone(&self.resource),
-                    limit,
-                });
-            }
+        if let Some(limit) = redlock.inner.settings.max_extensions
+            && self.extensions >= limit
+        {
+            return Err(Error::ExtensionLimit {
+                resource: Arc::clone(&self.resource),
+                limit,
+            });
         }
         let start = Instant::now();
         if start >= self.valid_until {

@@ -522,13 +522,13 @@ impl<F: Future> Future for Guarded<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if let Some(lost) = this.lost.as_pin_mut() {
-            if lost.poll(cx).is_ready() {
-                let key = this.key.take().unwrap_or_else(|| "".into());
-                let rejection = Rejection::Lost { key };
-                rejection.log();
-                return Poll::Ready(Err(rejection));
-            }
+        if let Some(lost) = this.lost.as_pin_mut()
+            && lost.poll(cx).is_ready()
+        {
+            let key = this.key.take().unwrap_or_else(|| "".into());
+            let rejection = Rejection::Lost { key };
+            rejection.log();
+            return Poll::Ready(Err(rejection));
         }
         this.inner.poll(cx).map(Ok)
     }
