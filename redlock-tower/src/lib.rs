@@ -34,7 +34,7 @@
 //! - if the lock is lost while the handler runs, the handler's future is dropped
 //!   and the client gets `503`, unless
 //!   [`LostPolicy::Signal`](redlock_core::request::LostPolicy) is chosen;
-//! - the handler can read a [`LockHandle`](redlock_core::LockHandle) from the request
+//! - the handler can read a [`LockHandle`] from the request
 //!   extensions (`Extension<LockHandle>` in axum).
 //!
 //! Everything that is not tower-specific lives in [`redlock_core::request`] and is
