@@ -1,0 +1,700 @@
+//! The benchmark: this library against a raw baseline in the same process and run.
+//!
+//! ```sh
+//! cargo run --release -p redlock-examples --bin bench -- all          # full run (~3 min)
+//! cargo run --release -p redlock-examples --bin bench -- all --quick  # smoke (~20 s)
+//! cargo run --release -p redlock-examples --bin bench -- sequential   # one scenario
+//! ```
+//!
+//! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
+//! `held`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//!
+//! The raw baseline uses the same deadpool pools with no library logic: one
+//! multiplexed connection per node taken from the pool (as the library does), a
+//! concurrent `SET key token NX PX ttl` to every node, then the compare-and-delete
+//! script by `EVALSHA` on every node. Library and raw runs alternate in blocks so
+//! that machine noise hits both alike.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use futures_util::future::join_all;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use redlock_core::{Error, LockOptions, Redlock, RetryPolicy};
+use redlock_tests::Cluster;
+use redlock_tower::RedlockLayer;
+
+const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+const TTL: Duration = Duration::from_secs(10);
+const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Setup {
+    _cluster: Option<Cluster>,
+    urls: Vec<String>,
+    pools: Vec<deadpool_redis::Pool>,
+    quick: bool,
+}
+
+/// The baseline: the wire work of a Redlock acquire and release, nothing else.
+struct Raw {
+    conns: Vec<MultiplexedConnection>,
+    release_sha: String,
+}
+
+impl Raw {
+    async fn new(pools: &[deadpool_redis::Pool]) -> Result<Self, BoxError> {
+        let mut conns = Vec::new();
+        for p in pools {
+            conns.push(deadpool_redis::Connection::take(p.get().await?));
+        }
+        let release_sha = redis::Script::new(RELEASE).get_hash().to_owned();
+        for c in &mut conns {
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(RELEASE)
+                .query_async(c)
+                .await?;
+        }
+        Ok(Self { conns, release_sha })
+    }
+
+    /// 128 random bits from the OS, hex: the same work the library does.
+    fn token() -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut b = [0u8; 16];
+        let _ = getrandom_fill(&mut b);
+        let mut s = String::with_capacity(32);
+        for x in b {
+            s.push(HEX[usize::from(x >> 4)] as char);
+            s.push(HEX[usize::from(x & 15)] as char);
+        }
+        s
+    }
+
+    /// Concurrent SET NX PX to every node; true on a quorum.
+    async fn lock(&self, key: &str, token: &str) -> bool {
+        let ttl = TTL.as_millis() as u64;
+        let oks = join_all(self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            async move {
+                let r = tokio::time::timeout(
+                    NODE_TIMEOUT,
+                    redis::cmd("SET")
+                        .arg(key)
+                        .arg(token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl)
+                        .query_async::<Option<String>>(&mut c),
+                )
+                .await;
+                matches!(r, Ok(Ok(Some(_))))
+            }
+        }))
+        .await;
+        oks.into_iter().filter(|b| *b).count() > self.conns.len() / 2
+    }
+
+    async fn unlock(&self, key: &str, token: &str) {
+        join_all(self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            let sha = &self.release_sha;
+            async move {
+                let _ = tokio::time::timeout(
+                    NODE_TIMEOUT,
+                    redis::cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(key)
+                        .arg(token)
+                        .query_async::<i64>(&mut c),
+                )
+                .await;
+            }
+        }))
+        .await;
+    }
+}
+
+fn getrandom_fill(b: &mut [u8]) -> Result<(), BoxError> {
+    getrandom::fill(b).map_err(|e| e.to_string().into())
+}
+
+fn redlock(setup: &Setup) -> Result<Redlock, Error> {
+    setup
+        .pools
+        .iter()
+        .cloned()
+        .fold(Redlock::builder(), |b, p| b.pool(p))
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+}
+
+struct Stats {
+    sorted: Vec<Duration>,
+}
+
+impl Stats {
+    fn new(mut v: Vec<Duration>) -> Self {
+        v.sort_unstable();
+        Self { sorted: v }
+    }
+
+    fn pct(&self, p: f64) -> Duration {
+        if self.sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((self.sorted.len() - 1) as f64 * p).round() as usize;
+        self.sorted[i]
+    }
+
+    fn max(&self) -> Duration {
+        self.sorted.last().copied().unwrap_or_default()
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn row(name: &str, lib: f64, raw: f64, unit: &str) {
+    let ratio = if raw > 0.0 { lib / raw } else { f64::NAN };
+    println!("| {name:<34} | {lib:>12.1} | {raw:>12.1} | {unit:<8} | {ratio:>6.3} |");
+}
+
+fn header(title: &str) {
+    println!("\n### {title}\n");
+    println!(
+        "| {:<34} | {:>12} | {:>12} | {:<8} | {:>6} |",
+        "metric", "library", "raw", "unit", "ratio"
+    );
+    println!(
+        "|{:-<36}|{:->14}|{:->14}|{:-<10}|{:->8}|",
+        "", "", "", "", ""
+    );
+}
+
+/// 1. Sequential lock+unlock on distinct keys.
+async fn sequential(setup: &Setup) -> Result<(), BoxError> {
+    let lib = redlock(setup)?;
+    let raw = Raw::new(&setup.pools).await?;
+    let (blocks, per_block) = if setup.quick { (4, 250) } else { (10, 600) };
+    // Warm-up both paths (connections, script caches).
+    for i in 0..300 {
+        let l = lib.try_lock(&format!("bench:warm:{i}"), TTL).await?;
+        lib.unlock(l).await?;
+        let t = Raw::token();
+        raw.lock(&format!("bench:rwarm:{i}"), &t).await;
+        raw.unlock(&format!("bench:rwarm:{i}"), &t).await;
+    }
+    let (mut lib_lat, mut raw_lat) = (Vec::new(), Vec::new());
+    let mut n = 0u64;
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    for b in 0..blocks {
+        for pass in 0..2 {
+            let lib_first = b % 2 == 0;
+            let run_lib = (pass == 0) == lib_first;
+            if (only == "lib" && !run_lib) || (only == "raw" && run_lib) {
+                continue;
+            }
+            for _ in 0..per_block {
+                n += 1;
+                let key = format!("bench:seq:{n}");
+                let start = Instant::now();
+                if run_lib {
+                    let l = lib.try_lock(&key, TTL).await?;
+                    lib.unlock(l).await?;
+                    lib_lat.push(start.elapsed());
+                } else {
+                    let t = Raw::token();
+                    if !raw.lock(&key, &t).await {
+                        return Err("raw lock failed".into());
+                    }
+                    raw.unlock(&key, &t).await;
+                    raw_lat.push(start.elapsed());
+                }
+            }
+        }
+    }
+    let (l, r) = (Stats::new(lib_lat), Stats::new(raw_lat));
+    header(&format!(
+        "1. sequential lock+unlock, distinct keys ({} pairs each)",
+        l.sorted.len()
+    ));
+    row("p50", us(l.pct(0.5)), us(r.pct(0.5)), "µs");
+    row("p99", us(l.pct(0.99)), us(r.pct(0.99)), "µs");
+    row("max", us(l.max()), us(r.max()), "µs");
+    Ok(())
+}
+
+/// 2. 64 tasks on distinct keys for a fixed time.
+async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
+    let lib = redlock(setup)?;
+    let raw = Arc::new(Raw::new(&setup.pools).await?);
+    let secs = if setup.quick { 1.0 } else { 5.0 };
+    let rounds = if setup.quick { 1 } else { 2 };
+    let (mut lib_total, mut raw_total, mut lib_time, mut raw_time) = (0u64, 0u64, 0.0, 0.0);
+    let (mut lib_cpu, mut raw_cpu) = (Duration::ZERO, Duration::ZERO);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    for round in 0..rounds {
+        for pass in 0..2 {
+            let run_lib = (pass == 0) == (round % 2 == 0);
+            if (only == "lib" && !run_lib) || (only == "raw" && run_lib) {
+                continue;
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            let count = Arc::new(AtomicU64::new(0));
+            let cpu0 = cpu_time();
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..64)
+                .map(|t| {
+                    let (stop, count, lib, raw) =
+                        (stop.clone(), count.clone(), lib.clone(), raw.clone());
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            i += 1;
+                            let key = format!("bench:conc:{round}:{pass}:{t}:{i}");
+                            if run_lib {
+                                if let Ok(l) = lib.try_lock(&key, TTL).await {
+                                    let _ = lib.unlock(l).await;
+                                    count.fetch_add(1, Ordering::Relaxed);
+                                }
+                            } else {
+                                let tok = Raw::token();
+                                if raw.lock(&key, &tok).await {
+                                    raw.unlock(&key, &tok).await;
+                                    count.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+            stop.store(true, Ordering::Relaxed);
+            for t in tasks {
+                t.await?;
+            }
+            let elapsed = start.elapsed().as_secs_f64();
+            let cpu = cpu_time() - cpu0;
+            if run_lib {
+                lib_total += count.load(Ordering::Relaxed);
+                lib_time += elapsed;
+                lib_cpu += cpu;
+            } else {
+                raw_total += count.load(Ordering::Relaxed);
+                raw_time += elapsed;
+                raw_cpu += cpu;
+            }
+        }
+    }
+    header("2. 64 tasks, distinct keys");
+    row(
+        "lock+unlock pairs/s",
+        lib_total as f64 / lib_time,
+        raw_total as f64 / raw_time,
+        "pairs/s",
+    );
+    row(
+        "client CPU per pair",
+        us(lib_cpu) / lib_total.max(1) as f64,
+        us(raw_cpu) / raw_total.max(1) as f64,
+        "µs",
+    );
+    Ok(())
+}
+
+/// 3. 16 tasks on one key, wait mode.
+async fn contended(setup: &Setup) -> Result<(), BoxError> {
+    let lib = redlock(setup)?;
+    let raw = Arc::new(Raw::new(&setup.pools).await?);
+    let secs = if setup.quick { 1.0 } else { 4.0 };
+    let delay = Duration::from_millis(5);
+    let jitter = Duration::from_millis(10);
+    let mut results = Vec::new();
+    for run_lib in [true, false] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        // Instant (as ns since `t0`) of the last release; the next acquire measures from it.
+        let t0 = Instant::now();
+        let last_release = Arc::new(AtomicU64::new(0));
+        let handoffs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let key = if run_lib {
+            "bench:contended:lib"
+        } else {
+            "bench:contended:raw"
+        };
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (stop, count, lib, raw) =
+                    (stop.clone(), count.clone(), lib.clone(), raw.clone());
+                let (last_release, handoffs) = (last_release.clone(), handoffs.clone());
+                tokio::spawn(async move {
+                    let policy = RetryPolicy::deadline(Duration::from_secs(30))
+                        .with_delay(delay)
+                        .with_jitter(jitter);
+                    while !stop.load(Ordering::Relaxed) {
+                        let tok = Raw::token();
+                        let got = if run_lib {
+                            lib.lock_with(key, TTL, &policy).await.ok()
+                        } else {
+                            let mut ok = false;
+                            while !stop.load(Ordering::Relaxed) {
+                                if raw.lock(key, &tok).await {
+                                    ok = true;
+                                    break;
+                                }
+                                raw.unlock(key, &tok).await;
+                                let extra = rand_below(jitter.as_micros() as u64);
+                                tokio::time::sleep(delay + Duration::from_micros(extra)).await;
+                            }
+                            if !ok {
+                                break;
+                            }
+                            None
+                        };
+                        let acquired_at = t0.elapsed().as_nanos() as u64;
+                        let released_at = last_release.load(Ordering::SeqCst);
+                        if released_at > 0
+                            && let Ok(mut h) = handoffs.lock()
+                        {
+                            h.push(Duration::from_nanos(
+                                acquired_at.saturating_sub(released_at),
+                            ));
+                        }
+                        count.fetch_add(1, Ordering::Relaxed);
+                        last_release.store(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                        match got {
+                            Some(l) => {
+                                let _ = lib.unlock(l).await;
+                            }
+                            None => raw.unlock(key, &tok).await,
+                        }
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        let h = Stats::new(handoffs.lock().map(|v| v.clone()).unwrap_or_default());
+        results.push((rate, h));
+    }
+    header("3. 16 tasks, one key, wait mode (retry 5 ms + 0..10 ms jitter)");
+    row("acquisitions/s", results[0].0, results[1].0, "acq/s");
+    row(
+        "handoff p50 (release→next acquire)",
+        us(results[0].1.pct(0.5)),
+        us(results[1].1.pct(0.5)),
+        "µs",
+    );
+    row(
+        "handoff p99",
+        us(results[0].1.pct(0.99)),
+        us(results[1].1.pct(0.99)),
+        "µs",
+    );
+    Ok(())
+}
+
+fn rand_below(n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let mut b = [0u8; 8];
+    let _ = getrandom_fill(&mut b);
+    u64::from_le_bytes(b) % n
+}
+
+/// 4. One node of five paused.
+async fn paused(setup: &Setup) -> Result<(), BoxError> {
+    let Some(cluster) = &setup._cluster else {
+        println!("\n(paused: skipped, needs local nodes rather than REDLOCK_NODES)");
+        return Ok(());
+    };
+    let lib = redlock(setup)?;
+    let raw = Raw::new(&setup.pools).await?;
+    let n = if setup.quick { 100 } else { 1000 };
+    cluster.node(4).pause();
+    let (mut l, mut r) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let key = format!("bench:paused:{i}");
+        let start = Instant::now();
+        let lock = lib.try_lock(&key, TTL).await;
+        l.push(start.elapsed());
+        if let Ok(lock) = lock {
+            // Release in the background so only the acquire is timed.
+            std::mem::drop(lock);
+        }
+        let tok = Raw::token();
+        let start = Instant::now();
+        raw.lock(&format!("bench:rpaused:{i}"), &tok).await;
+        r.push(start.elapsed());
+    }
+    cluster.node(4).resume();
+    let (l, r) = (Stats::new(l), Stats::new(r));
+    header(&format!(
+        "4. one node of five SIGSTOPped: acquire only, node_timeout {NODE_TIMEOUT:?}"
+    ));
+    row("acquire p50", us(l.pct(0.5)), us(r.pct(0.5)), "µs");
+    row("acquire p99", us(l.pct(0.99)), us(r.pct(0.99)), "µs");
+    row("acquire max", us(l.max()), us(r.max()), "µs");
+    println!("\n(raw waits for every node's answer or timeout; the library returns at quorum)");
+    Ok(())
+}
+
+/// 5. Middleware overhead over loopback HTTP.
+async fn middleware(setup: &Setup) -> Result<(), BoxError> {
+    let lib = redlock(setup)?;
+    let raw = Raw::new(&setup.pools).await?;
+    let bare = Router::new().route("/{*path}", get(|| async { "ok" }));
+    let locked = Router::new()
+        .route("/{*path}", get(|| async { "ok" }))
+        .layer(RedlockLayer::new(lib.clone(), redlock_tower::ByPath));
+    let serve = |app: Router| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok::<_, BoxError>(addr)
+    };
+    let bare_addr = serve(bare).await?;
+    let locked_addr = serve(locked).await?;
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let n = if setup.quick { 300 } else { 3000 };
+    let get_once = |addr: std::net::SocketAddr, path: String| {
+        let client = client.clone();
+        async move {
+            let uri: http::Uri = format!("http://{addr}{path}").parse()?;
+            let resp = client.get(uri).await?;
+            let status = resp.status();
+            resp.into_body().collect().await?;
+            if !status.is_success() {
+                return Err::<(), BoxError>(format!("status {status}").into());
+            }
+            Ok(())
+        }
+    };
+    for i in 0..200 {
+        get_once(bare_addr, format!("/warm/{i}")).await?;
+        get_once(locked_addr, format!("/warm/{i}")).await?;
+    }
+    let (mut b, mut l, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let start = Instant::now();
+        get_once(bare_addr, format!("/k/{i}")).await?;
+        b.push(start.elapsed());
+        let start = Instant::now();
+        get_once(locked_addr, format!("/k/{i}")).await?;
+        l.push(start.elapsed());
+        let tok = Raw::token();
+        let key = format!("bench:mw:{i}");
+        let start = Instant::now();
+        raw.lock(&key, &tok).await;
+        raw.unlock(&key, &tok).await;
+        r.push(start.elapsed());
+    }
+    let (b, l, r) = (Stats::new(b), Stats::new(l), Stats::new(r));
+    header(&format!(
+        "5. middleware over loopback HTTP ({n} requests each)"
+    ));
+    row("bare request p50", us(b.pct(0.5)), us(b.pct(0.5)), "µs");
+    row(
+        "with RedlockLayer p50",
+        us(l.pct(0.5)),
+        us(b.pct(0.5)),
+        "µs",
+    );
+    row(
+        "with RedlockLayer p99",
+        us(l.pct(0.99)),
+        us(b.pct(0.99)),
+        "µs",
+    );
+    let added50 = us(l.pct(0.5)) - us(b.pct(0.5));
+    let added99 = us(l.pct(0.99)) - us(b.pct(0.99));
+    row(
+        "added p50 vs raw acquire+release p50",
+        added50,
+        us(r.pct(0.5)),
+        "µs",
+    );
+    row(
+        "added p99 vs raw acquire+release p99",
+        added99,
+        us(r.pct(0.99)),
+        "µs",
+    );
+    Ok(())
+}
+
+fn cpu_time() -> Duration {
+    // utime + stime of this process, from /proc (clock ticks of 10 ms on Linux).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+fn rss_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// 6. Many auto-extended locks held at once.
+async fn held(setup: &Setup) -> Result<(), BoxError> {
+    let lib = redlock(setup)?;
+    let (count, hold, ttl) = if setup.quick {
+        (1_000, Duration::from_secs(3), Duration::from_secs(2))
+    } else {
+        (10_000, Duration::from_secs(30), Duration::from_secs(10))
+    };
+    let rss_before = rss_kib("VmRSS:");
+    let opts = LockOptions::new(ttl);
+    let mut guards = Vec::with_capacity(count);
+    let start = Instant::now();
+    for chunk in 0..(count / 100) {
+        let futs = (0..100).map(|i| {
+            let (lib, opts) = (lib.clone(), opts.clone());
+            let key = format!("bench:held:{}", chunk * 100 + i);
+            async move { lib.lock_guard(&key, &opts).await }
+        });
+        for g in join_all(futs).await {
+            guards.push(g?);
+        }
+    }
+    let acquire_time = start.elapsed();
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    tokio::time::sleep(hold).await;
+    let cpu = cpu_time() - cpu0;
+    let wall = t0.elapsed();
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let extensions: u64 = guards
+        .iter()
+        .map(|g| u64::from(g.handle().extensions()))
+        .sum();
+    let rss_peak = rss_kib("VmHWM:");
+    let rss_now = rss_kib("VmRSS:");
+    let releases = join_all(guards.into_iter().map(|g| g.release())).await;
+    let failed = releases.iter().filter(|r| r.is_err()).count();
+    println!("\n### 6. {count} auto-extended locks held for {hold:?} (ttl {ttl:?})\n");
+    println!("| metric | value |");
+    println!("|---|---|");
+    println!("| acquire all | {:.2} s |", acquire_time.as_secs_f64());
+    println!(
+        "| process CPU while held | {:.2} s over {:.1} s = {:.1}% of one core |",
+        cpu.as_secs_f64(),
+        wall.as_secs_f64(),
+        100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
+    );
+    println!("| extensions done | {extensions} |");
+    println!("| locks lost | {lost} |");
+    println!(
+        "| RSS before / while held / peak | {:.1} / {:.1} / {:.1} MiB |",
+        rss_before as f64 / 1024.0,
+        rss_now as f64 / 1024.0,
+        rss_peak as f64 / 1024.0
+    );
+    println!("| failed releases | {failed} |");
+    Ok(())
+}
+
+async fn setup(quick: bool) -> Result<Setup, BoxError> {
+    let (cluster, urls) = match std::env::var("REDLOCK_NODES") {
+        Ok(v) if !v.trim().is_empty() => {
+            (None, v.split(',').map(|s| s.trim().to_owned()).collect())
+        }
+        _ => {
+            let c = Cluster::start(5);
+            let urls = c.urls();
+            (Some(c), urls)
+        }
+    };
+    let mut pools = Vec::new();
+    for u in &urls {
+        pools.push(
+            deadpool_redis::Config::from_url(u.clone())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))?,
+        );
+    }
+    Ok(Setup {
+        _cluster: cluster,
+        urls,
+        pools,
+        quick,
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let scenario = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .unwrap_or_else(|| "all".into());
+    let setup = setup(quick).await?;
+    let version: String = {
+        let mut c = deadpool_redis::Connection::take(setup.pools[0].get().await?);
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut c).await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim()
+            .to_owned()
+    };
+    println!(
+        "# redlock bench: {} nodes (redis {version}), {} cores, node_timeout {NODE_TIMEOUT:?}, ttl {TTL:?}{}",
+        setup.urls.len(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        if quick { ", --quick" } else { "" }
+    );
+    let all = scenario == "all";
+    if all || scenario == "sequential" {
+        sequential(&setup).await?;
+    }
+    if all || scenario == "concurrent" {
+        concurrent(&setup).await?;
+    }
+    if all || scenario == "contended" {
+        contended(&setup).await?;
+    }
+    if all || scenario == "paused" {
+        paused(&setup).await?;
+    }
+    if all || scenario == "middleware" {
+        middleware(&setup).await?;
+    }
+    if all || scenario == "held" {
+        held(&setup).await?;
+    }
+    Ok(())
+}
