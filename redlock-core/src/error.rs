@@ -186,12 +186,15 @@ impl fmt::Display for Report {
             }
             write!(f, "{}: ", n.node)?;
             match &n.status {
-                NodeStatus::Ok => write!(f, "ok in {:?}", n.latency)?,
+                NodeStatus::Ok => f.write_str("ok")?,
                 NodeStatus::Busy { pttl: Some(p) } => write!(f, "busy, holder expires in {p:?}")?,
                 NodeStatus::Busy { pttl: None } => f.write_str("busy, holder key has no expiry")?,
                 NodeStatus::NotHeld => f.write_str("not held")?,
                 NodeStatus::Pending => f.write_str("pending")?,
                 NodeStatus::Failed(e) => write!(f, "{e}")?,
+            }
+            if !matches!(n.status, NodeStatus::Pending) {
+                write!(f, " ({:?})", n.latency)?;
             }
         }
         Ok(())
