@@ -1,0 +1,90 @@
+//! Where the middleware finds the lock key of a request.
+
+use std::fmt;
+use std::sync::Arc;
+
+use actix_web::dev::ServiceRequest;
+use actix_web::http::header::HeaderName;
+
+/// A user key function of [`RedlockMiddleware::by_fn`](crate::RedlockMiddleware::by_fn).
+pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
+
+/// The key source a middleware was built with.
+#[derive(Clone)]
+pub(crate) enum KeySource {
+    /// `req.path()`.
+    Path,
+    /// One header's value.
+    Header(HeaderName),
+    /// `req.match_pattern()`.
+    MatchPattern,
+    /// One parameter of `req.match_info()`, as `name=value`.
+    PathParam(Arc<str>),
+    /// A user function.
+    Custom(KeyFn),
+}
+
+impl KeySource {
+    /// The key of `req`; `None` when the request has none (the missing-key
+    /// policy then decides).
+    pub(crate) fn key_of(&self, req: &ServiceRequest) -> Option<String> {
+        match self {
+            KeySource::Path => Some(req.path().to_owned()),
+            KeySource::Header(name) => {
+                let value = req.headers().get(name)?.to_str().ok()?;
+                (!value.is_empty()).then(|| value.to_owned())
+            }
+            KeySource::MatchPattern => req.match_pattern(),
+            KeySource::PathParam(name) => {
+                let value = req.match_info().get(name)?;
+                Some(format!("{name}={value}"))
+            }
+            KeySource::Custom(f) => f(req),
+        }
+    }
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::Path => f.write_str("by_path"),
+            KeySource::Header(name) => write!(f, "by_header({name})"),
+            KeySource::MatchPattern => f.write_str("by_match_pattern"),
+            KeySource::PathParam(name) => write!(f, "by_path_param({name})"),
+            KeySource::Custom(_) => f.write_str("by_fn(..)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::test::TestRequest;
+
+    use super::*;
+
+    #[test]
+    fn each_source_reads_its_part_of_the_request() {
+        let req = TestRequest::get()
+            .uri("/tenants/acme/jobs?x=1")
+            .insert_header(("x-tenant", "acme"))
+            .insert_header(("x-empty", ""))
+            .param("tenant", "acme")
+            .to_srv_request();
+        assert_eq!(
+            KeySource::Path.key_of(&req).as_deref(),
+            Some("/tenants/acme/jobs")
+        );
+        let header = |name| KeySource::Header(HeaderName::from_static(name)).key_of(&req);
+        assert_eq!(header("x-tenant").as_deref(), Some("acme"));
+        assert_eq!(header("x-empty"), None);
+        assert_eq!(header("x-absent"), None);
+        let param = |name: &str| KeySource::PathParam(name.into()).key_of(&req);
+        assert_eq!(param("tenant").as_deref(), Some("tenant=acme"));
+        assert_eq!(param("job"), None);
+        let custom = KeySource::Custom(Arc::new(|req: &ServiceRequest| {
+            Some(format!("{} {}", req.method(), req.query_string()))
+        }));
+        assert_eq!(custom.key_of(&req).as_deref(), Some("GET x=1"));
+        assert_eq!(format!("{custom:?}"), "by_fn(..)");
+    }
+}

@@ -1,0 +1,321 @@
+//! [`RedlockMiddleware`] (the `Transform`) and [`RedlockMiddlewareService`] (the
+//! `Service` it wraps around the app, a scope or a resource).
+
+use std::fmt;
+use std::future::{Ready, ready};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
+use actix_web::http::StatusCode;
+use actix_web::http::header::HeaderName;
+use actix_web::{Error, HttpMessage, ResponseError};
+use futures_util::future::LocalBoxFuture;
+use redlock_core::Redlock;
+use redlock_core::request::{self, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy};
+
+use crate::body::LockedBody;
+use crate::key::KeySource;
+use crate::rejection::{LockRejection, acquire_with, registered_redlock};
+
+/// actix-web middleware that runs each request under a Redlock quorum lock on a
+/// key taken from the request. Use it with `App::wrap`, `Scope::wrap` or
+/// `Resource::wrap`.
+///
+/// ```no_run
+/// use actix_web::{App, HttpServer, web};
+/// use redlock_actix::{LockHandle, Redlock, RedlockMiddleware};
+///
+/// async fn rebuild(lock: web::ReqData<LockHandle>) -> String {
+///     format!("rebuilt under {}", lock.key())
+/// }
+///
+/// # async fn run(redlock: Redlock) -> std::io::Result<()> {
+/// HttpServer::new(move || {
+///     App::new()
+///         .app_data(redlock.clone())                 // the handle the middleware uses
+///         .wrap(RedlockMiddleware::by_path())        // one request per path at a time
+///         .route("/reports/{id}/rebuild", web::post().to(rebuild))
+/// })
+/// .bind(("127.0.0.1", 8080))?
+/// .run()
+/// .await
+/// # }
+/// ```
+///
+/// # Where the `Redlock` handle comes from
+///
+/// 1. the handle bound with [`with_redlock`](Self::with_redlock), if any;
+/// 2. else `app_data::<Redlock>()` (`App::app_data(redlock)`);
+/// 3. else `app_data::<web::Data<Redlock>>()` (`App::app_data(web::Data::new(redlock))`).
+///
+/// The middleware sees the data of the app and of the scope or resource it
+/// wraps (`web::scope(..).app_data(redlock).wrap(..)` works too). With no
+/// handle, a request that needs a lock gets a 500 and an error is logged that
+/// names the fix.
+///
+/// # Responses
+///
+/// | case | default answer |
+/// | --- | --- |
+/// | lock busy | 409 + `Retry-After` + `application/problem+json` ([`busy_status`](Self::busy_status), [`wait`](Self::wait)) |
+/// | no quorum of nodes | 503 + `Retry-After` ([`fail_open`](Self::fail_open) to run unlocked) |
+/// | lock lost mid-handler | handler future dropped, 503 + `Retry-After` ([`on_lost`](Self::on_lost)) |
+/// | no key in the request | run unlocked ([`on_missing_key`](Self::on_missing_key) for 400) |
+///
+/// Busy, unavailable and missing-key answers are ordinary responses (the right
+/// side of the [`EitherBody`]). A lock lost mid-handler is answered through
+/// actix's error path: the service resolves to `Err(actix_web::Error)` made
+/// from a [`LockRejection`], which actix turns into the same 503 document. (The
+/// request was handed to the handler, and actix forbids keeping a copy of it
+/// while routing runs, so no `ServiceResponse` can be built there.)
+///
+/// The lock is renewed while the handler runs and released when the response
+/// body ends or is dropped (see [`LockedBody`]), or at the response head with
+/// [`ReleasePolicy::ResponseHead`]. Handlers read it with
+/// `web::ReqData<LockHandle>`.
+#[derive(Clone)]
+pub struct RedlockMiddleware {
+    key: KeySource,
+    redlock: Option<Redlock>,
+    policy: LockPolicy,
+}
+
+impl fmt::Debug for RedlockMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockMiddleware")
+            .field("key", &self.key)
+            .field("bound_redlock", &self.redlock.is_some())
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl RedlockMiddleware {
+    fn from_source(key: KeySource) -> Self {
+        Self {
+            key,
+            redlock: None,
+            policy: LockPolicy::default(),
+        }
+    }
+
+    /// One lock per request path (`/orders/42`, without the query string).
+    pub fn by_path() -> Self {
+        Self::from_source(KeySource::Path)
+    }
+
+    /// One lock per value of a header (e.g. `X-Tenant-Id`). Requests without the
+    /// header, or with an empty or non-UTF-8 value, follow the missing-key policy.
+    ///
+    /// The client chooses this value: use it where a client can only hurt itself
+    /// by choosing another one, and check it against authentication where that
+    /// matters.
+    pub fn by_header(name: HeaderName) -> Self {
+        Self::from_source(KeySource::Header(name))
+    }
+
+    /// One lock per route pattern (`/tenants/{tenant}/jobs`), whatever its
+    /// parameters; from `req.match_pattern()`, which works at any level,
+    /// including `App::wrap`. Requests that match no route have no key.
+    pub fn by_match_pattern() -> Self {
+        Self::from_source(KeySource::MatchPattern)
+    }
+
+    /// One lock per value of a path parameter (`tenant` in
+    /// `/tenants/{tenant}/…`), keyed `tenant=<value>`.
+    ///
+    /// It reads `req.match_info()`, which actix fills only once the scope or
+    /// resource that declares the parameter has matched. So wrap that scope or
+    /// resource (`web::scope("/tenants/{tenant}").wrap(...)`). Wrapped on the
+    /// `App`, the parameter is not there yet: every request has no key and runs
+    /// unlocked (or gets 400 with [`MissingKeyPolicy::Reject`]); use
+    /// [`by_match_pattern`](Self::by_match_pattern) or [`by_fn`](Self::by_fn)
+    /// at that level.
+    pub fn by_path_param(name: &str) -> Self {
+        Self::from_source(KeySource::PathParam(name.into()))
+    }
+
+    /// One lock per key computed by `f`; `None` means the request has no key.
+    ///
+    /// ```
+    /// use actix_web::dev::ServiceRequest;
+    /// use redlock_actix::RedlockMiddleware;
+    ///
+    /// let by_method_and_path = RedlockMiddleware::by_fn(|req: &ServiceRequest| {
+    ///     Some(format!("{} {}", req.method(), req.path()))
+    /// });
+    /// # let _ = by_method_and_path;
+    /// ```
+    pub fn by_fn<F>(f: F) -> Self
+    where
+        F: Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
+    {
+        Self::from_source(KeySource::Custom(Arc::new(f)))
+    }
+
+    /// Binds the `Redlock` handle; it then wins over the app data.
+    pub fn with_redlock(mut self, redlock: Redlock) -> Self {
+        self.redlock = Some(redlock);
+        self
+    }
+
+    /// Replaces the whole policy (the other builder methods edit one setting).
+    pub fn policy(mut self, policy: LockPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The TTL of the lock keys (default 5 s). The lock is renewed while the
+    /// request runs, so this is only how long others wait after a crash.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.policy = self.policy.ttl(ttl);
+        self
+    }
+
+    /// Waits up to `timeout` for a busy lock before answering busy (default:
+    /// answer at once).
+    pub fn wait(mut self, timeout: Duration) -> Self {
+        self.policy = self.policy.wait(timeout);
+        self
+    }
+
+    /// The status of the busy answer (default `409 Conflict`).
+    pub fn busy_status(mut self, status: StatusCode) -> Self {
+        self.policy = self.policy.busy_status(status.as_u16());
+        self
+    }
+
+    /// Runs requests unlocked when no quorum of nodes answers (default: 503).
+    pub fn fail_open(mut self) -> Self {
+        self.policy = self.policy.fail_open();
+        self
+    }
+
+    /// What to do when the lock is lost mid-handler (default: drop the handler
+    /// future and answer 503).
+    pub fn on_lost(mut self, lost: LostPolicy) -> Self {
+        self.policy = self.policy.on_lost(lost);
+        self
+    }
+
+    /// When to release (default: at the end of the response body).
+    pub fn release_on(mut self, release: ReleasePolicy) -> Self {
+        self.policy = self.policy.release_on(release);
+        self
+    }
+
+    /// What to do with a request that has no key (default: run it unlocked).
+    pub fn on_missing_key(mut self, missing: MissingKeyPolicy) -> Self {
+        self.policy = self.policy.on_missing_key(missing);
+        self
+    }
+
+    /// Stops renewing after this long.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.policy = self.policy.max_hold(max_hold);
+        self
+    }
+
+    /// The prefix of every key (default `"redlock:"`).
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.policy = self.policy.key_prefix(prefix);
+        self
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for RedlockMiddleware
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
+    type Error = Error;
+    type Transform = RedlockMiddlewareService<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(RedlockMiddlewareService {
+            service: Rc::new(service),
+            config: Rc::new(self.clone()),
+        }))
+    }
+}
+
+/// The service [`RedlockMiddleware`] wraps around the inner one (one per worker;
+/// it is not `Send`, as actix services need not be).
+pub struct RedlockMiddlewareService<S> {
+    service: Rc<S>,
+    config: Rc<RedlockMiddleware>,
+}
+
+impl<S> fmt::Debug for RedlockMiddlewareService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockMiddlewareService")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B> Service<ServiceRequest> for RedlockMiddlewareService<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
+    type Error = Error;
+    type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    forward_ready!(service);
+
+    fn call(&self, req: ServiceRequest) -> Self::Future {
+        let service = Rc::clone(&self.service);
+        let config = Rc::clone(&self.config);
+        Box::pin(async move { serve_locked(&config, &*service, req).await })
+    }
+}
+
+/// One request: take the lock, run the inner service under it, and hand the
+/// lock to the response body (or drop it, per the release policy).
+async fn serve_locked<S, B>(
+    config: &RedlockMiddleware,
+    service: &S,
+    req: ServiceRequest,
+) -> Result<ServiceResponse<EitherBody<LockedBody<B>>>, Error>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+{
+    let key = config.key.key_of(&req);
+    let redlock = config
+        .redlock
+        .clone()
+        .or_else(|| registered_redlock(req.request()));
+    let lock = match acquire_with(redlock.as_ref(), key, &config.policy).await {
+        Ok(lock) => lock,
+        Err(rejection) => {
+            let answer = LockRejection::from(rejection).error_response();
+            return Ok(req.into_response(answer).map_into_right_body());
+        }
+    };
+    if let Some(lock) = &lock {
+        req.extensions_mut().insert(lock.handle());
+    }
+
+    // With `LostPolicy::Abort`, a lost lock ends this await with an error and the
+    // handler's future is dropped with it.
+    let response = request::guard(service.call(req), lock.as_ref(), &config.policy)
+        .await
+        .map_err(LockRejection::from)??;
+
+    let lock = match config.policy.release_policy() {
+        ReleasePolicy::BodyEnd => lock,
+        ReleasePolicy::ResponseHead => {
+            drop(lock);
+            None
+        }
+    };
+    Ok(response.map_body(|_, body| EitherBody::left(LockedBody::new(body, lock))))
+}

@@ -1,0 +1,151 @@
+//! [`LockRejection`]: a [`Rejection`] as an actix [`ResponseError`], and the
+//! lookup of the `Redlock` handle shared by the middleware and the extractor.
+
+use std::fmt;
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use redlock_core::Redlock;
+use redlock_core::request::{self, LockPolicy, MissingKeyPolicy, Rejection, RequestLock};
+
+/// Why a request did not get its lock, or lost it: the error of the
+/// [`HeldLock`](crate::HeldLock) extractor, and of the middleware when the lock
+/// is lost while the handler runs.
+///
+/// Its response is an RFC 9457 `application/problem+json` document with the
+/// status of [`Rejection::status`] (409 or the configured busy status, 503, 400,
+/// 500) and a `Retry-After` header for busy, unavailable and lost.
+#[derive(Debug, Clone)]
+pub struct LockRejection(Rejection);
+
+impl LockRejection {
+    /// The framework-independent reason.
+    pub fn rejection(&self) -> &Rejection {
+        &self.0
+    }
+
+    /// Unwraps the framework-independent reason.
+    pub fn into_rejection(self) -> Rejection {
+        self.0
+    }
+}
+
+impl From<Rejection> for LockRejection {
+    fn from(rejection: Rejection) -> Self {
+        Self(rejection)
+    }
+}
+
+impl fmt::Display for LockRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.title())?;
+        match &self.0 {
+            Rejection::Busy { key, .. }
+            | Rejection::Unavailable { key, .. }
+            | Rejection::Lost { key } => write!(f, " ({key})"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for LockRejection {}
+
+impl ResponseError for LockRejection {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut builder = HttpResponse::build(self.status_code());
+        builder.content_type(Rejection::CONTENT_TYPE);
+        if let Some(secs) = self.0.retry_after_secs() {
+            builder.insert_header((header::RETRY_AFTER, HeaderValue::from(secs)));
+        }
+        builder.body(self.0.problem_json())
+    }
+}
+
+/// The `Redlock` handle registered on the app: `app_data::<Redlock>()`, then
+/// `app_data::<web::Data<Redlock>>()`.
+pub(crate) fn registered_redlock(req: &HttpRequest) -> Option<Redlock> {
+    req.app_data::<Redlock>().cloned().or_else(|| {
+        req.app_data::<web::Data<Redlock>>()
+            .map(|data| Redlock::clone(data))
+    })
+}
+
+/// [`request::acquire`] when the handle may be missing: a request that needs no
+/// lock (no key, pass-through) runs without one; any other gets
+/// [`Rejection::MissingHandle`], logged with the fix.
+pub(crate) async fn acquire_with(
+    redlock: Option<&Redlock>,
+    key: Option<String>,
+    policy: &LockPolicy,
+) -> Result<Option<RequestLock>, Rejection> {
+    if let Some(redlock) = redlock {
+        return request::acquire(redlock, key, policy).await;
+    }
+    if key.is_none() && policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
+        return Ok(None);
+    }
+    let missing = Rejection::MissingHandle;
+    missing.log();
+    Err(missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use actix_web::body::MessageBody;
+
+    use super::*;
+
+    fn parts(rejection: Rejection) -> (u16, Option<String>, Option<String>, serde_json::Value) {
+        let response = LockRejection::from(rejection).error_response();
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let (content_type, retry_after) = (header("content-type"), header("retry-after"));
+        let status = response.status().as_u16();
+        let body = response.into_body().try_into_bytes().unwrap();
+        (
+            status,
+            content_type,
+            retry_after,
+            serde_json::from_slice(&body).unwrap(),
+        )
+    }
+
+    #[test]
+    fn busy_maps_to_its_status_with_retry_after_and_a_problem_document() {
+        let (status, content_type, retry_after, doc) = parts(Rejection::Busy {
+            key: "redlock:/a".into(),
+            status: 423,
+            retry_after: Some(Duration::from_millis(1500)),
+        });
+        assert_eq!(status, 423);
+        assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+        assert_eq!(retry_after.as_deref(), Some("2"));
+        assert_eq!(doc["key"], "redlock:/a");
+        assert_eq!(doc["status"], 423);
+    }
+
+    #[test]
+    fn other_rejections_map_to_503_400_and_500() {
+        let lost = parts(Rejection::Lost { key: "k".into() });
+        assert_eq!((lost.0, lost.2.as_deref()), (503, Some("1")));
+        let missing = parts(Rejection::MissingKey);
+        assert_eq!((missing.0, missing.2), (400, None));
+        let handle = parts(Rejection::MissingHandle);
+        assert_eq!((handle.0, handle.2), (500, None));
+        assert_eq!(
+            LockRejection::from(Rejection::Lost { key: "k".into() }).to_string(),
+            "Lock lost (k)"
+        );
+    }
+}

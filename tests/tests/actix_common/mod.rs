@@ -1,0 +1,286 @@
+//! Helpers shared by the `actix_*` suites: a real `HttpServer` on a loopback
+//! port, a hyper client with a generous timeout, a `Redlock` over a test
+//! cluster, an in-flight gauge, a drop recorder and bounded waits.
+//!
+//! Each suite uses a different subset, hence the `dead_code` allowance.
+#![allow(dead_code, unused_macros)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix_web::dev::ServerHandle;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use redlock_core::Redlock;
+use redlock_tests::Cluster;
+
+/// Every request of the suites is bounded by this.
+pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A `Redlock` over the cluster with a per-node timeout that tolerates a loaded
+/// machine (tests run next to other builds on two cores).
+pub(crate) fn redlock(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(100))
+        .build()
+        .unwrap()
+}
+
+/// Starts `HttpServer::new($factory)` on 127.0.0.1:0 with `$workers` workers
+/// (2 by default) and returns a [`Server`]. Extra tokens after the factory are
+/// method calls on the `HttpServer` before it binds, e.g.
+/// `serve!(1, factory, .h1_allow_half_closed(false))`.
+macro_rules! serve {
+    ($factory:expr) => {
+        serve!(2, $factory,)
+    };
+    ($workers:expr, $factory:expr) => {
+        serve!($workers, $factory,)
+    };
+    ($workers:expr, $factory:expr, $($tune:tt)*) => {{
+        let server = ::actix_web::HttpServer::new($factory)
+            .workers($workers)
+            .disable_signals()
+            .shutdown_timeout(1)
+            $($tune)*
+            .bind(("127.0.0.1", 0))
+            .unwrap();
+        let addr = server.addrs()[0];
+        $crate::actix_common::Server::spawn(addr, server.run())
+    }};
+}
+
+/// A running actix server; stopped on drop.
+pub(crate) struct Server {
+    pub(crate) addr: SocketAddr,
+    handle: ServerHandle,
+}
+
+impl Server {
+    pub(crate) fn spawn(addr: SocketAddr, server: actix_web::dev::Server) -> Self {
+        let handle = server.handle();
+        actix_web::rt::spawn(server);
+        Self { addr, handle }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // The stop command is sent at once; nothing needs to wait for it.
+        drop(self.handle.stop(false));
+    }
+}
+
+pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+pub(crate) fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A whole response, with the status as a number (hyper and actix use
+/// different `http` versions).
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+impl Reply {
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.text()))
+    }
+
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// `Retry-After` in seconds, if present and numeric.
+    pub(crate) fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after").and_then(|v| v.parse().ok())
+    }
+}
+
+/// Sends `GET url` with extra headers and reads the whole response, within
+/// [`CLIENT_TIMEOUT`].
+pub(crate) async fn try_get(
+    client: &HttpClient,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    let mut req = http::Request::get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Empty::new()).unwrap();
+    let exchange = async {
+        let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+        let (parts, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e:?}"))?
+            .to_bytes();
+        Ok(Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        })
+    };
+    tokio::time::timeout(CLIENT_TIMEOUT, exchange)
+        .await
+        .map_err(|_| format!("no answer within {CLIENT_TIMEOUT:?}"))?
+}
+
+pub(crate) async fn get(client: &HttpClient, url: &str) -> Reply {
+    try_get(client, url, &[])
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// Sends `n` concurrent `GET url` and returns the statuses.
+pub(crate) async fn burst(client: &HttpClient, url: &str, n: usize) -> Vec<u16> {
+    let requests = (0..n).map(|_| {
+        let (client, url) = (client.clone(), url.to_owned());
+        async move { get(&client, &url).await.status }
+    });
+    futures_util::future::join_all(requests).await
+}
+
+/// How many of `statuses` are `status`.
+pub(crate) fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
+}
+
+/// Polls `f` every 20 ms until it holds or `timeout` passes; returns whether it
+/// held. `f` may do short blocking calls (the harness talks to Redis
+/// synchronously).
+pub(crate) async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+/// Runs `fut` with a bound, panicking with `what` when it does not finish.
+pub(crate) async fn within<T>(bound: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(bound, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {bound:?}"))
+}
+
+/// Counts how many callers are inside a section at once, and the most seen.
+#[derive(Default, Debug)]
+pub(crate) struct Gauge {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Gauge {
+    pub(crate) fn enter(&self) -> GaugeGuard<'_> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        GaugeGuard(self)
+    }
+
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) struct GaugeGuard<'a>(&'a Gauge);
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Records the instant it is dropped: put one in a handler to see when (and
+/// whether) the handler's future was dropped.
+pub(crate) struct DropRecorder(pub(crate) Arc<Mutex<Option<Instant>>>);
+
+impl Drop for DropRecorder {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// What a test needs of an in-process response (`actix_web::test`).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) content_type: Option<String>,
+    pub(crate) retry_after: Option<u64>,
+    pub(crate) body: String,
+}
+
+impl Answer {
+    pub(crate) async fn of<B: actix_web::body::MessageBody>(
+        resp: actix_web::dev::ServiceResponse<B>,
+    ) -> Self {
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (content_type, retry_after) = (
+            header("content-type"),
+            header("retry-after").map(|v| v.parse().unwrap()),
+        );
+        let status = resp.status().as_u16();
+        let body = actix_web::test::read_body(resp).await;
+        Self {
+            status,
+            content_type,
+            retry_after,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// Calls an `actix_web::test::init_service` app with `GET $uri` (plus optional
+/// `(name, value)` headers): a future of its [`Answer`]. A macro because the
+/// request type lives in actix-http, which this crate does not name.
+macro_rules! call {
+    ($app:expr, $uri:expr $(, $header:expr)*) => {
+        async {
+            let req = ::actix_web::test::TestRequest::get().uri($uri)
+                $(.insert_header($header))*
+                .to_request();
+            $crate::actix_common::Answer::of(::actix_web::test::call_service($app, req).await).await
+        }
+    };
+}

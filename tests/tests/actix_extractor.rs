@@ -1,0 +1,335 @@
+//! The `HeldLock` extractor over real Redis nodes: a key computed by the
+//! `HeldLockConfig` in app data admits one of two concurrent requests, the lock
+//! goes when the handler returns (not at the end of its body), a key computed
+//! from the handler's own JSON argument through `HeldLock::acquire`, the
+//! rejections (400, 500, 503) and fail-open, config lookup, and `HeldLock::run`
+//! stopping the work when the lock is lost.
+
+#[macro_use]
+mod actix_common;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix_common::*;
+use actix_web::{App, HttpRequest, HttpResponse, test, web};
+use bytes::Bytes;
+use futures_util::future::join;
+use http_body_util::{BodyExt, Empty};
+use redlock_actix::{HeldLock, HeldLockConfig, LockHandle, LockPolicy, LockRejection};
+use redlock_tests::Cluster;
+
+/// The key of `/orders/{order}/...`: `order:<id>`.
+fn order_config() -> HeldLockConfig {
+    HeldLockConfig::new().key(|req| req.match_info().get("order").map(|o| format!("order:{o}")))
+}
+
+/// Holds the extracted lock for `?hold=<ms>`, then answers with its key (or
+/// `unlocked`).
+async fn settle(req: HttpRequest, lock: HeldLock) -> String {
+    let hold = req
+        .query_string()
+        .strip_prefix("hold=")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    actix_web::rt::time::sleep(ms(hold)).await;
+    match lock.handle() {
+        Some(handle) => handle.key().to_owned(),
+        None => "unlocked".to_owned(),
+    }
+}
+
+#[actix_web::test]
+async fn extracted_lock_admits_one_of_two_concurrent_requests_for_a_key() {
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .app_data(order_config())
+            .route("/orders/{order}/settle", web::get().to(settle)),
+    )
+    .await;
+
+    let (first, (second, other)) = join(call!(&app, "/orders/1/settle?hold=800"), async {
+        actix_web::rt::time::sleep(ms(200)).await;
+        let second = call!(&app, "/orders/1/settle").await;
+        let other = call!(&app, "/orders/2/settle").await;
+        (second, other)
+    })
+    .await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "redlock:order:1")
+    );
+    assert_eq!(second.status, 409, "{second:?}");
+    assert!(second.retry_after.is_some_and(|s| s >= 1), "{second:?}");
+    assert_eq!(
+        second.content_type.as_deref(),
+        Some("application/problem+json")
+    );
+    assert_eq!(second.json()["key"], "redlock:order:1");
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (200, "redlock:order:2"),
+        "another order runs meanwhile"
+    );
+}
+
+#[actix_web::test]
+async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let server = serve!(move || {
+        App::new()
+            .app_data(redlock.clone())
+            .app_data(order_config())
+            .route(
+                "/orders/{order}/export",
+                web::get().to(|lock: HeldLock| async move {
+                    // A closure's argument must be moved into the async block,
+                    // or it is dropped (released) before the work starts.
+                    let _lock = lock;
+                    // 300 ms of work under the lock, then a body that streams
+                    // for ~1 s after the handler has returned.
+                    actix_web::rt::time::sleep(ms(300)).await;
+                    let chunks = futures_util::stream::unfold(0u32, |i| async move {
+                        if i > 10 {
+                            return None;
+                        }
+                        if i > 0 {
+                            actix_web::rt::time::sleep(ms(100)).await;
+                        }
+                        Some((
+                            Ok::<_, Infallible>(Bytes::from(format!("row {i}\n"))),
+                            i + 1,
+                        ))
+                    });
+                    HttpResponse::Ok().streaming(chunks)
+                }),
+            )
+    });
+    let client = client();
+    let url = server.url("/orders/5/export");
+
+    let req = http::Request::get(&url).body(Empty::new()).unwrap();
+    let (response, during) = join(
+        within(CLIENT_TIMEOUT, "response head", client.request(req)),
+        async {
+            actix_web::rt::time::sleep(ms(150)).await;
+            get(&client, &url).await
+        },
+    )
+    .await;
+    assert_eq!(
+        during.status, 409,
+        "held while the handler runs: {during:?}"
+    );
+    let response = response.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = within(CLIENT_TIMEOUT, "first row", body.frame())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.data_ref().map(|b| &b[..]), Some(&b"row 0\n"[..]));
+    assert!(
+        eventually(ms(500), || cluster.count_with_key("redlock:order:5") == 0).await,
+        "the lock must go when the handler returns"
+    );
+    let meanwhile = get(&client, &url).await;
+    assert_eq!(
+        meanwhile.status, 200,
+        "a second export runs while the first streams"
+    );
+    let rest = within(CLIENT_TIMEOUT, "rest of the body", body.collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&rest).ends_with("row 10\n"));
+}
+
+/// Locks on the `from` account of its JSON body, then works for 800 ms.
+async fn transfer(
+    req: HttpRequest,
+    body: web::Json<serde_json::Value>,
+) -> Result<String, LockRejection> {
+    let from = body["from"].as_u64().unwrap_or_default();
+    let lock = HeldLock::acquire(&req, format!("account:{from}")).await?;
+    actix_web::rt::time::sleep(ms(800)).await;
+    Ok(lock
+        .handle()
+        .map(|h| h.key().to_owned())
+        .unwrap_or_default())
+}
+
+#[actix_web::test]
+async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new()
+            .app_data(web::Data::new(redlock(&cluster)))
+            .route("/transfers", web::post().to(transfer)),
+    )
+    .await;
+    let post = |from: u64| {
+        let req = test::TestRequest::post()
+            .uri("/transfers")
+            .set_json(serde_json::json!({ "from": from, "to": 99 }))
+            .to_request();
+        async { Answer::of(test::call_service(&app, req).await).await }
+    };
+
+    let (first, (second, other)) = join(post(7), async {
+        actix_web::rt::time::sleep(ms(200)).await;
+        (post(7).await, post(8).await)
+    })
+    .await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "redlock:account:7")
+    );
+    assert_eq!(second.status, 409, "{second:?}");
+    assert!(second.retry_after.is_some_and(|s| s >= 1), "{second:?}");
+    assert_eq!(second.json()["key"], "redlock:account:7");
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (200, "redlock:account:8")
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || cluster
+            .count_with_key("redlock:account:7")
+            == 0)
+        .await,
+        "released after the handler"
+    );
+}
+
+#[actix_web::test]
+async fn rejections_and_config_lookup() {
+    let cluster = Cluster::start(3);
+    let live = redlock(&cluster);
+    let app = test::init_service(
+        App::new()
+            .app_data(live.clone())
+            // App level: no key function, so the extractor has no key (400).
+            .route("/keyless/{order}", web::get().to(settle))
+            .service(
+                // Scope level config, in web::Data, with its own key and prefix.
+                web::scope("/orders/{order}")
+                    .app_data(web::Data::new(
+                        order_config().policy(LockPolicy::default().key_prefix("shop:")),
+                    ))
+                    .route("/settle", web::get().to(settle)),
+            )
+            .service(
+                web::resource("/lenient/{order}")
+                    .app_data(order_config().policy(LockPolicy::default()).key(|_| None))
+                    .route(web::get().to(settle)),
+            ),
+    )
+    .await;
+    let keyless = call!(&app, "/keyless/1").await;
+    assert_eq!(keyless.status, 400, "{keyless:?}");
+    assert_eq!(keyless.json()["title"], "Missing lock key");
+    let scoped = call!(&app, "/orders/3/settle").await;
+    assert_eq!((scoped.status, scoped.body.as_str()), (200, "shop:order:3"));
+    let lenient = call!(&app, "/lenient/3").await;
+    assert_eq!(
+        (lenient.status, lenient.body.as_str()),
+        (200, "unlocked"),
+        "a pass-through policy runs keyless requests without a lock"
+    );
+
+    // No handle anywhere: 500.
+    let app = test::init_service(
+        App::new()
+            .app_data(order_config())
+            .route("/orders/{order}/settle", web::get().to(settle)),
+    )
+    .await;
+    let unconfigured = call!(&app, "/orders/1/settle").await;
+    assert_eq!(unconfigured.status, 500, "{unconfigured:?}");
+    assert_eq!(
+        unconfigured.json()["title"],
+        "Lock middleware is not configured"
+    );
+
+    // A majority of nodes down: 503, or unlocked with fail-open.
+    cluster.node(0).kill();
+    cluster.node(1).kill();
+    let app = test::init_service(
+        App::new()
+            .app_data(live.clone())
+            .app_data(order_config())
+            .route("/orders/{order}/settle", web::get().to(settle))
+            .service(
+                web::resource("/open/{order}")
+                    .app_data(order_config().policy(LockPolicy::default().fail_open()))
+                    .route(web::get().to(settle)),
+            ),
+    )
+    .await;
+    let down = call!(&app, "/orders/1/settle").await;
+    assert_eq!(down.status, 503, "{down:?}");
+    assert!(down.retry_after.is_some_and(|s| s >= 1), "{down:?}");
+    let open = call!(&app, "/open/1").await;
+    assert_eq!((open.status, open.body.as_str()), (200, "unlocked"));
+}
+
+#[actix_web::test]
+async fn run_drops_the_work_when_the_lock_is_lost() {
+    let cluster = Cluster::start(3);
+    let published: Arc<Mutex<Option<LockHandle>>> = Arc::default();
+    let dropped_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let (publish, recorder) = (published.clone(), dropped_at.clone());
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .app_data(order_config().policy(LockPolicy::default().ttl(Duration::from_secs(2))))
+            .route(
+                "/orders/{order}/settle",
+                web::get().to(move |lock: HeldLock| {
+                    let (publish, recorder) = (publish.clone(), recorder.clone());
+                    async move {
+                        *publish.lock().unwrap() = lock.handle();
+                        lock.run(async {
+                            let _recorder = DropRecorder(recorder);
+                            actix_web::rt::time::sleep(Duration::from_secs(10)).await;
+                            "finished"
+                        })
+                        .await
+                    }
+                }),
+            ),
+    )
+    .await;
+    let key = "redlock:order:1";
+
+    let (answer, valid_until) = join(call!(&app, "/orders/1/settle"), async {
+        assert!(
+            eventually(Duration::from_secs(5), || published
+                .lock()
+                .unwrap()
+                .is_some())
+            .await,
+            "the handler never ran"
+        );
+        for i in 0..2 {
+            cluster.node(i).cmd(&["DEL", key]);
+        }
+        published.lock().unwrap().as_ref().unwrap().valid_until()
+    })
+    .await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.json()["title"], "Lock lost");
+    let dropped_at = dropped_at
+        .lock()
+        .unwrap()
+        .expect("the work must be dropped");
+    assert!(
+        dropped_at < valid_until,
+        "work dropped {:?} after the validity ended",
+        dropped_at - valid_until
+    );
+}
