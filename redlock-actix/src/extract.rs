@@ -11,7 +11,7 @@ use futures_util::future::LocalBoxFuture;
 use redlock_core::request::{self, LockPolicy, MissingKeyPolicy, RequestLock};
 use redlock_core::{LockHandle, Redlock};
 
-use crate::rejection::{LockRejection, acquire_with, registered_redlock};
+use crate::rejection::{LockRejection, registered_redlock};
 
 type RequestKeyFn = Arc<dyn Fn(&HttpRequest) -> Option<String> + Send + Sync>;
 
@@ -194,7 +194,7 @@ impl HeldLock {
         key: Option<String>,
         policy: Arc<LockPolicy>,
     ) -> Result<Self, LockRejection> {
-        let lock = acquire_with(redlock.as_ref(), key, &policy).await?;
+        let lock = request::acquire(redlock.as_ref(), key, &policy).await?;
         Ok(Self { lock, policy })
     }
 

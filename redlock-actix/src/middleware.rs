@@ -18,7 +18,7 @@ use redlock_core::request::{self, LockPolicy, LostPolicy, MissingKeyPolicy, Rele
 
 use crate::body::LockedBody;
 use crate::key::KeySource;
-use crate::rejection::{LockRejection, acquire_with, registered_redlock};
+use crate::rejection::{LockRejection, registered_redlock};
 
 /// actix-web middleware that runs each request under a Redlock quorum lock on a
 /// key taken from the request. Use it with `App::wrap`, `Scope::wrap` or
@@ -293,7 +293,7 @@ where
         .redlock
         .clone()
         .or_else(|| registered_redlock(req.request()));
-    let lock = match acquire_with(redlock.as_ref(), key, &config.policy).await {
+    let lock = match request::acquire(redlock.as_ref(), key, &config.policy).await {
         Ok(lock) => lock,
         Err(rejection) => {
             let answer = LockRejection::from(rejection).error_response();

@@ -7,7 +7,7 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use redlock_core::Redlock;
-use redlock_core::request::{self, LockPolicy, MissingKeyPolicy, Rejection, RequestLock};
+use redlock_core::request::Rejection;
 
 /// Why a request did not get its lock, or lost it: the error of the
 /// [`HeldLock`](crate::HeldLock) extractor, and of the middleware when the lock
@@ -73,25 +73,6 @@ pub(crate) fn registered_redlock(req: &HttpRequest) -> Option<Redlock> {
         req.app_data::<web::Data<Redlock>>()
             .map(|data| Redlock::clone(data))
     })
-}
-
-/// [`request::acquire`] when the handle may be missing: a request that needs no
-/// lock (no key, pass-through) runs without one; any other gets
-/// [`Rejection::MissingHandle`], logged with the fix.
-pub(crate) async fn acquire_with(
-    redlock: Option<&Redlock>,
-    key: Option<String>,
-    policy: &LockPolicy,
-) -> Result<Option<RequestLock>, Rejection> {
-    if let Some(redlock) = redlock {
-        return request::acquire(redlock, key, policy).await;
-    }
-    if key.is_none() && policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
-        return Ok(None);
-    }
-    let missing = Rejection::MissingHandle;
-    missing.log();
-    Err(missing)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //!
 //! # async fn run(redlock: Redlock) {
 //! let policy = LockPolicy::default().wait(Duration::from_secs(2));
-//! match request::acquire(&redlock, Some("tenant:7".into()), &policy).await {
+//! match request::acquire(Some(&redlock), Some("tenant:7".into()), &policy).await {
 //!     Ok(Some(held)) => {
 //!         let work = async { /* the handler */ };
 //!         match request::guard(work, Some(&held), &policy).await {
@@ -429,24 +429,35 @@ impl Future for LostFuture {
     }
 }
 
-/// Takes the lock for one request per `policy`.
+/// Takes the lock for one request per `policy`, with the handle the adapter found
+/// (bound to the middleware, or registered on the app).
 ///
 /// - `Ok(Some(lock))`: held, with auto-extension; keep it until the response ends.
 /// - `Ok(None)`: run the request unlocked (no key and pass-through, or fail-open).
-/// - `Err(rejection)`: answer with the rejection.
+/// - `Err(rejection)`: answer with the rejection (already logged).
 ///
 /// # Errors
-/// A [`Rejection`] for busy, unavailable, missing key or misconfiguration.
+/// A [`Rejection`] for busy, unavailable, missing key, missing handle or
+/// misconfiguration.
 pub async fn acquire(
-    redlock: &Redlock,
+    redlock: Option<&Redlock>,
     key: Option<String>,
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
     let Some(key) = key else {
         return match policy.missing_key {
             MissingKeyPolicy::PassThrough => Ok(None),
-            MissingKeyPolicy::Reject => Err(Rejection::MissingKey),
+            MissingKeyPolicy::Reject => {
+                let rejection = Rejection::MissingKey;
+                rejection.log();
+                Err(rejection)
+            }
         };
+    };
+    let Some(redlock) = redlock else {
+        let rejection = Rejection::MissingHandle;
+        rejection.log();
+        return Err(rejection);
     };
     let key = if policy.key_prefix.is_empty() {
         key

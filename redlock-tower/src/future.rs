@@ -87,21 +87,6 @@ where
             on_rejection,
         }
     }
-
-    pub(crate) fn rejected(
-        rejection: Rejection,
-        policy: Arc<LockPolicy>,
-        on_rejection: Option<RejectionHandler>,
-    ) -> Self {
-        rejection.log();
-        Self {
-            state: State::Rejected {
-                rejection: Some(rejection),
-            },
-            policy,
-            on_rejection,
-        }
-    }
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>

@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use redlock_core::Redlock;
-use redlock_core::request::{self, MissingKeyPolicy, Rejection};
+use redlock_core::request::{self, MissingKeyPolicy};
 use tower_service::Service;
 
 use crate::body::RedlockBody;
@@ -43,23 +43,21 @@ where
         let policy = self.layer.policy.clone();
         let on_rejection = self.layer.on_rejection.clone();
 
+        // No key and pass-through: no lock, no box.
         if key.is_none() && policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
             return ResponseFuture::unlocked(self.inner.call(req), policy, on_rejection);
         }
-        let Some(redlock) = self
+        let redlock = self
             .layer
             .redlock
             .clone()
-            .or_else(|| req.extensions().get::<Redlock>().cloned())
-        else {
-            return ResponseFuture::rejected(Rejection::MissingHandle, policy, on_rejection);
-        };
+            .or_else(|| req.extensions().get::<Redlock>().cloned());
         // The ready service was this one: take it, leave a clone for next time.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let acquire_policy = policy.clone();
         let acquire =
-            Box::pin(async move { request::acquire(&redlock, key, &acquire_policy).await });
+            Box::pin(async move { request::acquire(redlock.as_ref(), key, &acquire_policy).await });
         ResponseFuture::acquiring(acquire, inner, req, policy, on_rejection)
     }
 }
