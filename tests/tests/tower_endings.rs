@@ -1,0 +1,316 @@
+//! Every way a request can end early releases its lock at once (the TTL here is
+//! 30 s, so only a release explains a key gone within 2 s): a panicking handler
+//! under `axum::serve`, a client that disconnects mid-handler or mid-body, and a
+//! `ResponseFuture` dropped after it took the lock. A `ResponseFuture` dropped
+//! while it is still acquiring must leave no key behind either (currently ignored:
+//! a known bug, see the test).
+
+mod tower_common;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Extension, Router};
+use bytes::Bytes;
+use http::Request;
+use redlock_core::LockHandle;
+use redlock_tests::Cluster;
+use redlock_tower::RedlockLayer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+use tower::{Layer, Service, ServiceExt};
+use tower_common::*;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn key_gone(cluster: &Cluster, key: &str) -> impl FnMut() -> bool {
+    move || cluster.count_with_key(key) == 0
+}
+
+/// The handler's side of a test: it says when it runs and when it is dropped,
+/// and waits for the test's go before its last step.
+#[derive(Default)]
+struct Probe {
+    running: Notify,
+    go: Notify,
+    dropped_at: Arc<Mutex<Option<Instant>>>,
+}
+
+async fn panics(State(p): State<Arc<Probe>>) -> &'static str {
+    p.running.notify_one();
+    p.go.notified().await;
+    panic!("handler panic (expected by the test)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panicking_handler_closes_the_connection_and_releases_the_lock() {
+    let cluster = Cluster::start(3);
+    let probe = Arc::new(Probe::default());
+    let app = Router::new()
+        .route("/panics", get(panics))
+        .with_state(probe.clone())
+        .layer(RedlockLayer::by_path().ttl(TTL))
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+
+    let request = tokio::spawn({
+        let url = server.url("/panics");
+        async move { try_send(&client(), Request::get(url).body(Body::empty()).unwrap()).await }
+    });
+    within(
+        Duration::from_secs(5),
+        "handler start",
+        probe.running.notified(),
+    )
+    .await;
+    assert!(
+        on_every_node(&cluster, "redlock:/panics").await,
+        "held before the panic"
+    );
+    probe.go.notify_one();
+
+    let outcome = within(Duration::from_secs(10), "client outcome", request)
+        .await
+        .unwrap();
+    assert!(
+        outcome.is_err(),
+        "the connection must close without a response: {outcome:?}"
+    );
+    assert!(
+        eventually(
+            Duration::from_secs(2),
+            key_gone(&cluster, "redlock:/panics")
+        )
+        .await,
+        "the lock outlived the panic"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_handler_drops_the_handler_and_releases_the_lock() {
+    let cluster = Cluster::start(3);
+    let probe = Arc::new(Probe::default());
+    let app = Router::new()
+        .route(
+            "/slow",
+            get(|State(p): State<Arc<Probe>>| async move {
+                let _recorder = DropRecorder(p.dropped_at.clone());
+                p.running.notify_one();
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                "finished"
+            }),
+        )
+        .with_state(probe.clone())
+        .layer(RedlockLayer::by_path().ttl(TTL))
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+
+    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    conn.write_all(b"GET /slow HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    within(
+        Duration::from_secs(5),
+        "handler start",
+        probe.running.notified(),
+    )
+    .await;
+    assert!(
+        on_every_node(&cluster, "redlock:/slow").await,
+        "held while running"
+    );
+    let closed_at = Instant::now();
+    drop(conn);
+
+    assert!(
+        eventually(Duration::from_secs(2), || probe
+            .dropped_at
+            .lock()
+            .unwrap()
+            .is_some())
+        .await,
+        "hyper must drop the handler when the client goes away"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), key_gone(&cluster, "redlock:/slow")).await,
+        "the lock outlived the client"
+    );
+    assert!(closed_at.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_body_releases_the_lock() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route(
+            "/endless",
+            get(|| async {
+                // One chunk every 50 ms, for up to 60 s.
+                let chunks = futures_util::stream::unfold(0u32, |i| async move {
+                    if i > 0 {
+                        tokio::time::sleep(ms(50)).await;
+                    }
+                    (i < 1200).then(|| (Ok::<_, Infallible>(Bytes::from("tick\n")), i + 1))
+                });
+                Body::from_stream(chunks)
+            }),
+        )
+        .layer(RedlockLayer::by_path().ttl(TTL))
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+
+    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    conn.write_all(b"GET /endless HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let mut seen = String::new();
+    while !seen.contains("tick") {
+        let n = within(Duration::from_secs(5), "body bytes", conn.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(n > 0, "server closed early: {seen:?}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen:?}");
+    assert!(
+        on_every_node(&cluster, "redlock:/endless").await,
+        "held while streaming"
+    );
+    drop(conn);
+
+    assert!(
+        eventually(
+            Duration::from_secs(2),
+            key_gone(&cluster, "redlock:/endless")
+        )
+        .await,
+        "the lock outlived the client"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_response_future_releases_the_lock() {
+    let cluster = Cluster::start(3);
+    let probe = Arc::new(Probe::default());
+    let handler = {
+        let probe = probe.clone();
+        tower::service_fn(move |req: Request<Body>| {
+            let probe = probe.clone();
+            async move {
+                let _recorder = DropRecorder(probe.dropped_at.clone());
+                assert!(req.extensions().get::<LockHandle>().is_some());
+                probe.running.notify_one();
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                Ok::<_, Infallible>(http::Response::new(Body::from("finished")))
+            }
+        })
+    };
+    let mut service = RedlockLayer::by_path()
+        .ttl(TTL)
+        .with_redlock(redlock(&cluster))
+        .layer(handler);
+
+    let ready = service.ready().await.unwrap();
+    let mut future = Box::pin(ready.call(Request::get("/dropped").body(Body::empty()).unwrap()));
+    tokio::select! {
+        _ = &mut future => panic!("the handler must still be running"),
+        () = probe.running.notified() => {}
+        () = tokio::time::sleep(Duration::from_secs(5)) => panic!("the handler never ran"),
+    }
+    assert!(
+        on_every_node(&cluster, "redlock:/dropped").await,
+        "held by the future"
+    );
+    drop(future);
+
+    assert!(
+        probe.dropped_at.lock().unwrap().is_some(),
+        "the handler goes with it"
+    );
+    assert!(
+        eventually(
+            Duration::from_secs(2),
+            key_gone(&cluster, "redlock:/dropped")
+        )
+        .await,
+        "the lock outlived its ResponseFuture"
+    );
+
+    // And the key is free for the next request at once.
+    let next = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::get("/dropped?quick").body(Body::empty()).unwrap());
+    let mut next = Box::pin(next);
+    tokio::select! {
+        _ = &mut next => panic!("the handler must still be running"),
+        () = probe.running.notified() => {}
+        () = tokio::time::sleep(Duration::from_secs(5)) => panic!("the next request was not admitted"),
+    }
+    drop(next);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: an acquire dropped mid-attempt is not cancel-safe (redlock-core/src/redlock.rs Redlock::attempt): nodes that already said OK, and SETs still in flight, are never released, so the key stays for the whole TTL with no holder"]
+async fn response_future_dropped_while_acquiring_leaves_no_key_behind() {
+    let cluster = Cluster::start(3);
+    // A long per-node timeout, so that the acquire waits on a paused node long
+    // enough to be dropped in the middle of it.
+    let redlock = redlock_core::Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let handler = tower::service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(http::Response::new(Body::from("done")))
+    });
+    let mut service = RedlockLayer::by_path()
+        .ttl(TTL)
+        .with_redlock(redlock)
+        .layer(handler);
+    let call = |service: &mut _, path: &str| {
+        let req = Request::get(path).body(Body::empty()).unwrap();
+        Service::call(service, req)
+    };
+    // Warm up: every node's connection is open before one is paused.
+    let warm = call(service.ready().await.unwrap(), "/warm-up")
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), http::StatusCode::OK);
+    drop(warm);
+
+    // Node 1 holds someone else's lock on the key, node 2 hangs: the attempt has
+    // node 0's OK and must wait for node 2 to decide.
+    let key = "redlock:/contended";
+    cluster
+        .node(1)
+        .cmd(&["SET", key, "someone-else", "PX", "30000"]);
+    cluster.node(2).pause();
+    let mut acquiring = Box::pin(call(service.ready().await.unwrap(), "/contended"));
+    let landed = tokio::select! {
+        r = &mut acquiring => panic!("the acquire must hang on node 2: {:?}", r.map(|r| r.status())),
+        ok = eventually(Duration::from_secs(2), || cluster.node(0).get(key).is_some()) => ok,
+    };
+    assert!(landed, "the SET never reached node 0");
+    drop(acquiring); // e.g. the client went away, or a timeout layer fired
+    cluster.node(2).resume();
+    cluster.node(1).cmd(&["DEL", key]);
+
+    let clean = eventually(Duration::from_secs(3), || cluster.count_with_key(key) == 0).await;
+    let next = call(service.ready().await.unwrap(), "/contended")
+        .await
+        .unwrap();
+    assert!(
+        clean,
+        "the dropped attempt left its key on {} node(s) for the whole TTL; the next request got {}",
+        cluster.count_with_key(key),
+        next.status()
+    );
+    assert_eq!(next.status(), http::StatusCode::OK);
+}

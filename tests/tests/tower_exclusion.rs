@@ -1,0 +1,307 @@
+//! Mutual exclusion through `RedlockLayer` over real HTTP and real Redis nodes:
+//! one request per key at a time (fail-fast and wait modes), keys run
+//! independently, and the axum key extractors (`by_path_param`,
+//! `by_matched_path`) group requests as documented. `by_path` inside a nested
+//! router should key on the full request path (currently ignored: a known bug,
+//! see the test).
+
+mod tower_common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::Uri;
+use axum::routing::get;
+use axum::{Extension, Router};
+use futures_util::future::join_all;
+use http::StatusCode;
+use redlock_core::LockHandle;
+use redlock_tests::Cluster;
+use redlock_tower::RedlockLayer;
+use tower_common::*;
+
+/// The state of the critical-section handler: a counter updated without
+/// atomicity (read, sleep, write), and a gauge of the requests inside.
+#[derive(Default)]
+struct Critical {
+    counter: AtomicUsize,
+    inside: Gauge,
+}
+
+/// Read the counter, sleep 5..=20 ms, write it + 1: two overlapping requests
+/// lose an update, and the gauge sees them both inside.
+async fn critical(State(s): State<Arc<Critical>>) -> &'static str {
+    let _inside = s.inside.enter();
+    let seen = s.counter.load(Ordering::SeqCst);
+    tokio::time::sleep(ms(5 + (seen as u64 * 7) % 16)).await;
+    s.counter.store(seen + 1, Ordering::SeqCst);
+    "done"
+}
+
+/// For the 50-request bursts: a node timeout long enough that a machine
+/// overloaded by the burst (and by other builds) still gets answers in time, so
+/// the only outcomes are 200 and 409.
+fn burst_redlock(cluster: &Cluster) -> redlock_core::Redlock {
+    redlock_with_timeout(cluster, Duration::from_secs(1))
+}
+
+async fn burst(server: &Server, path: &str, n: usize) -> Vec<StatusCode> {
+    let client = client();
+    let url = server.url(path);
+    let requests = (0..n).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { http_get(&client, &url).await.status })
+    });
+    join_all(requests)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_fast_admits_one_request_per_path_and_rejects_the_rest_with_409() {
+    let cluster = Cluster::start(3);
+    let state = Arc::new(Critical::default());
+    let app = Router::new()
+        .route("/accounts/7/settle", get(critical))
+        .with_state(state.clone())
+        .layer(RedlockLayer::by_path())
+        .layer(Extension(burst_redlock(&cluster)));
+    let server = Server::start(app).await;
+
+    let statuses = burst(&server, "/accounts/7/settle", 50).await;
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let busy = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CONFLICT)
+        .count();
+    assert_eq!(ok + busy, 50, "only 200 and 409 expected: {statuses:?}");
+    assert!(ok >= 1, "someone must get the lock: {statuses:?}");
+    assert!(
+        busy >= 1,
+        "50 concurrent requests must collide: {statuses:?}"
+    );
+    assert_eq!(
+        state.counter.load(Ordering::SeqCst),
+        ok,
+        "every admitted request's update must survive"
+    );
+    assert_eq!(state.inside.max(), 1, "two requests were inside at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_serializes_all_requests_on_one_path() {
+    let cluster = Cluster::start(3);
+    let state = Arc::new(Critical::default());
+    let app = Router::new()
+        .route("/accounts/7/settle", get(critical))
+        .with_state(state.clone())
+        .layer(
+            RedlockLayer::by_path()
+                .ttl(Duration::from_secs(2))
+                .wait(Duration::from_secs(20)),
+        )
+        .layer(Extension(burst_redlock(&cluster)));
+    let server = Server::start(app).await;
+
+    let started = Instant::now();
+    let statuses = burst(&server, "/accounts/7/settle", 50).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "every waiter must get the lock within 20 s: {statuses:?}"
+    );
+    assert_eq!(state.counter.load(Ordering::SeqCst), 50, "lost update");
+    assert_eq!(state.inside.max(), 1, "two requests were inside at once");
+    eprintln!("50 serialized requests took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_paths_run_concurrently() {
+    let cluster = Cluster::start(3);
+    let gauge = Arc::new(Gauge::default());
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            get(|State(g): State<Arc<Gauge>>| async move {
+                let _inside = g.enter();
+                tokio::time::sleep(ms(200)).await;
+                "done"
+            }),
+        )
+        .with_state(gauge.clone())
+        .layer(RedlockLayer::by_path())
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+
+    let requests = (0..8).map(|i| {
+        let (client, url) = (client.clone(), server.url(&format!("/jobs/{i}")));
+        tokio::spawn(async move { http_get(&client, &url).await.status })
+    });
+    let statuses: Vec<StatusCode> = join_all(requests)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "distinct paths never contend: {statuses:?}"
+    );
+    assert!(
+        gauge.max() > 1,
+        "requests to 8 different paths never overlapped (max inside {})",
+        gauge.max()
+    );
+}
+
+/// A handler that holds its lock for `?hold=<ms>` and answers with the lock's key.
+async fn hold(uri: Uri, lock: Extension<LockHandle>) -> String {
+    tokio::time::sleep(hold_of(&uri)).await;
+    lock.key().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_path_param_excludes_jobs_of_one_tenant_but_not_other_tenants() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route("/tenants/{tenant}/jobs/{job}", get(hold))
+        .layer(RedlockLayer::by_path_param("tenant"))
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/tenants/acme/jobs/1?hold=2000"));
+        async move { http_get(&client, &url).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key("redlock:tenant=acme")
+            == 3)
+        .await,
+        "the first job never took the tenant lock"
+    );
+    let same_tenant = http_get(&client, &server.url("/tenants/acme/jobs/2")).await;
+    assert_eq!(same_tenant.status, StatusCode::CONFLICT);
+    let other_tenant = http_get(&client, &server.url("/tenants/globex/jobs/1")).await;
+    assert_eq!(other_tenant.status, StatusCode::OK);
+    assert_eq!(other_tenant.text(), "redlock:tenant=globex");
+    assert!(
+        !first.is_finished(),
+        "the other tenant must have run while acme's job held its lock"
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.text(), "redlock:tenant=acme");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_matched_path_excludes_every_request_of_one_route() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route("/tenants/{tenant}/jobs/{job}", get(hold))
+        .route("/health", get(hold))
+        .layer(RedlockLayer::by_matched_path())
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+    let key = "redlock:/tenants/{tenant}/jobs/{job}";
+
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/tenants/acme/jobs/1?hold=2000"));
+        async move { http_get(&client, &url).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || cluster.count_with_key(key) == 3).await,
+        "the first request never took the route lock"
+    );
+    let other = http_get(&client, &server.url("/tenants/globex/jobs/9")).await;
+    assert_eq!(
+        other.status,
+        StatusCode::CONFLICT,
+        "same route, other params"
+    );
+    let other_route = http_get(&client, &server.url("/health")).await;
+    assert_eq!(other_route.status, StatusCode::OK, "another route is free");
+    assert_eq!(other_route.text(), "redlock:/health");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.text(), key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: ByPath keys on the path with axum's nest prefix stripped (redlock-tower/src/key.rs ByPath::extract uses req.uri.path()); /tenants/acme/jobs/1 and /tenants/globex/jobs/1 share the key redlock:/jobs/1"]
+async fn by_path_inside_a_nested_router_keys_on_the_full_request_path() {
+    let cluster = Cluster::start(3);
+    let inner = || {
+        Router::new()
+            .route("/jobs/{job}", get(hold))
+            .layer(RedlockLayer::by_path())
+    };
+    let app = Router::new()
+        .nest("/tenants/acme", inner())
+        .nest("/tenants/globex", inner())
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/tenants/acme/jobs/1?hold=1500"));
+        async move { http_get(&client, &url).await }
+    });
+    // Probe the first request's own path until it is busy (its lock is taken),
+    // then ask for another tenant's path. Bounded: 30 probes, 100 ms apart.
+    let mut other = None;
+    for _ in 0..30 {
+        tokio::time::sleep(ms(100)).await;
+        assert!(!first.is_finished(), "the first request ended early");
+        let reply = http_get(&client, &server.url("/tenants/acme/jobs/1")).await;
+        if reply.status == StatusCode::CONFLICT {
+            other = Some(http_get(&client, &server.url("/tenants/globex/jobs/1")).await);
+            break;
+        }
+    }
+    let other = other.expect("the first request never held its lock");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        other.status,
+        StatusCode::OK,
+        "/tenants/globex/jobs/1 is another path than /tenants/acme/jobs/1 (first took key {})",
+        first.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: the lock is released in a spawned task after the body's last frame (redlock-tower/src/body.rs RedlockBody::poll_frame drops the RequestLock), so a client's next request can reach Redis first and get 409 with a Retry-After of the whole TTL; about 1 request in 100-300 here"]
+async fn sequential_requests_never_find_the_previous_request_still_holding_the_lock() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route("/jobs/{id}", get(hold))
+        .layer(RedlockLayer::by_path())
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+    let url = server.url("/jobs/1");
+
+    // One client, one request after the other: each starts only once the
+    // previous response has been read in full.
+    let mut busy = Vec::new();
+    for i in 0..1000 {
+        let reply = http_get(&client, &url).await;
+        match reply.status {
+            StatusCode::OK => {}
+            StatusCode::CONFLICT => busy.push((i, reply.retry_after())),
+            other => panic!("request {i}: {other} {}", reply.text()),
+        }
+    }
+    assert!(
+        busy.is_empty(),
+        "{} of 1000 sequential requests found the previous one's lock \
+         (request index, Retry-After s): {busy:?}",
+        busy.len()
+    );
+}
