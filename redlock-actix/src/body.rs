@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 use actix_web::body::{BodySize, MessageBody};
 use bytes::Bytes;
 use pin_project_lite::pin_project;
-use redlock_core::request::RequestLock;
+use redlock_core::request::{ReleaseFuture, RequestLock};
 
 pin_project! {
     /// The handler's body, wrapped by [`RedlockMiddleware`](crate::RedlockMiddleware).
@@ -21,12 +21,19 @@ pin_project! {
         #[pin]
         body: B,
         lock: Option<RequestLock>,
+        // The release in progress once the body ended; the end is reported
+        // after it.
+        releasing: Option<ReleaseFuture>,
     }
 }
 
 impl<B> LockedBody<B> {
     pub(crate) fn new(body: B, lock: Option<RequestLock>) -> Self {
-        Self { body, lock }
+        Self {
+            body,
+            lock,
+            releasing: None,
+        }
     }
 
     /// Whether the body still holds a lock.
@@ -54,13 +61,27 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        let this = self.project();
-        let chunk = ready!(this.body.poll_next(cx));
-        if !matches!(chunk, Some(Ok(_))) {
-            // The last chunk was sent (or the body failed): let the lock go now
-            // rather than when actix drops the response.
-            this.lock.take();
+        let mut this = self.project();
+        loop {
+            if let Some(release) = this.releasing.as_mut() {
+                ready!(release.as_mut().poll(cx));
+                *this.releasing = None;
+                // The keys are gone: now the client may see the end.
+                return Poll::Ready(None);
+            }
+            let chunk = ready!(this.body.as_mut().poll_next(cx));
+            match (chunk, this.lock.take()) {
+                (None, Some(held)) => *this.releasing = Some(held.release()),
+                // A failed body: the response is over; release in the background.
+                (Some(Err(e)), held) => {
+                    drop(held);
+                    return Poll::Ready(Some(Err(e)));
+                }
+                (chunk, held) => {
+                    *this.lock = held;
+                    return Poll::Ready(chunk);
+                }
+            }
         }
-        Poll::Ready(chunk)
     }
 }

@@ -310,12 +310,14 @@ where
         .await
         .map_err(LockRejection::from)??;
 
-    let lock = match config.policy.release_policy() {
-        ReleasePolicy::BodyEnd => lock,
-        ReleasePolicy::ResponseHead => {
-            drop(lock);
+    let lock = match (config.policy.release_policy(), lock) {
+        // Release before the head goes out, so the client never sees its own
+        // request still holding the lock.
+        (ReleasePolicy::ResponseHead, Some(held)) => {
+            held.release().await;
             None
         }
+        (_, lock) => lock,
     };
     Ok(response.map_body(|_, body| EitherBody::left(LockedBody::new(body, lock))))
 }

@@ -475,6 +475,12 @@ impl Redlock {
             let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
             let start = Instant::now();
             let mut pending = self.fan_out(&call, parse_acquire, 0..n);
+            let mut cleanup = ReleaseOnDrop {
+                redlock: self,
+                key: Arc::clone(key),
+                token: Arc::clone(&token),
+                armed: true,
+            };
             let (mut ok, mut not_ok) = (0, 0);
             let settled = self
                 .settle(&mut pending, |s| {
@@ -496,6 +502,8 @@ impl Redlock {
             if let (true, Some(validity)) = (ok >= q, validity) {
                 span.record("validity_ms", validity.as_millis() as u64);
                 tracing::debug!(report = %self.report(&settled, acquire_status), "acquired");
+                // From here the `Lock` (and its `Drop`) owns the release.
+                cleanup.armed = false;
                 let late = self.drive_stragglers(pending, late, key, &token);
                 return Ok(Lock {
                     redlock: self.clone(),
@@ -519,6 +527,7 @@ impl Redlock {
             self.drive_stragglers(pending, late, key, &token);
             let report = self.report(&settled, acquire_status);
             self.unlock_all(key, &token, Some(&report)).await;
+            cleanup.armed = false;
             tracing::debug!(report = %report, "attempt failed");
             Err(self.acquire_error(resource, ok, elapsed, ttl, report))
         }
@@ -691,6 +700,36 @@ impl Redlock {
     /// See [`Lock::extend`].
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         lock.extend(ttl).await
+    }
+}
+
+/// Releases an attempt's keys on every node if the attempt's future is dropped
+/// before it returns: a caller that goes away mid-acquire (a client gone while
+/// its request waits, a timeout around `lock`) must not leave a lock that nobody
+/// holds for a whole TTL. The release goes over the same per-node connections as
+/// the `SET`s, after them.
+struct ReleaseOnDrop<'a> {
+    redlock: &'a Redlock,
+    key: Arc<str>,
+    token: Arc<str>,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (redlock, key, token) = (
+                self.redlock.clone(),
+                Arc::clone(&self.key),
+                Arc::clone(&self.token),
+            );
+            rt.spawn(async move {
+                redlock.unlock_all(&key, &token, None).await;
+            });
+        }
     }
 }
 

@@ -400,6 +400,26 @@ impl RequestLock {
     }
 }
 
+/// The future of [`RequestLock::release`].
+pub type ReleaseFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl RequestLock {
+    /// Releases the lock and completes once every node has answered (or timed
+    /// out). Response bodies await this before they end, so a client that has
+    /// the whole response never finds its own request still holding the lock.
+    /// (Dropping a `RequestLock` releases too, but in the background.)
+    pub fn release(mut self) -> ReleaseFuture {
+        Box::pin(async move {
+            if let Some(guard) = self.guard.take()
+                && let Err(error) = guard.release().await
+            {
+                tracing::debug!(parent: &self.span, %error, "release after the response");
+            }
+            // `self` drops here and closes the span with the hold time.
+        })
+    }
+}
+
 impl Drop for RequestLock {
     fn drop(&mut self) {
         let lost = self.handle.is_lost();

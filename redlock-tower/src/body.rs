@@ -2,12 +2,12 @@
 //! body of a rejection.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use redlock_core::request::RequestLock;
+use redlock_core::request::{ReleaseFuture, RequestLock};
 
 pin_project! {
     #[project = KindProj]
@@ -16,6 +16,10 @@ pin_project! {
             #[pin]
             body: B,
             lock: Option<RequestLock>,
+            // The release in progress at the end of the body, and the last frame
+            // held back until it completes.
+            releasing: Option<ReleaseFuture>,
+            last: Option<Frame<Bytes>>,
         },
         Rejection {
             bytes: Option<Bytes>,
@@ -40,7 +44,12 @@ pin_project! {
 impl<B> RedlockBody<B> {
     pub(crate) fn inner(body: B, lock: Option<RequestLock>) -> Self {
         Self {
-            kind: Kind::Inner { body, lock },
+            kind: Kind::Inner {
+                body,
+                lock,
+                releasing: None,
+                last: None,
+            },
         }
     }
 
@@ -78,26 +87,54 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { mut body, lock } => {
-                let polled = body.as_mut().poll_frame(cx);
-                let finished = match &polled {
-                    Poll::Ready(None | Some(Err(_))) => true,
-                    Poll::Ready(Some(Ok(_))) => lock.is_some() && body.is_end_stream(),
-                    Poll::Pending => false,
-                };
-                if finished {
-                    // Drop releases the lock (spawned) and closes the request span.
-                    drop(lock.take());
+            KindProj::Inner {
+                mut body,
+                lock,
+                releasing,
+                last,
+            } => loop {
+                if let Some(release) = releasing {
+                    ready!(release.as_mut().poll(cx));
+                    *releasing = None;
+                    // The keys are gone: now the client may see the end.
+                    return Poll::Ready(last.take().map(Ok));
                 }
-                polled
-            }
+                let polled = ready!(body.as_mut().poll_frame(cx));
+                let Some(held) = lock.take() else {
+                    return Poll::Ready(polled);
+                };
+                match polled {
+                    // The end: release, then report the end.
+                    None => *releasing = Some(held.release()),
+                    // The last frame (exact length): hold it back until released.
+                    Some(Ok(frame)) if body.is_end_stream() => {
+                        *last = Some(frame);
+                        *releasing = Some(held.release());
+                    }
+                    Some(Ok(frame)) => {
+                        *lock = Some(held);
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    // A failed body: the response is over; release in the background.
+                    Some(Err(e)) => {
+                        drop(held);
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                }
+            },
             KindProj::Rejection { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
+            // While a lock is held, the end is reported only after the release.
+            Kind::Inner {
+                body,
+                lock,
+                releasing,
+                last,
+            } => lock.is_none() && releasing.is_none() && last.is_none() && body.is_end_stream(),
             Kind::Rejection { bytes } => bytes.is_none(),
         }
     }

@@ -8,7 +8,9 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use pin_project_lite::pin_project;
-use redlock_core::request::{self, Guarded, LockPolicy, Rejection, ReleasePolicy, RequestLock};
+use redlock_core::request::{
+    self, Guarded, LockPolicy, Rejection, ReleaseFuture, ReleasePolicy, RequestLock,
+};
 use tower_service::Service;
 
 use crate::body::RedlockBody;
@@ -31,6 +33,12 @@ pin_project! {
             #[pin]
             future: Guarded<S::Future>,
             lock: Option<RequestLock>,
+        },
+        // `ReleasePolicy::ResponseHead`: the head is held back until the release
+        // has completed.
+        Releasing {
+            release: ReleaseFuture,
+            response: Option<S::Response>,
         },
         Rejected {
             rejection: Option<Rejection>,
@@ -127,27 +135,35 @@ where
                         }),
                     }
                 }
-                StateProj::Running { future, lock } => {
-                    return Poll::Ready(match ready!(future.poll(cx)) {
-                        Ok(Ok(response)) => {
-                            let lock = match this.policy.release_policy() {
-                                ReleasePolicy::BodyEnd => lock.take(),
-                                ReleasePolicy::ResponseHead => {
-                                    drop(lock.take());
-                                    None
-                                }
-                            };
-                            Ok(response.map(|body| RedlockBody::inner(body, lock)))
+                StateProj::Running { future, lock } => match ready!(future.poll(cx)) {
+                    Ok(Ok(response)) => match (this.policy.release_policy(), lock.take()) {
+                        (ReleasePolicy::ResponseHead, Some(held)) => {
+                            this.state.set(State::Releasing {
+                                release: held.release(),
+                                response: Some(response),
+                            })
                         }
-                        Ok(Err(error)) => {
-                            drop(lock.take());
-                            Err(error)
+                        (_, held) => {
+                            return Poll::Ready(Ok(
+                                response.map(|body| RedlockBody::inner(body, held))
+                            ));
                         }
-                        Err(rejection) => {
-                            // Lost: drop the handler's future first, then answer.
-                            this.state.set(State::Rejected { rejection: None });
-                            Ok(reject(rejection, this.on_rejection.as_ref()))
-                        }
+                    },
+                    Ok(Err(error)) => {
+                        drop(lock.take());
+                        return Poll::Ready(Err(error));
+                    }
+                    Err(rejection) => {
+                        // Lost: drop the handler's future first, then answer.
+                        this.state.set(State::Rejected { rejection: None });
+                        return Poll::Ready(Ok(reject(rejection, this.on_rejection.as_ref())));
+                    }
+                },
+                StateProj::Releasing { release, response } => {
+                    ready!(release.as_mut().poll(cx));
+                    return Poll::Ready(match response.take() {
+                        Some(response) => Ok(response.map(|body| RedlockBody::inner(body, None))),
+                        None => Ok(reject(Rejection::MissingHandle, this.on_rejection.as_ref())),
                     });
                 }
                 StateProj::Rejected { rejection } => {

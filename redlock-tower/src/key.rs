@@ -36,11 +36,19 @@ where
 }
 
 /// The request path, e.g. `/orders/42` (no query string). Every request has one.
+///
+/// With the `axum` feature, inside a nested router this is the full path the
+/// client sent (axum's `OriginalUri`), not the path with the nest prefix removed,
+/// so `/tenants/a/jobs/1` and `/tenants/b/jobs/1` stay distinct keys.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ByPath;
 
 impl KeyExtractor for ByPath {
     fn extract(&self, req: &mut Parts) -> Option<String> {
+        #[cfg(feature = "axum")]
+        if let Some(original) = req.extensions.get::<axum::extract::OriginalUri>() {
+            return Some(original.path().to_owned());
+        }
         Some(req.uri.path().to_owned())
     }
 }

@@ -257,7 +257,6 @@ async fn dropped_response_future_releases_the_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: an acquire dropped mid-attempt is not cancel-safe (redlock-core/src/redlock.rs Redlock::attempt): nodes that already said OK, and SETs still in flight, are never released, so the key stays for the whole TTL with no holder"]
 async fn response_future_dropped_while_acquiring_leaves_no_key_behind() {
     let cluster = Cluster::start(3);
     // A long per-node timeout, so that the acquire waits on a paused node long
