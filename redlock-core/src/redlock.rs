@@ -618,12 +618,19 @@ impl Redlock {
         Some(late)
     }
 
+    /// A background release of one node's late key. Nobody waits on it, so it
+    /// gets a longer timeout than a call on the hot path, and one retry: a key it
+    /// fails to delete blocks the resource for a whole TTL.
     async fn release_on(&self, index: usize, key: &Arc<str>, token: &Arc<str>) {
         let call = Call::script(&RELEASE, Arc::clone(key), vec![token.to_string()]);
-        let (result, _) = self.inner.nodes[index]
-            .run(&call, self.inner.settings.node_timeout)
-            .await;
-        tracing::debug!(node = %self.inner.nodes[index].label, ?result, "late release");
+        let timeout = self.inner.settings.node_timeout * 4;
+        for attempt in 1..=2 {
+            let (result, _) = self.inner.nodes[index].run(&call, timeout).await;
+            tracing::debug!(node = %self.inner.nodes[index].label, attempt, ?result, "late release");
+            if result.is_ok() {
+                break;
+            }
+        }
     }
 
     /// Spec step 5 ("release the lock"): compare-and-delete on every node at once.

@@ -19,7 +19,11 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use redis::Value;
 
+pub mod history;
 pub mod monitor;
+pub mod nemesis;
+pub mod proxy;
+pub mod workload;
 
 const INSTALL_HINT: &str = "redis-server (>= 6.2) was not found. Install it with \
 `sudo apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis` (macOS), \
@@ -396,3 +400,8 @@ pub(crate) fn write_command(s: &mut TcpStream, args: &[&str]) -> std::io::Result
     }
     s.write_all(buf.as_bytes())
 }
+
+/// The README's Rust examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

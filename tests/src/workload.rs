@@ -1,0 +1,527 @@
+//! The fault suite's workload: clients that contend for a few resources with
+//! short TTLs, and do a non-atomic read, sleep, write+1 on a fault-free store while
+//! they hold the lock.
+//!
+//! # Exact counting
+//!
+//! The store ([`Store`]) runs the holder's validity check and the write as one
+//! step under its own lock: it reads [`Instant::now`] and compares it with the
+//! library's `valid_until` *inside* that lock, and writes only if the validity has
+//! not run out. A write therefore happens at an instant that is inside its lock's
+//! validity, or not at all, and a holder that stalled past its validity skips the
+//! write and does not count it. With no overlap of validity intervals the writes
+//! are serialized, so the final count equals the number of counted writes, exactly.
+//!
+//! Two stores: [`MemoryStore`] (a mutex) for clients that are tasks of one
+//! process, and [`FileStore`] (one file per resource under `flock`) for clients in
+//! separate OS processes. Both read the same `CLOCK_MONOTONIC`. A Redis store would
+//! not do: it cannot compare against the clients' monotonic clock, so a write
+//! could land after the check passed and after the validity ended, and the count
+//! would no longer be exact.
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use redlock_core::{LockOptions, Redlock, RetryPolicy};
+
+use crate::history::{Event, FaultKind, HistoryLog, Mode, duration_ns, instant_ns, now_ns};
+
+/// A fault-free counter store with an exact validity check.
+pub trait Store: Send + Sync {
+    /// Reads the counter of `res`. Returns the value and when it was read.
+    fn read(&self, res: &str) -> (u64, u64);
+
+    /// Writes `value` if `Instant::now() < valid_until`, both under the store's
+    /// lock. `Ok(at)`: written at `at`; `Err(at)`: the validity had run out.
+    fn write_if_valid(&self, res: &str, value: u64, valid_until: Instant) -> Result<u64, u64>;
+
+    /// The counter of `res` (0 if never written).
+    fn count(&self, res: &str) -> u64;
+}
+
+/// A [`Store`] in memory, for clients that are tasks of one process.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    values: Mutex<HashMap<String, u64>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Store for MemoryStore {
+    fn read(&self, res: &str) -> (u64, u64) {
+        let values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        (values.get(res).copied().unwrap_or(0), now_ns())
+    }
+
+    fn write_if_valid(&self, res: &str, value: u64, valid_until: Instant) -> Result<u64, u64> {
+        let mut values = self.values.lock().unwrap_or_else(PoisonError::into_inner);
+        // `at` is read first, so `at <= now < valid_until` for a write.
+        let at = now_ns();
+        let now = Instant::now();
+        if now < valid_until {
+            values.insert(res.to_owned(), value);
+            Ok(at)
+        } else {
+            Err(at)
+        }
+    }
+
+    fn count(&self, res: &str) -> u64 {
+        self.read(res).0
+    }
+}
+
+/// A [`Store`] of one file per resource under `flock`, shared by processes.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+impl FileStore {
+    /// A store in `dir` (created if missing).
+    ///
+    /// # Panics
+    /// If the directory cannot be created.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).expect("create the store dir");
+        Self { dir }
+    }
+
+    fn open_locked(&self, res: &str) -> std::fs::File {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.dir.join(format!("{res}.count")))
+            .expect("open the store file");
+        f.lock().expect("flock the store file");
+        f
+    }
+
+    fn value(f: &mut std::fs::File) -> u64 {
+        let mut s = String::new();
+        f.seek(SeekFrom::Start(0)).expect("seek");
+        f.read_to_string(&mut s).expect("read the store file");
+        s.trim().parse().unwrap_or(0)
+    }
+}
+
+impl Store for FileStore {
+    fn read(&self, res: &str) -> (u64, u64) {
+        let mut f = self.open_locked(res);
+        let v = Self::value(&mut f);
+        (v, now_ns())
+    }
+
+    fn write_if_valid(&self, res: &str, value: u64, valid_until: Instant) -> Result<u64, u64> {
+        let mut f = self.open_locked(res);
+        let at = now_ns();
+        let now = Instant::now();
+        if now >= valid_until {
+            return Err(at);
+        }
+        f.set_len(0).expect("truncate");
+        f.seek(SeekFrom::Start(0)).expect("seek");
+        f.write_all(value.to_string().as_bytes()).expect("write");
+        f.flush().expect("flush");
+        Ok(at)
+    }
+
+    fn count(&self, res: &str) -> u64 {
+        self.read(res).0
+    }
+}
+
+/// One client's settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The client's name in the history.
+    pub name: String,
+    /// The resources, each with its TTL.
+    pub resources: Vec<(String, Duration)>,
+    /// The acquire retry policy (the "retry budget").
+    pub retry: RetryPolicy,
+    /// When to stop starting critical sections.
+    pub until: Instant,
+    /// The client's seed.
+    pub seed: u64,
+    /// The share of critical sections held by an auto-extending guard.
+    pub guard_share: f64,
+    /// Pending stall requests from an in-process nemesis: a client takes one and
+    /// stalls past its validity before its next write.
+    pub stalls: Option<Arc<AtomicU32>>,
+}
+
+/// What one client did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientStats {
+    /// Critical sections started.
+    pub sections: u64,
+    /// Locks acquired.
+    pub acquired: u64,
+    /// Counted writes.
+    pub writes: u64,
+}
+
+fn short_error(e: &redlock_core::Error) -> String {
+    let s = e.to_string();
+    match s.char_indices().nth(160) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
+    }
+}
+
+fn rand_dur(rng: &mut StdRng, max: Duration) -> Duration {
+    let us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(if us == 0 { 0 } else { rng.random_range(0..=us) })
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("store call panicked")
+}
+
+/// Runs one client until `cfg.until`: pick a resource, take the lock (manual or
+/// guard), do 1–3 read/sleep/write steps, release, think, repeat.
+pub async fn run_client(
+    redlock: Redlock,
+    cfg: ClientConfig,
+    store: Arc<dyn Store>,
+    log: HistoryLog,
+) -> ClientStats {
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut stats = ClientStats::default();
+    while Instant::now() < cfg.until {
+        let (res, ttl) = cfg.resources[rng.random_range(0..cfg.resources.len())].clone();
+        stats.sections += 1;
+        let guard = rng.random_bool(cfg.guard_share);
+        let (acquired, writes) = if guard {
+            guard_section(&redlock, &cfg, &store, &log, &mut rng, &res, ttl).await
+        } else {
+            manual_section(&redlock, &cfg, &store, &log, &mut rng, &res, ttl).await
+        };
+        stats.acquired += u64::from(acquired);
+        stats.writes += writes;
+        tokio::time::sleep(rand_dur(&mut rng, ttl / 4)).await;
+    }
+    stats
+}
+
+fn take_stall(cfg: &ClientConfig) -> bool {
+    cfg.stalls.as_ref().is_some_and(|s| {
+        s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    })
+}
+
+/// `lock_with`, then 1–3 steps of read, work (up to half the TTL), write; before
+/// each later step a manual `extend` when less than half the TTL is left; `unlock`.
+async fn manual_section(
+    redlock: &Redlock,
+    cfg: &ClientConfig,
+    store: &Arc<dyn Store>,
+    log: &HistoryLog,
+    rng: &mut StdRng,
+    res: &str,
+    ttl: Duration,
+) -> (bool, u64) {
+    let t0 = now_ns();
+    let r = redlock.lock_with(res, ttl, &cfg.retry).await;
+    let t1 = now_ns();
+    let mut lock = match r {
+        Ok(l) => l,
+        Err(e) => {
+            log.push(Event::AcquireFailed {
+                client: cfg.name.clone(),
+                res: res.to_owned(),
+                t0,
+                t1,
+                error: short_error(&e),
+            });
+            return (false, 0);
+        }
+    };
+    let token = lock.token().to_owned();
+    log.push(Event::Acquire {
+        client: cfg.name.clone(),
+        res: res.to_owned(),
+        token: token.clone(),
+        mode: Mode::Manual,
+        t0,
+        t1,
+        started: Some(instant_ns(lock.started_at())),
+        valid_until: instant_ns(lock.valid_until()),
+        ttl_ns: duration_ns(ttl),
+    });
+    let skip = |reason: &str| Event::Skip {
+        client: cfg.name.clone(),
+        res: res.to_owned(),
+        token: token.clone(),
+        at: now_ns(),
+        reason: reason.to_owned(),
+    };
+    let stall = take_stall(cfg);
+    let steps = rng.random_range(1..=3);
+    let mut writes = 0;
+    for step in 0..steps {
+        if step > 0 && lock.remaining() < ttl / 2 {
+            let t0 = now_ns();
+            let r = lock.extend(ttl).await;
+            let t1 = now_ns();
+            let ok = r.is_ok();
+            log.push(Event::Extend {
+                client: cfg.name.clone(),
+                res: res.to_owned(),
+                token: token.clone(),
+                t0,
+                t1,
+                started: ok.then(|| instant_ns(lock.started_at())),
+                valid_until: ok.then(|| instant_ns(lock.valid_until())),
+                ttl_ns: duration_ns(ttl),
+                error: r.err().map(|e| short_error(&e)),
+            });
+            if !ok {
+                log.push(skip("extension failed"));
+                break;
+            }
+        }
+        let s = Arc::clone(store);
+        let r = res.to_owned();
+        let (value, read_at) = blocking(move || s.read(&r)).await;
+        let mut work = rand_dur(rng, ttl / 2);
+        if stall && step == 0 {
+            // A GC pause: sleep past the validity before the write.
+            work = lock.remaining() + Duration::from_millis(5) + rand_dur(rng, ttl / 2);
+            log.push(Event::Fault {
+                kind: FaultKind::Stall,
+                node: None,
+                at: now_ns(),
+                detail: format!("{} stalls {} ms holding {res}", cfg.name, work.as_millis()),
+            });
+        }
+        tokio::time::sleep(work).await;
+        let s = Arc::clone(store);
+        let r = res.to_owned();
+        let valid_until = lock.valid_until();
+        match blocking(move || s.write_if_valid(&r, value + 1, valid_until)).await {
+            Ok(at) => {
+                writes += 1;
+                log.push(Event::Write {
+                    client: cfg.name.clone(),
+                    res: res.to_owned(),
+                    token: token.clone(),
+                    read_at,
+                    at,
+                    read: value,
+                    wrote: value + 1,
+                });
+            }
+            Err(_) => {
+                log.push(skip("validity ran out before the write"));
+                break;
+            }
+        }
+    }
+    log.push(Event::Release {
+        client: cfg.name.clone(),
+        res: res.to_owned(),
+        token: token.clone(),
+        at: now_ns(),
+        extensions: lock.extensions(),
+    });
+    let _ = lock.unlock().await;
+    (true, writes)
+}
+
+/// `lock_guard` with auto-extension (`max_hold` 3×TTL), writes checked against
+/// the handle's validity, `release`.
+async fn guard_section(
+    redlock: &Redlock,
+    cfg: &ClientConfig,
+    store: &Arc<dyn Store>,
+    log: &HistoryLog,
+    rng: &mut StdRng,
+    res: &str,
+    ttl: Duration,
+) -> (bool, u64) {
+    let options = LockOptions::new(ttl)
+        .max_hold(ttl * 3)
+        .retry(cfg.retry.clone());
+    let t0 = now_ns();
+    let r = redlock.lock_guard(res, &options).await;
+    let t1 = now_ns();
+    let guard = match r {
+        Ok(g) => g,
+        Err(e) => {
+            log.push(Event::AcquireFailed {
+                client: cfg.name.clone(),
+                res: res.to_owned(),
+                t0,
+                t1,
+                error: short_error(&e),
+            });
+            return (false, 0);
+        }
+    };
+    let h = guard.handle();
+    let token = h.token().to_owned();
+    log.push(Event::Acquire {
+        client: cfg.name.clone(),
+        res: res.to_owned(),
+        token: token.clone(),
+        mode: Mode::Guard,
+        t0,
+        t1,
+        started: None,
+        valid_until: instant_ns(h.valid_until()),
+        ttl_ns: duration_ns(ttl),
+    });
+    let skip = |reason: &str| Event::Skip {
+        client: cfg.name.clone(),
+        res: res.to_owned(),
+        token: token.clone(),
+        at: now_ns(),
+        reason: reason.to_owned(),
+    };
+    let steps = rng.random_range(1..=3);
+    let mut writes = 0;
+    for _ in 0..steps {
+        let s = Arc::clone(store);
+        let r = res.to_owned();
+        let (value, read_at) = blocking(move || s.read(&r)).await;
+        // Long enough to need renewals.
+        tokio::time::sleep(rand_dur(rng, ttl * 4 / 5)).await;
+        let at = now_ns();
+        let valid_until = h.valid_until();
+        let lost = h.is_lost();
+        log.push(Event::Observe {
+            client: cfg.name.clone(),
+            res: res.to_owned(),
+            token: token.clone(),
+            at,
+            valid_until: instant_ns(valid_until),
+            lost,
+            ttl_ns: duration_ns(ttl),
+        });
+        if lost {
+            log.push(skip("lock lost"));
+            break;
+        }
+        let s = Arc::clone(store);
+        let r = res.to_owned();
+        match blocking(move || s.write_if_valid(&r, value + 1, valid_until)).await {
+            Ok(at) => {
+                writes += 1;
+                log.push(Event::Write {
+                    client: cfg.name.clone(),
+                    res: res.to_owned(),
+                    token: token.clone(),
+                    read_at,
+                    at,
+                    read: value,
+                    wrote: value + 1,
+                });
+            }
+            Err(_) => {
+                log.push(skip("validity ran out before the write"));
+                break;
+            }
+        }
+    }
+    log.push(Event::Release {
+        client: cfg.name.clone(),
+        res: res.to_owned(),
+        token: token.clone(),
+        at: now_ns(),
+        extensions: h.extensions(),
+    });
+    let _ = guard.release().await;
+    (true, writes)
+}
+
+/// After the faults healed: takes and releases every resource once, each within
+/// `TTL + budget`, and logs the outcome as [`Event::Liveness`].
+pub async fn probe_liveness(
+    redlock: &Redlock,
+    resources: &[(String, Duration)],
+    budget: Duration,
+    healed_at: u64,
+    log: &HistoryLog,
+) -> bool {
+    let probes = resources.iter().map(|(res, ttl)| async move {
+        let bound = *ttl + budget;
+        let policy = RetryPolicy::deadline(bound)
+            .with_delay(Duration::from_millis(10))
+            .with_jitter(Duration::from_millis(10));
+        let t0 = now_ns();
+        let r = redlock.lock_with(res, *ttl, &policy).await;
+        let t1 = now_ns();
+        let acquired_at = r.as_ref().ok().map(|_| t1);
+        match r {
+            Ok(lock) => {
+                log.push(Event::Acquire {
+                    client: "probe".into(),
+                    res: res.clone(),
+                    token: lock.token().to_owned(),
+                    mode: Mode::Probe,
+                    t0,
+                    t1,
+                    started: Some(instant_ns(lock.started_at())),
+                    valid_until: instant_ns(lock.valid_until()),
+                    ttl_ns: duration_ns(*ttl),
+                });
+                log.push(Event::Release {
+                    client: "probe".into(),
+                    res: res.clone(),
+                    token: lock.token().to_owned(),
+                    at: now_ns(),
+                    extensions: 0,
+                });
+                let _ = lock.unlock().await;
+            }
+            Err(e) => log.push(Event::AcquireFailed {
+                client: "probe".into(),
+                res: res.clone(),
+                t0,
+                t1,
+                error: short_error(&e),
+            }),
+        }
+        log.push(Event::Liveness {
+            res: res.clone(),
+            healed_at,
+            acquired_at,
+            bound_ns: duration_ns(bound),
+        });
+        acquired_at.is_some_and(|a| a.saturating_sub(healed_at) <= duration_ns(bound))
+    });
+    let mut ok = true;
+    for r in futures_util::future::join_all(probes).await {
+        ok &= r;
+    }
+    ok
+}
+
+/// Appends each resource's final count to the history.
+pub fn log_finals(store: &dyn Store, resources: &[(String, Duration)], log: &HistoryLog) {
+    for (res, _) in resources {
+        log.push(Event::Final {
+            res: res.clone(),
+            count: store.count(res),
+        });
+    }
+}
