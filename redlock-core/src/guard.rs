@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use rand::Rng;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -241,8 +242,27 @@ fn renewal_retry_step(granted: Duration) -> Duration {
     (granted / 10).max(Duration::from_millis(10))
 }
 
-/// The auto-extension loop. It renews when half of the last granted validity is
-/// left, retries failed renewals until the validity ends, and signals loss. It
+/// When to renew: once 40–60% of the last granted validity is left, at a random
+/// point in that band, rounded down to a grid of 1/400 of the validity.
+///
+/// Locks taken together (a burst of requests, a batch job) would otherwise renew
+/// together forever, each renewal one burst of concurrent calls to every node,
+/// whose peak memory stays with the process. The jitter spreads them out; the
+/// grid makes the renewals that fall close together fire in the same timer tick,
+/// so they still share the node connections' writes and reads.
+fn renew_point(valid_until: Instant, granted: Duration) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let left = granted.mul_f64(rand::rng().random_range(0.4..=0.6));
+    let at = valid_until.checked_sub(left).unwrap_or(valid_until);
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let grid = (granted / 400).max(Duration::from_millis(1)).as_nanos();
+    let since = at.saturating_duration_since(epoch).as_nanos();
+    let snapped = u64::try_from(since - since % grid).unwrap_or(u64::MAX);
+    (epoch + Duration::from_nanos(snapped)).min(at)
+}
+
+/// The auto-extension loop. It renews when about half of the last granted
+/// validity is left (see [`renew_point`]), retries failed renewals until the validity ends, and signals loss. It
 /// owns the [`Lock`], so a release always comes after the last renewal.
 async fn keep_alive(
     mut lock: Lock,
@@ -252,7 +272,7 @@ async fn keep_alive(
 ) -> Result<usize, Error> {
     let hold_until = options.max_hold.map(|m| lock.started_at() + m);
     let mut granted = lock.remaining();
-    let mut renew_at = lock.valid_until() - granted / 2;
+    let mut renew_at = renew_point(lock.valid_until(), granted);
     let min_ttl = lock.redlock().node_timeout() * 2;
     loop {
         tokio::select! {
@@ -294,7 +314,7 @@ async fn keep_alive(
                     .extensions
                     .store(lock.extensions(), Ordering::Relaxed);
                 granted = lock.remaining();
-                renew_at = lock.valid_until() - granted / 2;
+                renew_at = renew_point(lock.valid_until(), granted);
             }
             Some(Err(e @ (Error::NoQuorum { .. } | Error::Expired { .. })))
                 if Instant::now() < lock.valid_until() =>
@@ -384,5 +404,39 @@ impl Redlock {
             tracing::debug!(resource = %resource, error = %e, "release after with_lock");
         }
         outcome.ok_or(Error::Lost { resource })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewals_fall_in_the_band_and_on_the_grid() {
+        let now = Instant::now();
+        for granted_ms in [10u64, 300, 1_000, 10_000, 60_000] {
+            let granted = Duration::from_millis(granted_ms);
+            let valid_until = now + granted;
+            let grid = (granted / 400).max(Duration::from_millis(1));
+            let mut seen = std::collections::HashSet::new();
+            for _ in 0..500 {
+                let at = renew_point(valid_until, granted);
+                let left = valid_until - at;
+                assert!(
+                    left >= granted.mul_f64(0.4),
+                    "{granted:?}: only {left:?} left"
+                );
+                assert!(
+                    left <= granted.mul_f64(0.6) + grid,
+                    "{granted:?}: {left:?} left is too early"
+                );
+                seen.insert(at);
+            }
+            // Jittered, yet snapped: many different points, but no more than the
+            // grid allows across a band of 20% of the validity.
+            let slots = (granted.as_nanos() / 5 / grid.as_nanos()) as usize + 2;
+            assert!(seen.len() > 1, "{granted:?}: no jitter");
+            assert!(seen.len() <= slots, "{granted:?}: {} points", seen.len());
+        }
     }
 }

@@ -4,51 +4,54 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 use redlock_core::request::{ReleaseFuture, RequestLock};
 
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
-        Inner {
-            #[pin]
-            body: B,
-            lock: Option<RequestLock>,
-            // The release in progress at the end of the body, and the last frame
-            // held back until it completes.
-            releasing: Option<ReleaseFuture>,
-            last: Option<Frame<Bytes>>,
-        },
-        Rejection {
-            bytes: Option<Bytes>,
-        },
-    }
+enum Kind<B: Body> {
+    Inner {
+        // Boxed so the response future can poll it before handing it to the
+        // server (see `poll_settle`) and still move it afterwards.
+        body: Pin<Box<B>>,
+        lock: Option<RequestLock>,
+        // The release in progress at the end of the body.
+        releasing: Option<ReleaseFuture>,
+        // A frame taken from `body` and not yet given out: the first one, taken by
+        // `poll_settle`, or the last one, held back until the release completes.
+        held: Option<Result<Frame<Bytes>, B::Error>>,
+        // `poll_settle` has run its one poll.
+        settled: bool,
+    },
+    Rejection {
+        bytes: Option<Bytes>,
+    },
 }
 
-pin_project! {
-    /// The body of a response that went through [`RedlockLayer`](crate::RedlockLayer).
-    ///
-    /// For a locked request it is the handler's body, and it holds the lock until
-    /// the end of the stream: `poll_frame` returned `None`, or `is_end_stream()`
-    /// turned true after a frame (with an exact `Content-Length`, nothing polls
-    /// again), or an error, or the body was dropped (client gone). For a rejected
-    /// request it is the small problem document.
-    pub struct RedlockBody<B> {
-        #[pin]
-        kind: Kind<B>,
-    }
+/// The body of a response that went through [`RedlockLayer`](crate::RedlockLayer).
+///
+/// For a locked request it is the handler's body, and it holds the lock until
+/// the end of the stream: `poll_frame` returned `None`, or `is_end_stream()`
+/// turned true after a frame (with an exact `Content-Length`, nothing polls
+/// again), or an error, or the body was dropped (client gone). The end is
+/// reported only once the release has completed, so a client that saw the whole
+/// response can take the lock at once. For a rejected request it is the small
+/// problem document.
+pub struct RedlockBody<B: Body> {
+    kind: Kind<B>,
 }
 
-impl<B> RedlockBody<B> {
+// No field is ever pinned in place: the inner body sits in its own box.
+impl<B: Body> Unpin for RedlockBody<B> {}
+
+impl<B: Body> RedlockBody<B> {
     pub(crate) fn inner(body: B, lock: Option<RequestLock>) -> Self {
         Self {
             kind: Kind::Inner {
-                body,
+                body: Box::pin(body),
                 lock,
                 releasing: None,
-                last: None,
+                held: None,
+                settled: false,
             },
         }
     }
@@ -67,7 +70,61 @@ impl<B> RedlockBody<B> {
     }
 }
 
-impl<B> std::fmt::Debug for RedlockBody<B> {
+impl<B: Body<Data = Bytes>> RedlockBody<B> {
+    /// Called by the response future before it gives the head to the server: one
+    /// poll of the inner body. If that completes the body (the usual in-memory
+    /// response), the lock is released now and the response goes out whole, the
+    /// head and the body in one write. Releasing only once the server has
+    /// flushed the head would split them in two writes, and the second one can
+    /// wait for the client's delayed ACK (tens of ms) when Nagle's algorithm is
+    /// on. A body that is not done after one poll streams as usual.
+    pub(crate) fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Kind::Inner {
+            body,
+            lock,
+            releasing,
+            held,
+            settled,
+        } = &mut self.kind
+        else {
+            return Poll::Ready(());
+        };
+        if !*settled {
+            if lock.is_none() {
+                *settled = true;
+                return Poll::Ready(());
+            }
+            let Poll::Ready(polled) = body.as_mut().poll_frame(cx) else {
+                *settled = true;
+                return Poll::Ready(());
+            };
+            *settled = true;
+            let ended = match &polled {
+                None => true,
+                Some(Ok(_)) => body.is_end_stream(),
+                Some(Err(_)) => {
+                    // The response is over: release in the background.
+                    drop(lock.take());
+                    false
+                }
+            };
+            *held = polled;
+            if !ended {
+                return Poll::Ready(());
+            }
+            if let Some(lock) = lock.take() {
+                *releasing = Some(lock.release());
+            }
+        }
+        if let Some(release) = releasing {
+            ready!(release.as_mut().poll(cx));
+            *releasing = None;
+        }
+        Poll::Ready(())
+    }
+}
+
+impl<B: Body> std::fmt::Debug for RedlockBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedlockBody")
             .field("holds_lock", &self.holds_lock())
@@ -86,43 +143,48 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner {
-                mut body,
+        match &mut self.get_mut().kind {
+            Kind::Inner {
+                body,
                 lock,
                 releasing,
-                last,
+                held,
+                settled,
             } => loop {
+                *settled = true;
                 if let Some(release) = releasing {
                     ready!(release.as_mut().poll(cx));
                     *releasing = None;
                     // The keys are gone: now the client may see the end.
-                    return Poll::Ready(last.take().map(Ok));
+                    return Poll::Ready(held.take());
                 }
-                let polled = ready!(body.as_mut().poll_frame(cx));
-                let Some(held) = lock.take() else {
+                let polled = match held.take() {
+                    Some(frame) => Some(frame),
+                    None => ready!(body.as_mut().poll_frame(cx)),
+                };
+                let Some(lock_held) = lock.take() else {
                     return Poll::Ready(polled);
                 };
                 match polled {
                     // The end: release, then report the end.
-                    None => *releasing = Some(held.release()),
+                    None => *releasing = Some(lock_held.release()),
                     // The last frame (exact length): hold it back until released.
                     Some(Ok(frame)) if body.is_end_stream() => {
-                        *last = Some(frame);
-                        *releasing = Some(held.release());
+                        *held = Some(Ok(frame));
+                        *releasing = Some(lock_held.release());
                     }
                     Some(Ok(frame)) => {
-                        *lock = Some(held);
+                        *lock = Some(lock_held);
                         return Poll::Ready(Some(Ok(frame)));
                     }
                     // A failed body: the response is over; release in the background.
                     Some(Err(e)) => {
-                        drop(held);
+                        drop(lock_held);
                         return Poll::Ready(Some(Err(e)));
                     }
                 }
             },
-            KindProj::Rejection { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Rejection { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -133,15 +195,34 @@ where
                 body,
                 lock,
                 releasing,
-                last,
-            } => lock.is_none() && releasing.is_none() && last.is_none() && body.is_end_stream(),
+                held,
+                ..
+            } => lock.is_none() && releasing.is_none() && held.is_none() && body.is_end_stream(),
             Kind::Rejection { bytes } => bytes.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Inner { body, held, .. } => {
+                let mut hint = body.size_hint();
+                // A frame taken out of the body still has to be sent.
+                let taken = match held {
+                    Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.remaining() as u64),
+                    _ => 0,
+                };
+                if taken > 0 {
+                    let lower = hint.lower().saturating_add(taken);
+                    match hint.upper() {
+                        Some(upper) => {
+                            hint.set_upper(upper.saturating_add(taken));
+                            hint.set_lower(lower);
+                        }
+                        None => hint.set_lower(lower),
+                    }
+                }
+                hint
+            }
             Kind::Rejection { bytes } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

@@ -7,6 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use redlock_core::request::{
     self, Guarded, LockPolicy, Rejection, ReleaseFuture, ReleasePolicy, RequestLock,
@@ -20,9 +21,10 @@ type Acquire = Pin<Box<dyn Future<Output = Result<Option<RequestLock>, Rejection
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqBody>
+    enum State<S, ReqBody, ResBody>
     where
         S: Service<Request<ReqBody>>,
+        ResBody: Body,
     {
         Acquiring {
             acquire: Acquire,
@@ -34,11 +36,12 @@ pin_project! {
             future: Guarded<S::Future>,
             lock: Option<RequestLock>,
         },
-        // `ReleasePolicy::ResponseHead`: the head is held back until the release
-        // has completed.
-        Releasing {
-            release: ReleaseFuture,
-            response: Option<S::Response>,
+        // The handler has answered. The head is held back until the release
+        // has completed (`ReleasePolicy::ResponseHead`), or until the body has
+        // been polled once, and released if that ended it (`BodyEnd`).
+        Settling {
+            release: Option<ReleaseFuture>,
+            response: Option<Response<RedlockBody<ResBody>>>,
         },
         Rejected {
             rejection: Option<Rejection>,
@@ -48,20 +51,22 @@ pin_project! {
 
 pin_project! {
     /// The response future of [`RedlockService`](crate::RedlockService).
-    pub struct ResponseFuture<S, ReqBody>
+    pub struct ResponseFuture<S, ReqBody, ResBody>
     where
         S: Service<Request<ReqBody>>,
+        ResBody: Body,
     {
         #[pin]
-        state: State<S, ReqBody>,
+        state: State<S, ReqBody, ResBody>,
         policy: Arc<LockPolicy>,
         on_rejection: Option<RejectionHandler>,
     }
 }
 
-impl<S, ReqBody> ResponseFuture<S, ReqBody>
+impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
 where
     S: Service<Request<ReqBody>>,
+    ResBody: Body,
 {
     pub(crate) fn acquiring(
         acquire: Acquire,
@@ -97,9 +102,10 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
 {
     type Output = Result<Response<RedlockBody<ResBody>>, S::Error>;
 
@@ -136,19 +142,19 @@ where
                     }
                 }
                 StateProj::Running { future, lock } => match ready!(future.poll(cx)) {
-                    Ok(Ok(response)) => match (this.policy.release_policy(), lock.take()) {
-                        (ReleasePolicy::ResponseHead, Some(held)) => {
-                            this.state.set(State::Releasing {
-                                release: held.release(),
-                                response: Some(response),
-                            })
-                        }
-                        (_, held) => {
-                            return Poll::Ready(Ok(
-                                response.map(|body| RedlockBody::inner(body, held))
-                            ));
-                        }
-                    },
+                    Ok(Ok(response)) => {
+                        let held = lock.take();
+                        let (release, held) = match (this.policy.release_policy(), held) {
+                            (ReleasePolicy::ResponseHead, Some(held)) => {
+                                (Some(held.release()), None)
+                            }
+                            (_, held) => (None, held),
+                        };
+                        this.state.set(State::Settling {
+                            release,
+                            response: Some(response.map(|body| RedlockBody::inner(body, held))),
+                        });
+                    }
                     Ok(Err(error)) => {
                         drop(lock.take());
                         return Poll::Ready(Err(error));
@@ -159,12 +165,22 @@ where
                         return Poll::Ready(Ok(reject(rejection, this.on_rejection.as_ref())));
                     }
                 },
-                StateProj::Releasing { release, response } => {
-                    ready!(release.as_mut().poll(cx));
-                    return Poll::Ready(match response.take() {
-                        Some(response) => Ok(response.map(|body| RedlockBody::inner(body, None))),
-                        None => Ok(reject(Rejection::MissingHandle, this.on_rejection.as_ref())),
-                    });
+                StateProj::Settling { release, response } => {
+                    if let Some(pending) = release {
+                        ready!(pending.as_mut().poll(cx));
+                        *release = None;
+                    }
+                    let Some(mut ready) = response.take() else {
+                        return Poll::Ready(Ok(reject(
+                            Rejection::MissingHandle,
+                            this.on_rejection.as_ref(),
+                        )));
+                    };
+                    if ready.body_mut().poll_settle(cx).is_pending() {
+                        *response = Some(ready);
+                        return Poll::Pending;
+                    }
+                    return Poll::Ready(Ok(ready));
                 }
                 StateProj::Rejected { rejection } => {
                     let rejection = rejection.take().unwrap_or(Rejection::MissingHandle);
@@ -177,7 +193,7 @@ where
 
 /// The response for a rejection: the custom handler's, or a problem+json document
 /// with `Retry-After` where it applies.
-pub(crate) fn reject<B>(
+pub(crate) fn reject<B: Body>(
     rejection: Rejection,
     handler: Option<&RejectionHandler>,
 ) -> Response<RedlockBody<B>> {

@@ -30,7 +30,7 @@ where
 {
     type Response = Response<RedlockBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody>;
+    type Future = ResponseFuture<S, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

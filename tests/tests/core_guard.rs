@@ -80,7 +80,7 @@ async fn lost_lock_is_signalled_before_its_validity_ends() {
         cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
             >= 2)
     );
-    // No renewal has happened yet (the first comes at half the validity).
+    // No renewal has happened yet (the first comes once 40–60% of the validity is left).
     assert_eq!(handle.extensions(), 0);
     let deadline = handle.valid_until();
     cluster.node(0).cmd(&["DEL", key]);
