@@ -49,7 +49,8 @@
 //! - the handler runs only while this replica holds a quorum lock;
 //! - the lock is renewed while the handler runs, and released when the response
 //!   body ends or is dropped (client gone), or at the response head with
-//!   [`ReleasePolicy::ResponseHead`];
+//!   [`ReleasePolicy::ResponseHead`]; the client sees the end only after the
+//!   release (an in-memory body is released before the head is sent);
 //! - a busy key answers `409 Conflict` with `Retry-After` (from the holder's
 //!   remaining TTL) and an `application/problem+json` body, or waits with
 //!   [`RedlockMiddleware::wait`];

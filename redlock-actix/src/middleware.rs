@@ -287,6 +287,7 @@ async fn serve_locked<S, B>(
 ) -> Result<ServiceResponse<EitherBody<LockedBody<B>>>, Error>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    B: MessageBody,
 {
     let key = config.key.key_of(&req);
     let redlock = config
@@ -310,14 +311,30 @@ where
         .await
         .map_err(LockRejection::from)??;
 
-    let lock = match (config.policy.release_policy(), lock) {
-        // Release before the head goes out, so the client never sees its own
-        // request still holding the lock.
-        (ReleasePolicy::ResponseHead, Some(held)) => {
-            held.release().await;
-            None
-        }
-        (_, lock) => lock,
+    let Some(held) = lock else {
+        return Ok(response.map_body(|_, body| EitherBody::left(LockedBody::new(body, None))));
     };
-    Ok(response.map_body(|_, body| EitherBody::left(LockedBody::new(body, lock))))
+    // Release before the head goes out, so the client never sees its own request
+    // still holding the lock: at once with `ResponseHead`, and with `BodyEnd` when
+    // the body is already in memory (it is complete, so the release does not wait
+    // for anything, and head and body then go out together).
+    let (req, response) = response.into_parts();
+    let (response, body) = response.into_parts();
+    let body = match config.policy.release_policy() {
+        ReleasePolicy::ResponseHead => {
+            held.release().await;
+            LockedBody::new(body, None)
+        }
+        ReleasePolicy::BodyEnd => match body.try_into_bytes() {
+            Ok(bytes) => {
+                held.release().await;
+                LockedBody::whole(bytes)
+            }
+            Err(body) => LockedBody::new(body, Some(held)),
+        },
+    };
+    Ok(ServiceResponse::new(
+        req,
+        response.set_body(EitherBody::left(body)),
+    ))
 }

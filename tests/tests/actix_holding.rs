@@ -286,3 +286,51 @@ async fn handler_blocking_its_worker_past_the_ttl_loses_the_lock_and_gets_503() 
     assert!(extensions >= 2, "renewed while web::block ran: {text}");
     assert!(text.ends_with("lost=false"), "{text}");
 }
+
+/// An in-memory answer is released before its head is sent (so head and body go
+/// out together, and the client never finds its own request still holding the
+/// key); a streamed one keeps the lock past the head, until its end.
+#[actix_web::test]
+async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
+    use actix_web::body::{EitherBody, MessageBody};
+    use actix_web::test;
+
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .wrap(RedlockMiddleware::by_path().ttl(Duration::from_secs(30)))
+            .route("/whole", web::get().to(|| async { "whole" }))
+            .route("/stream", web::get().to(stream)),
+    )
+    .await;
+    let holds = |body: &EitherBody<redlock_actix::LockedBody<_>>| match body {
+        EitherBody::Left { body } => body.holds_lock(),
+        EitherBody::Right { .. } => panic!("rejected"),
+    };
+
+    let whole = test::call_service(&app, test::TestRequest::get().uri("/whole").to_request()).await;
+    assert_eq!(whole.status(), 200);
+    assert!(!holds(whole.response().body()), "released before the head");
+    assert_eq!(cluster.count_with_key("redlock:/whole"), 0, "no key left");
+    assert_eq!(
+        whole.response().body().size(),
+        actix_web::body::BodySize::Sized(5)
+    );
+    assert_eq!(test::read_body(whole).await, Bytes::from("whole"));
+
+    let streamed =
+        test::call_service(&app, test::TestRequest::get().uri("/stream").to_request()).await;
+    assert!(
+        holds(streamed.response().body()),
+        "a stream holds the lock past the head"
+    );
+    assert!(cluster.count_with_key(KEY) >= 2, "held on a quorum");
+    let body = test::read_body(streamed).await;
+    assert!(body.ends_with(b"chunk 10\n"), "{body:?}");
+    assert_eq!(
+        cluster.count_with_key(KEY),
+        0,
+        "released before the end was reported"
+    );
+}
