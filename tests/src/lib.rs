@@ -23,6 +23,7 @@ pub mod history;
 pub mod monitor;
 pub mod nemesis;
 pub mod proxy;
+pub mod util;
 pub mod workload;
 
 const INSTALL_HINT: &str = "redis-server (>= 6.2) was not found. Install it with \

@@ -3,13 +3,10 @@
 //! cluster, an in-flight gauge, a drop recorder and bounded waits.
 //!
 //! Each suite uses a different subset, hence the `dead_code` allowance.
-#![allow(dead_code, unused_macros)]
+#![allow(dead_code, unused_macros, unused_imports)]
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
 use bytes::Bytes;
@@ -19,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use redlock_core::Redlock;
 use redlock_tests::Cluster;
+pub(crate) use redlock_tests::util::{DropRecorder, Gauge, eventually, within};
 
 /// Every request of the suites is bounded by this.
 pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -170,66 +168,6 @@ pub(crate) async fn burst(client: &HttpClient, url: &str, n: usize) -> Vec<u16> 
 /// How many of `statuses` are `status`.
 pub(crate) fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|s| **s == status).count()
-}
-
-/// Polls `f` every 20 ms until it holds or `timeout` passes; returns whether it
-/// held. `f` may do short blocking calls (the harness talks to Redis
-/// synchronously).
-pub(crate) async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(ms(20)).await;
-    }
-}
-
-/// Runs `fut` with a bound, panicking with `what` when it does not finish.
-pub(crate) async fn within<T>(bound: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(bound, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {bound:?}"))
-}
-
-/// Counts how many callers are inside a section at once, and the most seen.
-#[derive(Default, Debug)]
-pub(crate) struct Gauge {
-    now: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl Gauge {
-    pub(crate) fn enter(&self) -> GaugeGuard<'_> {
-        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(n, Ordering::SeqCst);
-        GaugeGuard(self)
-    }
-
-    pub(crate) fn max(&self) -> usize {
-        self.max.load(Ordering::SeqCst)
-    }
-}
-
-pub(crate) struct GaugeGuard<'a>(&'a Gauge);
-
-impl Drop for GaugeGuard<'_> {
-    fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Records the instant it is dropped: put one in a handler to see when (and
-/// whether) the handler's future was dropped.
-pub(crate) struct DropRecorder(pub(crate) Arc<Mutex<Option<Instant>>>);
-
-impl Drop for DropRecorder {
-    fn drop(&mut self) {
-        *self.0.lock().unwrap() = Some(Instant::now());
-    }
 }
 
 /// What a test needs of an in-process response (`actix_web::test`).

@@ -1,0 +1,78 @@
+//! Small helpers the HTTP suites (tower and actix) share: bounded waits, a gauge
+//! of how many callers are inside a section, and a recorder of when a future was
+//! dropped.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Polls `f` every 20 ms until it holds or `timeout` passes; returns whether it
+/// held. `f` may do short blocking calls (the harness talks to Redis
+/// synchronously).
+pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `fut` with a bound, panicking with `what` when it does not finish.
+pub async fn within<T>(bound: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(bound, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {bound:?}"))
+}
+
+/// Counts how many callers are inside a section at once, and the most seen.
+#[derive(Default, Debug)]
+pub struct Gauge {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Gauge {
+    /// Enters the section until the guard drops.
+    pub fn enter(&self) -> GaugeGuard<'_> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        GaugeGuard(self)
+    }
+
+    /// The most callers seen inside at once.
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    /// How many callers are inside now.
+    pub fn now(&self) -> usize {
+        self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// One caller inside a [`Gauge`]'s section.
+pub struct GaugeGuard<'a>(&'a Gauge);
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Records the instant it is dropped: put one in a handler to see when (and
+/// whether) the handler's future was dropped.
+pub struct DropRecorder(pub Arc<Mutex<Option<Instant>>>);
+
+impl Drop for DropRecorder {
+    fn drop(&mut self) {
+        if let Ok(mut at) = self.0.lock() {
+            *at = Some(Instant::now());
+        }
+    }
+}
