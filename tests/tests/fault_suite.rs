@@ -650,7 +650,12 @@ async fn fault_suite() {
         summary.add(v);
     }
     summary.secs = started.elapsed().as_secs_f64();
-    println!("{}", summary.line());
+    // Straight to the process's stderr, past libtest's capture: the summary line
+    // shows in CI logs even when the test passes.
+    {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), "{}", summary.line());
+    }
     for v in verdicts.iter().filter(|v| v.expect_violation) {
         assert!(
             v.caught(),
