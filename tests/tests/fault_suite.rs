@@ -184,7 +184,20 @@ async fn negative_restart_without_delay(seed: u64) -> Vec<Event> {
         detail: "kill -9 and restart at once, no persistence (outside the model)".into(),
     });
 
-    let b = warmed_up_client(&rig).await;
+    b_takes_over(&rig, &log, &store, (res, ttl), lock_a, read_a).await
+}
+
+/// The end of both negative controls: B acquires on nodes 1 and 2 while A still
+/// believes it holds the lock, both "write" what they read, both release.
+async fn b_takes_over(
+    rig: &Rig,
+    log: &HistoryLog,
+    store: &MemoryStore,
+    (res, ttl): (&str, Duration),
+    lock_a: redlock_core::Lock,
+    read_a: (u64, u64),
+) -> Vec<Event> {
+    let b = warmed_up_client(rig).await;
     let t0 = now_ns();
     let lock_b = b
         .lock_with(res, ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
@@ -192,13 +205,13 @@ async fn negative_restart_without_delay(seed: u64) -> Vec<Event> {
         .expect("B acquires on nodes 1 and 2");
     log.push(acquire_event("B", &lock_b, t0, now_ns()));
     let read_b = store.read(res);
-    log.push(write_event(&store, "A", &lock_a, read_a));
-    log.push(write_event(&store, "B", &lock_b, read_b));
+    log.push(write_event(store, "A", &lock_a, read_a));
+    log.push(write_event(store, "B", &lock_b, read_b));
     log.push(release_event("A", &lock_a));
     let _ = lock_a.unlock().await;
     log.push(release_event("B", &lock_b));
     let _ = lock_b.unlock().await;
-    log_finals(&store, &[(res.to_owned(), ttl)], &log);
+    log_finals(store, &[(res.to_owned(), ttl)], log);
     log.snapshot()
 }
 
@@ -253,22 +266,7 @@ async fn negative_early_expiry(seed: u64) -> Vec<Event> {
     });
     tokio::time::sleep(ms(5)).await;
 
-    let b = warmed_up_client(&rig).await;
-    let t0 = now_ns();
-    let lock_b = b
-        .lock_with(res, ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
-        .await
-        .expect("B acquires on nodes 1 and 2");
-    log.push(acquire_event("B", &lock_b, t0, now_ns()));
-    let read_b = store.read(res);
-    log.push(write_event(&store, "A", &lock_a, read_a));
-    log.push(write_event(&store, "B", &lock_b, read_b));
-    log.push(release_event("A", &lock_a));
-    let _ = lock_a.unlock().await;
-    log.push(release_event("B", &lock_b));
-    let _ = lock_b.unlock().await;
-    log_finals(&store, &[(res.to_owned(), ttl)], &log);
-    log.snapshot()
+    b_takes_over(&rig, &log, &store, (res, ttl), lock_a, read_a).await
 }
 
 /// Ghost keys: nodes 0 and 1 hold a foreign value, so every attempt fails; node
