@@ -907,6 +907,15 @@ impl Lock {
             .await;
         let now = Instant::now();
         let elapsed = now - start;
+        // The nodes that have not answered still get their `PEXPIRE`: dropping
+        // their calls now could cancel them before they are written (the redis
+        // connection skips a request nobody waits for), leaving those keys to
+        // expire early and the lock on a bare quorum.
+        if !pending.is_empty()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move { while pending.next().await.is_some() {} });
+        }
         let report = redlock.report(&settled, |&b| {
             if b {
                 NodeStatus::Ok

@@ -232,11 +232,12 @@ async fn late_answers_on_a_fresh_handle_still_join_the_lock() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_attempt_returns_early_and_late_set_is_released() {
+/// Nodes 0–2 hold `key` for someone else and node 4 is paused: a `try_lock` is
+/// decided "busy" by the first answers. Returns how long it took, once node 4,
+/// resumed, has had its late `SET` (if it ran) released in the background.
+async fn busy_with_a_paused_node(node_timeout: Duration, key: &str) -> Duration {
     let cluster = Cluster::start(5);
-    let rl = ready(&cluster, Duration::from_secs(2)).await;
-    let key = "fan-out-busy";
+    let rl = ready(&cluster, node_timeout).await;
     for i in 0..3 {
         occupy(&cluster, i, key, "other");
     }
@@ -247,14 +248,19 @@ async fn failed_attempt_returns_early_and_late_set_is_released() {
     cluster.node(4).resume();
     let err = result.unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    let released = cluster.wait_until(Duration::from_secs(3), |c| c.node(4).keys().is_empty());
+    assert!(released, "node 4 kept {:?}", cluster.node(4).get(key));
+    assert_eq!(cluster.node(3).get(key), None);
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempt_returns_early_and_late_set_is_released() {
+    let took = busy_with_a_paused_node(Duration::from_secs(2), "fan-out-busy").await;
     assert!(
         took < Duration::from_secs(1),
         "a decided failure waited for the paused node: {took:?}"
     );
-    // The late SET on node 4 (if it ran) is released in the background.
-    let released = cluster.wait_until(Duration::from_secs(3), |c| c.node(4).keys().is_empty());
-    assert!(released, "node 4 kept {:?}", cluster.node(4).get(key));
-    assert_eq!(cluster.node(3).get(key), None);
 }
 
 /// The same failure with a node timeout below the 500 ms response timeout that
@@ -262,21 +268,7 @@ async fn failed_attempt_returns_early_and_late_set_is_released() {
 /// so that cap does not hide how long the failed attempt waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempt_does_not_wait_for_unanswered_nodes() {
-    let cluster = Cluster::start(5);
-    let rl = ready(&cluster, ms(450)).await;
-    let key = "fan-out-busy-pending";
-    for i in 0..3 {
-        occupy(&cluster, i, key, "other");
-    }
-    cluster.node(4).pause();
-    let t0 = Instant::now();
-    let result = rl.try_lock(key, Duration::from_secs(10)).await;
-    let took = t0.elapsed();
-    cluster.node(4).resume();
-    let err = result.unwrap_err();
-    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    let released = cluster.wait_until(Duration::from_secs(3), |c| c.node(4).keys().is_empty());
-    assert!(released, "node 4 kept {:?}", cluster.node(4).get(key));
+    let took = busy_with_a_paused_node(ms(450), "fan-out-busy-pending").await;
     assert!(
         took < ms(300),
         "Busy was decided by 3 fast answers, yet try_lock took {took:?} (node_timeout 450 ms)"
@@ -496,6 +488,42 @@ async fn extend_pushes_the_pttl_on_every_node() {
     assert_eq!(lock.extensions(), 1);
     assert_eq!(lock.ttl(), Duration::from_secs(10));
     assert!(lock.remaining() > Duration::from_secs(5));
+    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+}
+
+/// `extend` returns at quorum, but the other nodes must still be extended. Here
+/// node 0 lost the library's connection, so its next call has to reconnect
+/// first and is the last to answer: the extend is decided by nodes 1 and 2
+/// before node 0's `PEXPIRE` is even written. That call used to be dropped with
+/// the extend (and the redis connection skips a request nobody waits for), so
+/// node 0's key kept its old TTL and would expire first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_decided_at_quorum_still_reaches_the_slow_node() {
+    let cluster = Cluster::start(3);
+    let rl = ready(&cluster, ms(500)).await;
+    let key = "extend-everywhere";
+    let mut lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(20)).await;
+
+    // Cut node 0's connection; once its driver has seen the close, the next call
+    // there fails at once and the library drops the connection.
+    cluster.node(0).cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+    tokio::time::sleep(ms(200)).await;
+    rl.extend(&mut lock, Duration::from_secs(30)).await.unwrap();
+
+    // Now node 0 must reconnect before it can run the extend.
+    rl.extend(&mut lock, Duration::from_secs(60)).await.unwrap();
+    assert!(
+        cluster.wait_until(Duration::from_secs(3), |c| c
+            .nodes()
+            .iter()
+            .all(|n| n.pttl(key) > 50_000)),
+        "pttls {:?}: a node missed the extend to 60 s",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.pttl(key))
+            .collect::<Vec<_>>()
+    );
     assert_eq!(rl.unlock(lock).await.unwrap(), 3);
 }
 
