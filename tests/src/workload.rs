@@ -228,6 +228,66 @@ fn take_stall(cfg: &ClientConfig) -> bool {
     })
 }
 
+/// One client holding one resource: the events it logs.
+struct Holder<'a> {
+    client: &'a str,
+    res: &'a str,
+    token: &'a str,
+}
+
+impl Holder<'_> {
+    fn skip(&self, reason: &str) -> Event {
+        Event::Skip {
+            client: self.client.to_owned(),
+            res: self.res.to_owned(),
+            token: self.token.to_owned(),
+            at: now_ns(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn release(&self, extensions: u32) -> Event {
+        Event::Release {
+            client: self.client.to_owned(),
+            res: self.res.to_owned(),
+            token: self.token.to_owned(),
+            at: now_ns(),
+            extensions,
+        }
+    }
+
+    /// Writes `read + 1` if the store still sees the lock valid, and logs the
+    /// write, or a skip when the validity ran out first. Returns whether it wrote.
+    async fn write(
+        &self,
+        store: &Arc<dyn Store>,
+        log: &HistoryLog,
+        (read, read_at): (u64, u64),
+        valid_until: Instant,
+    ) -> bool {
+        let s = Arc::clone(store);
+        let r = self.res.to_owned();
+        match blocking(move || s.write_if_valid(&r, read + 1, valid_until)).await {
+            Ok(at) => {
+                log.push(Event::Write {
+                    client: self.client.to_owned(),
+                    res: self.res.to_owned(),
+                    token: self.token.to_owned(),
+                    read_at,
+                    at,
+                    read,
+                    wrote: read + 1,
+                });
+                true
+            }
+            Err(_) => {
+                log.push(self.skip("validity ran out before the write"));
+                false
+            }
+        }
+    }
+}
+
 /// `lock_with`, then 1–3 steps of read, work (up to half the TTL), write; before
 /// each later step a manual `extend` when less than half the TTL is left; `unlock`.
 async fn manual_section(
@@ -267,12 +327,10 @@ async fn manual_section(
         valid_until: instant_ns(lock.valid_until()),
         ttl_ns: duration_ns(ttl),
     });
-    let skip = |reason: &str| Event::Skip {
-        client: cfg.name.clone(),
-        res: res.to_owned(),
-        token: token.clone(),
-        at: now_ns(),
-        reason: reason.to_owned(),
+    let holder = Holder {
+        client: &cfg.name,
+        res,
+        token: &token,
     };
     let stall = take_stall(cfg);
     let steps = rng.random_range(1..=3);
@@ -295,7 +353,7 @@ async fn manual_section(
                 error: r.err().map(|e| short_error(&e)),
             });
             if !ok {
-                log.push(skip("extension failed"));
+                log.push(holder.skip("extension failed"));
                 break;
             }
         }
@@ -314,35 +372,15 @@ async fn manual_section(
             });
         }
         tokio::time::sleep(work).await;
-        let s = Arc::clone(store);
-        let r = res.to_owned();
-        let valid_until = lock.valid_until();
-        match blocking(move || s.write_if_valid(&r, value + 1, valid_until)).await {
-            Ok(at) => {
-                writes += 1;
-                log.push(Event::Write {
-                    client: cfg.name.clone(),
-                    res: res.to_owned(),
-                    token: token.clone(),
-                    read_at,
-                    at,
-                    read: value,
-                    wrote: value + 1,
-                });
-            }
-            Err(_) => {
-                log.push(skip("validity ran out before the write"));
-                break;
-            }
+        if !holder
+            .write(store, log, (value, read_at), lock.valid_until())
+            .await
+        {
+            break;
         }
+        writes += 1;
     }
-    log.push(Event::Release {
-        client: cfg.name.clone(),
-        res: res.to_owned(),
-        token: token.clone(),
-        at: now_ns(),
-        extensions: lock.extensions(),
-    });
+    log.push(holder.release(lock.extensions()));
     let _ = lock.unlock().await;
     (true, writes)
 }
@@ -390,12 +428,10 @@ async fn guard_section(
         valid_until: instant_ns(h.valid_until()),
         ttl_ns: duration_ns(ttl),
     });
-    let skip = |reason: &str| Event::Skip {
-        client: cfg.name.clone(),
-        res: res.to_owned(),
-        token: token.clone(),
-        at: now_ns(),
-        reason: reason.to_owned(),
+    let holder = Holder {
+        client: &cfg.name,
+        res,
+        token: &token,
     };
     let steps = rng.random_range(1..=3);
     let mut writes = 0;
@@ -418,37 +454,18 @@ async fn guard_section(
             ttl_ns: duration_ns(ttl),
         });
         if lost {
-            log.push(skip("lock lost"));
+            log.push(holder.skip("lock lost"));
             break;
         }
-        let s = Arc::clone(store);
-        let r = res.to_owned();
-        match blocking(move || s.write_if_valid(&r, value + 1, valid_until)).await {
-            Ok(at) => {
-                writes += 1;
-                log.push(Event::Write {
-                    client: cfg.name.clone(),
-                    res: res.to_owned(),
-                    token: token.clone(),
-                    read_at,
-                    at,
-                    read: value,
-                    wrote: value + 1,
-                });
-            }
-            Err(_) => {
-                log.push(skip("validity ran out before the write"));
-                break;
-            }
+        if !holder
+            .write(store, log, (value, read_at), valid_until)
+            .await
+        {
+            break;
         }
+        writes += 1;
     }
-    log.push(Event::Release {
-        client: cfg.name.clone(),
-        res: res.to_owned(),
-        token: token.clone(),
-        at: now_ns(),
-        extensions: h.extensions(),
-    });
+    log.push(holder.release(h.extensions()));
     let _ = guard.release().await;
     (true, writes)
 }
