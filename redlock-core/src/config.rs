@@ -105,6 +105,8 @@ pub struct LockOptions {
     pub(crate) ttl: Duration,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) loss_margin: Option<Duration>,
+    pub(crate) check_deadline: bool,
 }
 
 impl LockOptions {
@@ -117,6 +119,8 @@ impl LockOptions {
             ttl,
             max_hold: None,
             retry: None,
+            loss_margin: None,
+            check_deadline: true,
         }
     }
 
@@ -130,6 +134,33 @@ impl LockOptions {
     /// Acquires with this retry policy instead of the handle's default.
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = Some(retry);
+        self
+    }
+
+    /// How long before the end of the confirmed validity the holder is told the
+    /// lock is lost (default: the handle's [`RedlockBuilder::loss_margin`], which
+    /// defaults to the node timeout). Must be shorter than the TTL.
+    ///
+    /// What it buys: work that checks [`LockHandle::is_lost`](crate::LockHandle::is_lost)
+    /// and then starts a write has at least this long for the write to land
+    /// before another client can take the lock, and the clock check is made
+    /// this much earlier than the keys can expire. What no client-side check can
+    /// buy: a holder paused *between* its check and its write (a GC pause, a
+    /// stopped process, a slow network) still writes late. Only the protected
+    /// resource can refuse such a write, by a fencing token.
+    pub fn loss_margin(mut self, margin: Duration) -> Self {
+        self.loss_margin = Some(margin);
+        self
+    }
+
+    /// Test-only: the holder's view ignores the clock and trusts the renewal
+    /// task alone, as before the deadline check existed. The fault suite's
+    /// negative control uses it to show the checker catches what the deadline
+    /// check prevents. Never use it elsewhere.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn without_deadline_check_for_tests(mut self) -> Self {
+        self.check_deadline = false;
         self
     }
 
@@ -150,6 +181,8 @@ pub(crate) struct Settings {
     pub(crate) min_ttl: Duration,
     pub(crate) max_ttl: Duration,
     pub(crate) max_extensions: Option<u32>,
+    /// `None`: the node timeout.
+    pub(crate) loss_margin: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -163,6 +196,7 @@ impl Default for Settings {
             min_ttl: Duration::from_millis(10),
             max_ttl: Duration::from_secs(24 * 3600),
             max_extensions: None,
+            loss_margin: None,
         }
     }
 }
@@ -319,6 +353,14 @@ impl RedlockBuilder {
         self
     }
 
+    /// How long before the end of a [`LockGuard`](crate::LockGuard)'s confirmed
+    /// validity its holder is told the lock is lost (default: the node timeout).
+    /// See [`LockOptions::loss_margin`], which overrides it per lock.
+    pub fn loss_margin(mut self, margin: Duration) -> Self {
+        self.settings.loss_margin = Some(margin);
+        self
+    }
+
     /// Checks the settings and builds the handle. No connection is made yet; call
     /// [`Redlock::check_nodes`] to connect and to refuse duplicate servers by
     /// `run_id`.
@@ -342,9 +384,10 @@ impl RedlockBuilder {
                 "node_timeout must be above zero".into(),
             ));
         }
-        if s.min_ttl.is_zero() || s.min_ttl > s.max_ttl {
+        // Keys are set in whole milliseconds, and `PEXPIRE 0` deletes a key.
+        if s.min_ttl < Duration::from_millis(1) || s.min_ttl > s.max_ttl {
             return Err(Error::InvalidConfig(format!(
-                "ttl bounds {:?}..={:?} are empty or start at zero",
+                "ttl bounds {:?}..={:?} are empty or start under 1 ms",
                 s.min_ttl, s.max_ttl
             )));
         }

@@ -173,6 +173,24 @@ impl Report {
         })
     }
 
+    /// How many nodes had not answered when the outcome was decided.
+    pub fn pending_count(&self) -> usize {
+        self.count(|s| matches!(s, NodeStatus::Pending))
+    }
+
+    /// How many nodes answered that another holder has the key.
+    pub fn busy_count(&self) -> usize {
+        self.count(|s| matches!(s, NodeStatus::Busy { .. }))
+    }
+
+    /// The remaining TTLs the busy nodes reported, where known.
+    pub fn busy_pttls(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.nodes.iter().filter_map(|n| match n.status {
+            NodeStatus::Busy { pttl } => pttl,
+            _ => None,
+        })
+    }
+
     fn count(&self, f: impl Fn(&NodeStatus) -> bool) -> usize {
         self.nodes.iter().filter(|n| f(&n.status)).count()
     }

@@ -1,14 +1,24 @@
 //! A lock held with auto-extension, and the signal that tells its holder when it
 //! is lost.
+//!
+//! The holder's view ([`LockHandle::is_lost`], [`LockHandle::remaining`],
+//! [`LockHandle::lost`]) does not depend on the renewal task getting to run: it is
+//! read off the local monotonic clock against the last validity the nodes
+//! confirmed, less a safety margin. A renewal task that is starved (a blocked
+//! thread, a busy current-thread runtime), that panics, or whose runtime shuts
+//! down cannot leave the holder believing it still holds the lock.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use pin_project_lite::pin_project;
 use rand::Rng;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::config::LockOptions;
 use crate::error::Error;
@@ -21,9 +31,15 @@ struct Shared {
     token: Arc<str>,
     /// The instant every deadline below is counted from.
     epoch: Instant,
-    /// The validity deadline, in nanoseconds after `epoch`.
+    /// The validity deadline the nodes confirmed, in nanoseconds after `epoch`.
     valid_until_ns: AtomicU64,
+    /// How long before `valid_until` the holder is told the lock is lost.
+    margin: Duration,
+    /// Off only in the fault suite's negative control.
+    check_deadline: bool,
     extensions: AtomicU32,
+    /// Sticky: once cancelled, the lock stays lost for its holder even if a
+    /// renewal that was in flight succeeds afterwards.
     lost: CancellationToken,
 }
 
@@ -35,7 +51,29 @@ impl Shared {
     }
 
     fn valid_until(&self) -> Instant {
-        self.epoch + Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire))
+        let ns = Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire));
+        self.epoch.checked_add(ns).unwrap_or(self.epoch)
+    }
+
+    /// The instant from which the holder is told the lock is lost: the confirmed
+    /// validity less the margin.
+    fn deadline(&self) -> Instant {
+        self.valid_until()
+            .checked_sub(self.margin)
+            .unwrap_or(self.epoch)
+    }
+
+    /// Lost if the renewal task said so, or if the clock passed the deadline,
+    /// whether or not the renewal task has run since.
+    fn is_lost(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        if self.check_deadline && Instant::now() >= self.deadline() {
+            self.lost.cancel();
+            return true;
+        }
+        false
     }
 }
 
@@ -43,6 +81,12 @@ impl Shared {
 ///
 /// It tells the key, the token, the validity left, and whether the lock was lost.
 /// Web adapters put one in the request extensions.
+///
+/// Every answer is computed from the local monotonic clock at the moment of the
+/// call: [`is_lost`](Self::is_lost) turns true as soon as the clock reaches the
+/// last validity the nodes confirmed less the loss margin
+/// ([`LockOptions::loss_margin`]), even if the renewal task has not run (its
+/// thread blocked, its runtime starved). Once true it stays true.
 #[derive(Clone)]
 pub struct LockHandle {
     shared: Arc<Shared>,
@@ -75,19 +119,27 @@ impl LockHandle {
         &self.shared.token
     }
 
-    /// The validity left: zero once lost or expired.
+    /// The time left before the holder must stop: the confirmed validity less the
+    /// loss margin, counted on the monotonic clock now. Zero once lost.
     pub fn remaining(&self) -> Duration {
         if self.is_lost() {
             return Duration::ZERO;
         }
         self.shared
-            .valid_until()
+            .deadline()
             .saturating_duration_since(Instant::now())
     }
 
-    /// When the current validity ends.
+    /// When the validity the nodes last confirmed ends (without the loss margin):
+    /// after this instant, another client may hold the lock.
     pub fn valid_until(&self) -> Instant {
         self.shared.valid_until()
+    }
+
+    /// The loss margin: how long before [`valid_until`](Self::valid_until) the
+    /// holder is told the lock is lost.
+    pub fn loss_margin(&self) -> Duration {
+        self.shared.margin
     }
 
     /// How many times the lock has been extended.
@@ -95,22 +147,105 @@ impl LockHandle {
         self.shared.extensions.load(Ordering::Relaxed)
     }
 
-    /// Whether the lock was lost: a renewal found it gone, or its validity ran out
-    /// before a renewal could succeed. Once true, another client may hold it.
+    /// Whether the lock was lost: a renewal found it gone, the renewal task
+    /// stopped, or the clock reached the confirmed validity less the loss margin.
+    /// Checked against the clock on every call. Once true, another client may
+    /// hold the lock, and it stays true.
     pub fn is_lost(&self) -> bool {
-        self.shared.lost.is_cancelled()
+        self.shared.is_lost()
     }
 
-    /// Completes when the lock is lost. Never completes while it is held; after
-    /// release it completes only if the lock had been lost before.
-    pub async fn lost(&self) {
-        self.shared.lost.cancelled().await;
+    /// Completes when the lock is lost, at the latest when the clock reaches the
+    /// confirmed validity less the loss margin (its own timer, not the renewal
+    /// task's). Never completes while the lock is held; after a normal release it
+    /// completes only if the lock had been lost before.
+    pub fn lost(&self) -> LostFuture {
+        LostFuture::new(Arc::clone(&self.shared))
     }
 
-    /// An owned future of [`LockHandle::lost`], for `select!` loops that outlive a
-    /// borrow.
-    pub fn lost_owned(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
-        self.shared.lost.clone().cancelled_owned()
+    /// The same future as [`LockHandle::lost`]: it owns what it needs, so it can
+    /// outlive the handle (for `select!` loops).
+    pub fn lost_owned(&self) -> LostFuture {
+        self.lost()
+    }
+}
+
+pin_project! {
+    /// Completes when a lock is lost: when the renewal task signals it, or when
+    /// the clock reaches the confirmed validity less the loss margin, whichever
+    /// comes first. Every poll checks the clock first.
+    pub struct LostFuture {
+        shared: Arc<Shared>,
+        #[pin]
+        signal: WaitForCancellationFutureOwned,
+        // Boxed so the future stays `Unpin`-agnostic and cheap to move before its
+        // first poll; created at the first poll, inside the runtime.
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl std::fmt::Debug for LostFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LostFuture")
+            .field("resource", &self.shared.resource)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LostFuture {
+    fn new(shared: Arc<Shared>) -> Self {
+        let signal = shared.lost.clone().cancelled_owned();
+        Self {
+            shared,
+            signal,
+            timer: None,
+        }
+    }
+}
+
+impl Future for LostFuture {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        loop {
+            if this.shared.is_lost() || this.signal.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            if !this.shared.check_deadline {
+                return Poll::Pending;
+            }
+            // Wake at the deadline; an extension moves the deadline, so the timer
+            // follows it.
+            let deadline = tokio::time::Instant::from_std(this.shared.deadline());
+            match this.timer {
+                Some(t) if t.deadline() == deadline => {}
+                Some(t) => t.as_mut().reset(deadline),
+                None => {
+                    // Outside a Tokio runtime there is no timer: the clock check at
+                    // every poll and the renewal task's signal still hold.
+                    if tokio::runtime::Handle::try_current().is_err() {
+                        return Poll::Pending;
+                    }
+                    *this.timer = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                }
+            }
+            let Some(timer) = this.timer.as_mut() else {
+                return Poll::Pending;
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The timer fired. An extension moved the deadline: loop and follow
+            // it. Same deadline but the clock not quite there (timer rounding):
+            // poll again soon rather than spin here.
+            if !this.shared.is_lost()
+                && tokio::time::Instant::from_std(this.shared.deadline()) == deadline
+            {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
     }
 }
 
@@ -119,7 +254,10 @@ impl LockHandle {
 /// A background task renews the keys before the validity runs low, by the
 /// validity left rather than on a fixed tick. It stops at [`LockGuard::release`],
 /// at drop, or once [`LockOptions::max_hold`] has passed. If a renewal finds the
-/// lock gone, or the validity ends first, [`LockGuard::lost`] completes.
+/// lock gone, the validity ends first, or the task stops for any other reason
+/// (a panic, its runtime shutting down), [`LockGuard::lost`] completes. The
+/// holder's view is also checked against the clock on every call, so it is
+/// right even while the renewal task cannot run.
 ///
 /// Drop never blocks: it signals the task, which finishes any renewal in flight and
 /// then releases the keys. Outside a Tokio runtime nothing runs and the keys expire
@@ -138,6 +276,7 @@ impl LockHandle {
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a LockGuard releases the lock"]
 pub struct LockGuard {
     handle: LockHandle,
     stop: CancellationToken,
@@ -156,27 +295,46 @@ impl LockGuard {
     /// Starts auto-extension of `lock` with `options`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] outside a Tokio runtime (the renewal task needs one).
+    /// [`Error::InvalidConfig`] outside a Tokio runtime (the renewal task needs
+    /// one), or when the loss margin is not shorter than the TTL.
     pub fn new(lock: Lock, options: &LockOptions) -> Result<Self, Error> {
         let rt = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::InvalidConfig("LockGuard needs a Tokio runtime for its renewal task".into())
         })?;
+        let margin = options
+            .loss_margin
+            .unwrap_or_else(|| lock.redlock().loss_margin());
+        if margin >= options.ttl {
+            return Err(Error::InvalidConfig(format!(
+                "loss margin {margin:?} must be shorter than the TTL {:?}",
+                options.ttl
+            )));
+        }
         let shared = Arc::new(Shared {
             resource: Arc::clone(lock.shared_resource()),
             key: Arc::clone(lock.shared_key()),
             token: Arc::clone(lock.shared_token()),
             epoch: lock.started_at(),
             valid_until_ns: AtomicU64::new(0),
+            margin,
+            check_deadline: options.check_deadline,
             extensions: AtomicU32::new(0),
             lost: CancellationToken::new(),
         });
         shared.set_valid_until(lock.valid_until());
         let stop = CancellationToken::new();
+        // Moved into the task's future now, so that even a task dropped before
+        // its first poll (its runtime shut down) fires `lost`.
+        let exit = LostOnExit {
+            lost: shared.lost.clone(),
+            armed: true,
+        };
         let task = rt.spawn(keep_alive(
             lock,
             Arc::clone(&shared),
             stop.clone(),
             options.clone(),
+            exit,
         ));
         Ok(Self {
             handle: LockHandle { shared },
@@ -195,19 +353,19 @@ impl LockGuard {
         self.handle.resource()
     }
 
-    /// The validity left.
+    /// The time left before the holder must stop (see [`LockHandle::remaining`]).
     pub fn remaining(&self) -> Duration {
         self.handle.remaining()
     }
 
-    /// Whether the lock was lost.
+    /// Whether the lock was lost (see [`LockHandle::is_lost`]).
     pub fn is_lost(&self) -> bool {
         self.handle.is_lost()
     }
 
-    /// Completes when the lock is lost.
-    pub async fn lost(&self) {
-        self.handle.lost().await;
+    /// Completes when the lock is lost (see [`LockHandle::lost`]).
+    pub fn lost(&self) -> LostFuture {
+        self.handle.lost()
     }
 
     /// Stops renewal, waits for a renewal in flight, then releases on every node.
@@ -236,6 +394,21 @@ impl Drop for LockGuard {
     }
 }
 
+/// Fires `lost` when the renewal task ends any way but a normal release: a panic
+/// unwinds through it, a runtime shutdown drops it.
+struct LostOnExit {
+    lost: CancellationToken,
+    armed: bool,
+}
+
+impl Drop for LostOnExit {
+    fn drop(&mut self) {
+        if self.armed {
+            self.lost.cancel();
+        }
+    }
+}
+
 /// How often a failing renewal is retried: a tenth of the last validity, but not
 /// more often than every 10 ms.
 fn renewal_retry_step(granted: Duration) -> Duration {
@@ -258,30 +431,40 @@ fn renew_point(valid_until: Instant, granted: Duration) -> Instant {
     let grid = (granted / 400).max(Duration::from_millis(1)).as_nanos();
     let since = at.saturating_duration_since(epoch).as_nanos();
     let snapped = u64::try_from(since - since % grid).unwrap_or(u64::MAX);
-    (epoch + Duration::from_nanos(snapped)).min(at)
+    epoch
+        .checked_add(Duration::from_nanos(snapped))
+        .map_or(at, |s| s.min(at))
 }
 
 /// The auto-extension loop. It renews when about half of the last granted
-/// validity is left (see [`renew_point`]), retries failed renewals until the validity ends, and signals loss. It
-/// owns the [`Lock`], so a release always comes after the last renewal.
+/// validity is left (see [`renew_point`]), retries failed renewals until the
+/// holder's deadline, and signals loss. It owns the [`Lock`], so a release always
+/// comes after the last renewal.
 async fn keep_alive(
     mut lock: Lock,
     shared: Arc<Shared>,
     stop: CancellationToken,
     options: LockOptions,
+    mut exit: LostOnExit,
 ) -> Result<usize, Error> {
-    let hold_until = options.max_hold.map(|m| lock.started_at() + m);
+    // `Duration::MAX` (or any cap past the end of time) means no cap.
+    let hold_until = options
+        .max_hold
+        .and_then(|m| lock.started_at().checked_add(m));
     let mut granted = lock.remaining();
     let mut renew_at = renew_point(lock.valid_until(), granted);
-    let min_ttl = lock.redlock().node_timeout() * 2;
+    // A renewal shorter than this would be refused (`InvalidTtl`), or could not
+    // complete within its own validity: stop renewing instead.
+    let settings_floor = lock.redlock().min_ttl();
+    let min_ttl = settings_floor.max(lock.redlock().node_timeout().saturating_mul(2));
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
+            _ = shared.lost.cancelled() => break,
             _ = tokio::time::sleep_until(renew_at.into()) => {}
         }
-        let now = Instant::now();
-        if now >= lock.valid_until() {
+        if shared.is_lost() || Instant::now() >= lock.valid_until() {
             tracing::warn!(
                 resource = lock.resource(),
                 "lock validity ran out before a renewal succeeded"
@@ -292,24 +475,30 @@ async fn keep_alive(
         let ttl = match hold_until {
             None => options.ttl,
             Some(until) => {
-                let left = until.saturating_duration_since(now);
+                let left = until.saturating_duration_since(Instant::now());
                 if left < min_ttl {
-                    // max_hold reached: stop renewing, tell the holder when the
+                    // max_hold reached: stop renewing; the holder is told when the
                     // validity it has runs out.
-                    renew_at = lock.valid_until();
+                    renew_at = shared.deadline();
                     continue;
                 }
                 options.ttl.min(left)
             }
         };
-        let deadline = lock.valid_until();
+        // The extend may not outlast the holder's deadline: a renewal confirmed
+        // after the holder was told "lost" would be no use to it.
+        let deadline = shared.deadline();
         let outcome = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
             r = lock.extend(ttl) => Some(r),
             _ = tokio::time::sleep_until(deadline.into()) => None,
         };
+        // A shortening extend lowers the lock's validity before it is sent, and
+        // keeps it lowered whatever the outcome: publish it either way.
+        shared.set_valid_until(lock.valid_until());
         match outcome {
             Some(Ok(())) => {
-                shared.set_valid_until(lock.valid_until());
                 shared
                     .extensions
                     .store(lock.extensions(), Ordering::Relaxed);
@@ -317,14 +506,16 @@ async fn keep_alive(
                 renew_at = renew_point(lock.valid_until(), granted);
             }
             Some(Err(e @ (Error::NoQuorum { .. } | Error::Expired { .. })))
-                if Instant::now() < lock.valid_until() =>
+                if Instant::now() < shared.deadline() =>
             {
                 tracing::debug!(resource = lock.resource(), error = %e, "renewal failed, retrying");
-                renew_at = (Instant::now() + renewal_retry_step(granted)).min(lock.valid_until());
+                renew_at = Instant::now()
+                    .checked_add(renewal_retry_step(granted))
+                    .map_or(shared.deadline(), |t| t.min(shared.deadline()));
             }
-            Some(Err(e @ Error::ExtensionLimit { .. })) => {
+            Some(Err(e @ (Error::ExtensionLimit { .. } | Error::InvalidTtl { .. }))) => {
                 tracing::debug!(resource = lock.resource(), error = %e, "no more renewals");
-                renew_at = lock.valid_until();
+                renew_at = shared.deadline();
             }
             Some(Err(e)) => {
                 tracing::warn!(resource = lock.resource(), error = %e, "lock lost");
@@ -341,6 +532,10 @@ async fn keep_alive(
             }
         }
     }
+    // From here the task ends by releasing; a shutdown mid-release has nothing
+    // more to tell the holder than what the loop already did.
+    exit.armed = false;
+    drop(exit);
     lock.unlock().await
 }
 
@@ -349,7 +544,8 @@ impl Redlock {
     /// with auto-extension until the guard is released or dropped.
     ///
     /// # Errors
-    /// See [`Redlock::lock`].
+    /// See [`Redlock::lock`]; [`Error::InvalidConfig`] when the loss margin is not
+    /// shorter than the TTL.
     pub async fn lock_guard(
         &self,
         resource: &str,
@@ -360,9 +556,14 @@ impl Redlock {
         LockGuard::new(lock, options)
     }
 
-    /// Runs the future `f` makes while holding the lock, with auto-extension. If the
-    /// lock is lost, the future is dropped at its next await point and
-    /// [`Error::Lost`] is returned. The lock is released when the work ends.
+    /// Runs the future `f` makes while holding the lock, with auto-extension.
+    ///
+    /// Before each poll of the work, the lock is checked against the clock (see
+    /// [`LockHandle::is_lost`]): once it is lost, the work is not polled again, it
+    /// is dropped, and [`Error::Lost`] is returned. Work that finishes in a poll
+    /// during which the lock was lost (it blocked its thread past the deadline)
+    /// also returns [`Error::Lost`]: it did not run entirely under the lock. The
+    /// lock is released when the work ends.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -381,7 +582,7 @@ impl Redlock {
     /// ```
     ///
     /// # Errors
-    /// An acquire error (see [`Redlock::lock`]) or [`Error::Lost`].
+    /// An acquire error (see [`Redlock::lock_guard`]) or [`Error::Lost`].
     pub async fn with_lock<F, Fut, T>(
         &self,
         resource: &str,
@@ -393,17 +594,41 @@ impl Redlock {
         Fut: Future<Output = T>,
     {
         let guard = self.lock_guard(resource, options).await?;
-        let work = f(guard.handle());
-        let outcome = tokio::select! {
-            biased;
-            () = guard.lost() => None,
-            v = work => Some(v),
-        };
-        let resource: Arc<str> = Arc::clone(&guard.handle.shared.resource);
+        let handle = guard.handle();
+        let outcome = Watched {
+            work: f(guard.handle()),
+            lost: handle.lost(),
+        }
+        .await
+        .filter(|_| !handle.is_lost());
+        let resource: Arc<str> = Arc::clone(&handle.shared.resource);
         if let Err(e) = guard.release().await {
             tracing::debug!(resource = %resource, error = %e, "release after with_lock");
         }
         outcome.ok_or(Error::Lost { resource })
+    }
+}
+
+pin_project! {
+    /// Work raced against the loss of its lock: the loss is checked first at every
+    /// poll, so work is never polled once the lock is lost.
+    struct Watched<W> {
+        #[pin]
+        work: W,
+        #[pin]
+        lost: LostFuture,
+    }
+}
+
+impl<W: Future> Future for Watched<W> {
+    type Output = Option<W::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.lost.poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        this.work.poll(cx).map(Some)
     }
 }
 

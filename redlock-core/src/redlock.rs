@@ -114,10 +114,30 @@ pub(crate) fn quorum(n: usize) -> usize {
 /// `drift = ttl * drift_factor + fixed_drift`. `None` when nothing is left, which
 /// fails the attempt.
 pub(crate) fn validity(ttl: Duration, elapsed: Duration, s: &Settings) -> Option<Duration> {
-    let drift = ttl.mul_f64(s.drift_factor) + s.fixed_drift;
+    // The keys live for whole milliseconds (`PX`/`PEXPIRE` take an integer): the
+    // sub-millisecond rest of `ttl` is not on the nodes.
+    let ttl = whole_millis(ttl);
+    let drift = ttl.mul_f64(s.drift_factor).saturating_add(s.fixed_drift);
     ttl.checked_sub(elapsed)?
         .checked_sub(drift)
         .filter(|v| !v.is_zero())
+}
+
+/// `start + d`, for a `d` that may be as large as `Duration::MAX` (a TTL bound
+/// the user lifted): past what an `Instant` can hold it is a century, which is
+/// "never" for a lock.
+pub(crate) fn instant_after(start: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    start
+        .checked_add(d)
+        .or_else(|| start.checked_add(CENTURY))
+        .unwrap_or(start)
+}
+
+/// `d` rounded down to whole milliseconds: what a key set with `PX`/`PEXPIRE`
+/// of `d.as_millis()` actually lives.
+pub(crate) fn whole_millis(d: Duration) -> Duration {
+    Duration::new(d.as_secs(), d.subsec_millis() * 1_000_000)
 }
 
 /// Spec step 1: a fresh token of 128 bits from the OS CSPRNG, hex-encoded. A new
@@ -144,7 +164,7 @@ pub(crate) fn retry_delay(policy: &RetryPolicy) -> Duration {
     } else {
         rand::rng().random_range(0..=jitter_us)
     };
-    policy.delay + Duration::from_micros(extra)
+    policy.delay.saturating_add(Duration::from_micros(extra))
 }
 
 /// When a quorum could be free: the nodes not held by others are free at once, so
@@ -210,6 +230,20 @@ impl Redlock {
     /// The per-node timeout.
     pub fn node_timeout(&self) -> Duration {
         self.inner.settings.node_timeout
+    }
+
+    /// The default loss margin of a [`LockGuard`](crate::LockGuard): how long
+    /// before the end of its validity the holder is told the lock is lost.
+    pub fn loss_margin(&self) -> Duration {
+        self.inner
+            .settings
+            .loss_margin
+            .unwrap_or(self.inner.settings.node_timeout)
+    }
+
+    /// The smallest TTL this handle accepts.
+    pub(crate) fn min_ttl(&self) -> Duration {
+        self.inner.settings.min_ttl
     }
 
     /// The default retry policy of [`Redlock::lock`].
@@ -295,7 +329,8 @@ impl Redlock {
     /// Spec input checks: the TTL is in bounds and longer than the node timeout.
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), Error> {
         let s = &self.inner.settings;
-        if ttl.is_zero() || ttl < s.min_ttl || ttl > s.max_ttl {
+        // Under 1 ms the keys would get `PX 0` / `PEXPIRE 0`, which deletes them.
+        if whole_millis(ttl).is_zero() || ttl < s.min_ttl || ttl > s.max_ttl {
             return Err(Error::InvalidTtl {
                 ttl,
                 min: s.min_ttl,
@@ -346,12 +381,16 @@ impl Redlock {
         let resource: Arc<str> = resource.into();
         let key: Arc<str> = self.key_for(&resource).into();
         let begin = Instant::now();
-        // The last attempt must be able to finish inside the deadline.
-        let latest_start = retry.deadline.map(|d| {
-            (begin + d)
-                .checked_sub(self.inner.settings.node_timeout)
-                .unwrap_or(begin)
-        });
+        // The last attempt must be able to finish inside the deadline: its acquire
+        // round and, if it fails, the release round of the failed attempt. A
+        // deadline past the end of time is no deadline.
+        let latest_start = retry
+            .deadline
+            .and_then(|d| begin.checked_add(d))
+            .map(|end| {
+                end.checked_sub(self.inner.settings.node_timeout.saturating_mul(2))
+                    .unwrap_or(begin)
+            });
         let mut attempt = 1;
         loop {
             let err = match self.attempt(&resource, &key, ttl, attempt).await {
@@ -362,14 +401,20 @@ impl Redlock {
             if attempt >= retry.max_attempts {
                 return Err(err);
             }
-            let mut wake = Instant::now() + retry_delay(retry);
-            if let Some(latest) = latest_start {
-                if Instant::now() >= latest {
-                    return Err(err);
-                }
-                wake = wake.min(latest);
+            let now = Instant::now();
+            if latest_start.is_some_and(|latest| now >= latest) {
+                return Err(err);
             }
-            tokio::time::sleep_until(wake.into()).await;
+            let wake = now.checked_add(retry_delay(retry));
+            let wake = match (wake, latest_start) {
+                (Some(w), Some(l)) => Some(w.min(l)),
+                (w, l) => w.or(l),
+            };
+            match wake {
+                Some(wake) => tokio::time::sleep_until(wake.into()).await,
+                // A delay past the end of time: no attempt will ever follow.
+                None => return Err(err),
+            }
             attempt += 1;
         }
     }
@@ -511,7 +556,7 @@ impl Redlock {
                     key: Arc::clone(key),
                     token,
                     started: start,
-                    valid_until: start + elapsed + validity,
+                    valid_until: instant_after(start, elapsed.saturating_add(validity)),
                     ttl,
                     extensions: 0,
                     late,
@@ -623,7 +668,7 @@ impl Redlock {
     /// fails to delete blocks the resource for a whole TTL.
     async fn release_on(&self, index: usize, key: &Arc<str>, token: &Arc<str>) {
         let call = Call::script(&RELEASE, Arc::clone(key), vec![token.to_string()]);
-        let timeout = self.inner.settings.node_timeout * 4;
+        let timeout = self.inner.settings.node_timeout.saturating_mul(4);
         for attempt in 1..=2 {
             let (result, _) = self.inner.nodes[index].run(&call, timeout).await;
             tracing::debug!(node = %self.inner.nodes[index].label, attempt, ?result, "late release");
@@ -875,10 +920,17 @@ impl Lock {
                 resource: Arc::clone(&self.resource),
             });
         }
+        // A TTL shorter than what is left shortens the keys on every node that
+        // applies it, whatever the outcome here (a late answer, a minority): the
+        // validity is lowered to what the new TTL allows before anything is sent,
+        // and stays lowered if the extend fails.
+        let capped = validity(ttl, Duration::ZERO, &redlock.inner.settings)
+            .map_or(start, |v| instant_after(start, v));
+        self.valid_until = self.valid_until.min(capped);
         let span = tracing::debug_span!(
             "redlock.extend",
             resource = %self.resource,
-            extension = self.extensions + 1,
+            extension = self.extensions.saturating_add(1),
             ttl_ms = ttl.as_millis() as u64,
         );
         let _enter = span.enter();
@@ -928,9 +980,9 @@ impl Lock {
         match validity {
             Some(v) if ok >= q && now < self.valid_until => {
                 self.started = start;
-                self.valid_until = now + v;
+                self.valid_until = instant_after(now, v);
                 self.ttl = ttl;
-                self.extensions += 1;
+                self.extensions = self.extensions.saturating_add(1);
                 Ok(())
             }
             _ if ok >= q => Err(Error::Expired {
@@ -954,8 +1006,11 @@ impl Lock {
     ///
     /// # Errors
     /// [`Error::ReleaseIncomplete`] when a node failed; its key expires with the TTL.
+    ///
+    /// Cancel-safe: if this future is dropped before it completes (a timeout
+    /// around it, a client gone), the `Lock` it owns is dropped with it, and its
+    /// `Drop` sends the release again in the background.
     pub async fn unlock(mut self) -> Result<usize, Error> {
-        self.released = true;
         self.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %self.resource);
         let (deleted, report) = self
@@ -964,6 +1019,8 @@ impl Lock {
             .instrument(span.clone())
             .await;
         span.in_scope(|| tracing::debug!(deleted, report = %report, "released"));
+        // Only now: a future dropped mid-release leaves `Drop` to release.
+        self.released = true;
         if report.failed_count() > 0 {
             return Err(Error::ReleaseIncomplete {
                 resource: Arc::clone(&self.resource),

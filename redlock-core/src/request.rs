@@ -33,7 +33,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 use tracing::Instrument;
 
 use crate::config::{LockOptions, RetryPolicy};
@@ -392,11 +391,10 @@ impl RequestLock {
         self.handle.clone()
     }
 
-    /// A future that completes when the lock is lost.
+    /// A future that completes when the lock is lost (by the renewal task's
+    /// signal or by the clock, see [`LockHandle::lost`]).
     pub fn lost(&self) -> LostFuture {
-        LostFuture {
-            inner: self.handle.lost_owned(),
-        }
+        self.handle.lost()
     }
 }
 
@@ -433,21 +431,7 @@ impl Drop for RequestLock {
     }
 }
 
-pin_project! {
-    /// Completes when a lock is lost.
-    pub struct LostFuture {
-        #[pin]
-        inner: WaitForCancellationFutureOwned,
-    }
-}
-
-impl Future for LostFuture {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.project().inner.poll(cx)
-    }
-}
+pub use crate::guard::LostFuture;
 
 /// Takes the lock for one request per `policy`, with the handle the adapter found
 /// (bound to the middleware, or registered on the app).
@@ -512,8 +496,20 @@ pub async fn acquire(
                     status: policy.busy_status,
                     retry_after,
                 },
+                // Some node said another holder has the key: running unlocked
+                // could overlap that holder, so even fail-open answers "busy".
+                Error::NoQuorum { ref report, .. } if report.busy_count() > 0 => Rejection::Busy {
+                    key,
+                    status: policy.busy_status,
+                    retry_after: report.busy_pttls().max(),
+                },
                 e @ (Error::NoQuorum { .. } | Error::NoValidity { .. }) => {
-                    if policy.unavailable == UnavailablePolicy::FailOpen {
+                    // Fail-open runs unlocked only on full evidence: every node
+                    // answered (an error counts) and none saw another holder. A
+                    // node still pending when the attempt was decided might hold
+                    // another holder's key.
+                    let complete = e.report().is_none_or(|r| r.pending_count() == 0);
+                    if policy.unavailable == UnavailablePolicy::FailOpen && complete {
                         span.record("outcome", "fail_open");
                         tracing::warn!(parent: &span, error = %e, "lock backend unavailable; running unlocked (fail-open)");
                         return Ok(None);
@@ -552,21 +548,41 @@ impl<F: Future> Future for Guarded<F> {
     type Output = Result<F::Output, Rejection>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
+        // Checked before the handler runs again, and again when it finishes: a
+        // handler that blocked its thread past the deadline in its last poll did
+        // not run under the lock, and must not answer as if it had.
+        let Poll::Ready(out) = ({
+            if let Some(lost) = this.lost.as_mut().as_pin_mut()
+                && lost.poll(cx).is_ready()
+            {
+                return Poll::Ready(Err(lost_rejection(this.key)));
+            }
+            this.inner.poll(cx)
+        }) else {
+            return Poll::Pending;
+        };
         if let Some(lost) = this.lost.as_pin_mut()
             && lost.poll(cx).is_ready()
         {
-            let key = this.key.take().unwrap_or_else(|| "".into());
-            let rejection = Rejection::Lost { key };
-            rejection.log();
-            return Poll::Ready(Err(rejection));
+            return Poll::Ready(Err(lost_rejection(this.key)));
         }
-        this.inner.poll(cx).map(Ok)
+        Poll::Ready(Ok(out))
     }
 }
 
+fn lost_rejection(key: &mut Option<Arc<str>>) -> Rejection {
+    let rejection = Rejection::Lost {
+        key: key.take().unwrap_or_else(|| "".into()),
+    };
+    rejection.log();
+    rejection
+}
+
 /// Runs the handler future `inner` under `lock`: with [`LostPolicy::Abort`] it
-/// resolves to [`Rejection::Lost`] as soon as the lock is lost, and the caller
+/// resolves to [`Rejection::Lost`] as soon as the lock is lost (checked against
+/// the clock before every poll of `inner`, and once more when `inner` finishes),
+/// and the caller
 /// drops `inner`. With no lock or [`LostPolicy::Signal`], it is `inner` as is.
 pub fn guard<F: Future>(inner: F, lock: Option<&RequestLock>, policy: &LockPolicy) -> Guarded<F> {
     let watch = lock.filter(|_| policy.lost == LostPolicy::Abort);

@@ -378,7 +378,9 @@ async fn retry_deadline_bounds_the_total_time() {
         .unwrap_err();
     let took = t0.elapsed();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    assert!(took >= ms(250), "gave up before the deadline: {took:?}");
+    // The last attempt starts no later than the deadline less two node
+    // timeouts (its acquire round and the release of a failed attempt).
+    assert!(took >= ms(200), "gave up before the deadline: {took:?}");
     assert!(
         took < Duration::from_secs(2),
         "overran the deadline: {took:?}"

@@ -1,0 +1,440 @@
+//! Holder-side safety on real `redis-server` processes: what a lock tells the code
+//! that runs under it must hold on the nodes, even when the renewal task cannot
+//! run (a blocked thread, a dead runtime), when an extend fails half-way, and for
+//! every input the API accepts, `Duration::MAX` included.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use redlock_core::request::{self, LockPolicy, Rejection};
+use redlock_core::{Error, LockOptions, Redlock, RetryPolicy};
+use redlock_tests::Cluster;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap()
+}
+
+/// A second client on its own thread and runtime, retrying until it takes `key`.
+/// Returns when it got the lock (and the instant), or `None` after `budget`.
+fn contender(
+    urls: Vec<String>,
+    key: &'static str,
+    budget: Duration,
+) -> std::thread::JoinHandle<Option<Instant>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let other = Redlock::builder().urls(urls).build().unwrap();
+            let retry = RetryPolicy::deadline(budget)
+                .with_delay(ms(10))
+                .with_jitter(ms(10));
+            let lock = other.lock_with(key, ms(5_000), &retry).await.ok()?;
+            let at = Instant::now();
+            other.unlock(lock).await.ok();
+            Some(at)
+        })
+    })
+}
+
+/// Reproduction from the issue: on a current-thread runtime, work that blocks its
+/// thread past the TTL starves the renewal task. Before the fix the holder was
+/// then told `is_lost() == false` while another client already held the lock,
+/// and `with_lock` returned `Ok`.
+#[test]
+fn a_holder_whose_thread_blocked_past_the_ttl_is_told_it_lost_the_lock() {
+    let cluster = Cluster::start(3);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let key = "holder-blocked";
+    let rl = redlock(&cluster, ms(50));
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let seen2 = Arc::clone(&seen);
+    let urls = cluster.urls();
+    let result = rt.block_on(
+        rl.with_lock(key, &LockOptions::new(ms(300)), |lock| async move {
+            let other = contender(urls, key, Duration::from_secs(3));
+            // A GC pause, a blocking call on the runtime's only thread.
+            std::thread::sleep(ms(900));
+            let checked_at = Instant::now();
+            *seen2.lock().unwrap() = Some((lock.is_lost(), lock.remaining(), checked_at, other));
+        }),
+    );
+    let (lost, remaining, checked_at, other) = seen.lock().unwrap().take().expect("the work ran");
+    let other_at = other
+        .join()
+        .unwrap()
+        .expect("the second client took the lock");
+    assert!(
+        other_at < checked_at,
+        "the scenario needs the second client to hold the lock before the check"
+    );
+    assert!(
+        lost,
+        "is_lost() was false while another client held the lock"
+    );
+    assert_eq!(remaining, Duration::ZERO);
+    assert!(
+        matches!(result, Err(Error::Lost { .. })),
+        "with_lock returned {result:?} for work that outlived its lock"
+    );
+}
+
+/// The loss signal has its own timer: while the runtime that runs the renewal
+/// task is blocked, `lost()` awaited elsewhere still completes by the deadline.
+#[test]
+fn lost_completes_by_the_deadline_while_the_renewal_runtime_is_blocked() {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+    // Runtime 1 holds the guard, then blocks its only thread.
+    let holder = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let rl = Redlock::builder()
+                .urls(urls)
+                .node_timeout(ms(50))
+                .build()
+                .unwrap();
+            let guard = rl
+                .lock_guard("holder-timer", &LockOptions::new(ms(400)))
+                .await
+                .unwrap();
+            tx.send(guard.handle()).unwrap();
+            // Blocked until the test has seen `lost()` complete (bounded).
+            let _ = unblock_rx.recv_timeout(Duration::from_secs(5));
+            drop(guard);
+        });
+    });
+    let handle = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let deadline = handle.valid_until() - handle.loss_margin();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let fired = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(3), handle.lost())
+            .await
+            .map(|()| Instant::now())
+    });
+    unblock_tx.send(()).unwrap();
+    holder.join().unwrap();
+    let fired = fired.expect("lost() did not complete while the renewal runtime was blocked");
+    assert!(
+        fired >= deadline,
+        "lost() fired {:?} early",
+        deadline - fired
+    );
+    assert!(
+        fired <= deadline + ms(150),
+        "lost() fired {:?} after the deadline",
+        fired - deadline
+    );
+    assert!(handle.is_lost());
+}
+
+/// A runtime shut down under a held guard kills its renewal task: the holder is
+/// told at once, not when the (far) deadline passes.
+#[test]
+fn a_renewal_task_that_dies_with_its_runtime_fires_lost() {
+    let cluster = Cluster::start(3);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rl = redlock(&cluster, ms(50));
+    let guard = rt
+        .block_on(rl.lock_guard(
+            "holder-shutdown",
+            &LockOptions::new(Duration::from_secs(30)),
+        ))
+        .unwrap();
+    let handle = guard.handle();
+    assert!(!handle.is_lost());
+    drop(rt);
+    assert!(
+        handle.is_lost(),
+        "the renewal task is gone with its runtime, yet the holder is told it holds the lock"
+    );
+    std::mem::forget(guard);
+}
+
+/// Reproduction from the issue: `max_hold(Duration::MAX)` made the renewal task
+/// panic (`Instant + Duration` overflow), and nobody was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_of_duration_max_means_no_cap() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    let other = redlock(&cluster, ms(50));
+    let key = "holder-max-hold";
+    let guard = rl
+        .lock_guard(key, &LockOptions::new(ms(300)).max_hold(Duration::MAX))
+        .await
+        .unwrap();
+    tokio::time::sleep(ms(1_000)).await;
+    assert!(!guard.is_lost(), "lost after 1 s with max_hold(MAX)");
+    assert!(guard.handle().extensions() >= 2);
+    assert!(matches!(
+        other.try_lock(key, ms(300)).await,
+        Err(Error::Busy { .. })
+    ));
+    assert!(guard.release().await.unwrap() >= 2);
+}
+
+/// Every duration the API takes accepts `Duration::MAX` without panicking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_max_is_accepted_everywhere() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    // A deadline past the end of time.
+    let lock = rl
+        .lock_with(
+            "max-deadline",
+            ms(500),
+            &RetryPolicy::deadline(Duration::MAX),
+        )
+        .await
+        .unwrap();
+    // A busy lock and a retry delay past the end of time: no second attempt.
+    let retry = RetryPolicy::attempts(3)
+        .with_delay(Duration::MAX)
+        .with_jitter(Duration::MAX);
+    let started = Instant::now();
+    assert!(matches!(
+        rl.lock_with("max-deadline", ms(500), &retry).await,
+        Err(Error::Busy { .. })
+    ));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    rl.unlock(lock).await.unwrap();
+    // The web adapters' wait mode.
+    let policy = LockPolicy::default().wait(Duration::MAX);
+    let held = request::acquire(Some(&rl), Some("max-wait".into()), &policy)
+        .await
+        .unwrap()
+        .expect("locked");
+    held.release().await;
+    // A TTL bound lifted to the maximum: the node refuses the TTL, nothing panics.
+    let unbounded = Redlock::builder()
+        .urls(cluster.urls())
+        .max_ttl(Duration::MAX)
+        .fixed_drift(Duration::MAX)
+        .build()
+        .unwrap();
+    assert!(unbounded.try_lock("max-ttl", Duration::MAX).await.is_err());
+    assert!(
+        unbounded
+            .lock_guard(
+                "max-ttl",
+                &LockOptions::new(Duration::MAX).loss_margin(Duration::MAX)
+            )
+            .await
+            .is_err()
+    );
+}
+
+/// Issue item 1: an extend to a shorter TTL that fails still shortened the keys
+/// on the nodes that applied it; the holder's validity must not stay longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_shortening_extend_lowers_the_validity() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    let mut lock = rl
+        .try_lock("holder-shorten", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(lock.remaining() > Duration::from_secs(9));
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let result = rl.extend(&mut lock, ms(200)).await;
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    assert!(matches!(result, Err(Error::NoQuorum { .. })), "{result:?}");
+    // Node 0 applied `PEXPIRE 200`: its key is gone within 200 ms.
+    assert!(
+        lock.remaining() <= ms(200),
+        "the holder still counts on {:?} after keys were shortened to 200 ms",
+        lock.remaining()
+    );
+}
+
+/// Issue item 4: a release future dropped before it completes still releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_unlock_future_still_releases_in_the_background() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    let key = "holder-cancel-unlock";
+    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    // Polled once, then dropped: a timeout around the release.
+    assert!(rl.unlock(lock).now_or_never().is_none());
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        "keys left after a cancelled unlock: {}",
+        cluster.count_with_key(key)
+    );
+}
+
+/// Issue item 6: keys live whole milliseconds; validity must not count the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validity_counts_only_the_whole_milliseconds_the_keys_live() {
+    let cluster = Cluster::start(3);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .drift_factor(0.0)
+        .fixed_drift(Duration::ZERO)
+        .build()
+        .unwrap();
+    let lock = rl
+        .try_lock("holder-rounding", ms(200) + Duration::from_micros(900))
+        .await
+        .unwrap();
+    let granted = lock.valid_until() - lock.started_at();
+    assert!(
+        granted <= ms(200),
+        "validity {granted:?} for keys set with PX 200"
+    );
+    rl.unlock(lock).await.unwrap();
+    // A sub-millisecond TTL floor would let an extend send `PEXPIRE 0`.
+    let e = Redlock::builder()
+        .urls(cluster.urls())
+        .min_ttl(Duration::from_micros(500))
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+}
+
+/// Issue item 7: near `max_hold`, a renewal shorter than the handle's `min_ttl`
+/// was refused as `InvalidTtl` and turned into a false loss (and an early
+/// release). It must stop renewing and keep the validity it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_below_min_ttl_stops_renewing_without_a_false_loss() {
+    let cluster = Cluster::start(3);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(50))
+        .min_ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let key = "holder-min-ttl";
+    let guard = rl
+        .lock_guard(key, &LockOptions::new(ms(2_000)).max_hold(ms(2_500)))
+        .await
+        .unwrap();
+    let handle = guard.handle();
+    let started = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(4), handle.lost())
+        .await
+        .map(|()| started.elapsed());
+    let lost_after = lost.expect("the lock ends after max_hold");
+    assert!(
+        lost_after >= ms(2_200),
+        "told lost after {lost_after:?}, long before the last validity ended"
+    );
+    assert!(handle.extensions() >= 1);
+    drop(guard);
+}
+
+/// Issue item 8: the retry deadline also covers the release of the last failed
+/// attempt. Node 0 is paused (every call to it takes the node timeout), node 1
+/// is held by someone else, node 2 is free: each attempt fails after one node
+/// timeout and its release takes another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_deadline_counts_the_release_of_the_last_attempt() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    let key = "holder-deadline";
+    cluster
+        .node(1)
+        .cmd(&["SET", key, "someone-else", "PX", "60000"]);
+    cluster.node(0).pause();
+    let deadline = ms(380);
+    let retry = RetryPolicy::deadline(deadline)
+        .with_delay(Duration::ZERO)
+        .with_jitter(Duration::ZERO);
+    let started = Instant::now();
+    let result = rl.lock_with(key, Duration::from_secs(5), &retry).await;
+    let took = started.elapsed();
+    cluster.node(0).resume();
+    assert!(result.is_err(), "{result:?}");
+    assert!(
+        took <= deadline + ms(15),
+        "lock_with took {took:?} for a deadline of {deadline:?}"
+    );
+}
+
+/// Issue item 10: fail-open must not run a request unlocked when a node said
+/// another holder has the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_does_not_run_unlocked_when_another_holder_is_seen() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    let key = "redlock:holder-fail-open";
+    cluster
+        .node(0)
+        .cmd(&["SET", key, "someone-else", "PX", "60000"]);
+    // Paused, not killed: their calls time out, so every node's answer is in
+    // when the attempt is decided.
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let policy = LockPolicy::default().fail_open();
+    let outcome = request::acquire(Some(&rl), Some("holder-fail-open".into()), &policy).await;
+    assert!(
+        matches!(outcome, Err(Rejection::Busy { .. })),
+        "fail-open with a holder seen: {:?}",
+        outcome.map(|l| l.is_some())
+    );
+    // With no holder seen, fail-open still runs unlocked.
+    let outcome = request::acquire(Some(&rl), Some("holder-fail-open-free".into()), &policy).await;
+    assert!(
+        matches!(outcome, Ok(None)),
+        "{:?}",
+        outcome.map(|l| l.is_some())
+    );
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+}
+
+/// A renewal that answers after the holder's deadline is of no use to the
+/// holder: once told "lost", it stays lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_is_sticky() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(50));
+    let guard = rl
+        .lock_guard("holder-sticky", &LockOptions::new(ms(300)))
+        .await
+        .unwrap();
+    let handle = guard.handle();
+    for n in cluster.nodes() {
+        n.pause();
+    }
+    let was_lost = AtomicBool::new(false);
+    tokio::time::timeout(Duration::from_secs(2), handle.lost())
+        .await
+        .unwrap();
+    was_lost.store(handle.is_lost(), Ordering::SeqCst);
+    for n in cluster.nodes() {
+        n.resume();
+    }
+    tokio::time::sleep(ms(300)).await;
+    assert!(was_lost.load(Ordering::SeqCst));
+    assert!(handle.is_lost());
+    assert_eq!(handle.remaining(), Duration::ZERO);
+}
