@@ -51,9 +51,21 @@
 //!
 //! Redlock assumes the nodes are independent masters (no replication between them)
 //! and that a restarted node stays down longer than the largest TTL, or persists
-//! with `appendfsync always`. A paused holder (GC, swap) can outlive its validity:
-//! check [`LockHandle::is_lost`] or use fencing in the protected resource when that
-//! matters.
+//! with `appendfsync always`.
+//!
+//! What a [`LockHandle`] tells the code under the lock is computed from the local
+//! monotonic clock at each call, against the last validity the nodes confirmed
+//! less a loss margin (default: the node timeout, see
+//! [`LockOptions::loss_margin`]). It does not wait for the renewal task: a holder
+//! whose thread blocked past its validity is told `is_lost() == true` the moment
+//! it looks, and [`Redlock::with_lock`] and the web adapters never poll the work
+//! again once the deadline has passed. A renewal task that dies (a panic, its
+//! runtime shut down) fires the loss too.
+//!
+//! What no client-side check can do: a holder that checks, is then paused (GC,
+//! `SIGSTOP`, swap, a slow network) past its validity, and only then writes,
+//! writes late. Only the protected resource can refuse that write, by a fencing
+//! token.
 //!
 //! [deadpool-redis]: https://docs.rs/deadpool-redis
 
