@@ -1,13 +1,51 @@
-//! [`LockedBody`]: a response body that keeps the request's lock until it ends.
+//! [`LockedBody`]: a response body that keeps the request's lock until it ends,
+//! and is cut off if the lock is lost first.
 
+use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use actix_web::body::{BodySize, MessageBody};
 use bytes::Bytes;
 use pin_project_lite::pin_project;
-use redlock_core::request::{ReleaseFuture, RequestLock};
+use redlock_core::LockHandle;
+use redlock_core::request::{LostFuture, LostPolicy, Rejection, ReleaseFuture, RequestLock};
+
+/// Watches the loss of the lock a body holds under [`LostPolicy::Abort`].
+struct Watch {
+    handle: LockHandle,
+    // Polled with the body's context, so that a body waiting on its producer is
+    // woken by the loss instead of learning of it only at the next chunk.
+    lost: Pin<Box<LostFuture>>,
+}
+
+impl Watch {
+    fn new(lock: &RequestLock) -> Self {
+        Self {
+            handle: lock.handle(),
+            lost: Box::pin(lock.lost()),
+        }
+    }
+
+    /// Whether the lock is lost; if not, `cx` is woken when it is.
+    fn is_lost(&mut self, cx: &mut Context<'_>) -> bool {
+        self.handle.is_lost() || self.lost.as_mut().poll(cx).is_ready()
+    }
+
+    /// Logs the loss and returns the error that ends the body.
+    fn cut_off(&self) -> redlock_core::Error {
+        Rejection::Lost {
+            key: Arc::from(self.handle.key()),
+        }
+        .log();
+        redlock_core::Error::Lost {
+            resource: Arc::from(self.handle.resource()),
+        }
+    }
+}
 
 pin_project! {
     #[project = KindProj]
@@ -20,10 +58,19 @@ pin_project! {
             // The release in progress once the body ended; the end is reported
             // after it.
             releasing: Option<ReleaseFuture>,
+            // Set while `lock` is held under `LostPolicy::Abort`.
+            watch: Option<Watch>,
         },
         // An in-memory body whose lock was released before the head went out.
         Whole {
             bytes: Option<Bytes>,
+        },
+        // The lock was lost while the body streamed: the handler's body is
+        // dropped, so nothing more is produced without the lock, and the error
+        // (given out once) makes actix close the connection instead of ending
+        // the response cleanly.
+        Cut {
+            error: Option<redlock_core::Error>,
         },
     }
 }
@@ -41,6 +88,17 @@ pin_project! {
     /// - a streamed body owns the lock and releases it when `poll_next` returns
     ///   `None` or an error, or when it is dropped (the client went away).
     ///
+    /// If the lock is lost while a streamed body holds it, under the default
+    /// [`LostPolicy::Abort`](crate::LostPolicy::Abort), the body is cut off: the
+    /// handler's body is dropped (not polled again), the loss is logged, and
+    /// `poll_next` yields the error [`redlock_core::Error::Lost`], on which
+    /// actix closes the connection, so the client sees a truncated response
+    /// rather than a clean end. The loss is watched at every `poll_next`, and a
+    /// body waiting on its producer is woken by it. Under
+    /// [`LostPolicy::Signal`](crate::LostPolicy::Signal) the body keeps
+    /// streaming: the handler chose to watch `LockHandle::lost` itself. The
+    /// error type boxes the handler body's own errors and this one.
+    ///
     /// Otherwise it is the handler's body unchanged.
     pub struct LockedBody<B> {
         #[pin]
@@ -49,12 +107,17 @@ pin_project! {
 }
 
 impl<B> LockedBody<B> {
-    pub(crate) fn new(body: B, lock: Option<RequestLock>) -> Self {
+    pub(crate) fn new(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self {
+        let watch = lock
+            .as_ref()
+            .filter(|_| on_lost == LostPolicy::Abort)
+            .map(Watch::new);
         Self {
             kind: Kind::Stream {
                 body,
                 lock,
                 releasing: None,
+                watch,
             },
         }
     }
@@ -82,12 +145,14 @@ impl<B> fmt::Debug for LockedBody<B> {
 }
 
 impl<B: MessageBody> MessageBody for LockedBody<B> {
-    type Error = B::Error;
+    type Error = Box<dyn StdError>;
 
     fn size(&self) -> BodySize {
         match &self.kind {
             Kind::Stream { body, .. } => body.size(),
             Kind::Whole { bytes } => BodySize::Sized(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            // The size was announced; cutting the body short breaks it anyway.
+            Kind::Cut { .. } => BodySize::Stream,
         }
     }
 
@@ -95,11 +160,25 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        match self.project().kind.project() {
+        let mut kind = self.project().kind;
+        let cut = match kind.as_mut().project() {
+            KindProj::Stream {
+                lock: Some(_),
+                watch: Some(watch),
+                ..
+            } => watch.is_lost(cx).then(|| watch.cut_off()),
+            _ => None,
+        };
+        if let Some(error) = cut {
+            // Drops the handler's body, and the lock (released in the background).
+            kind.set(Kind::Cut { error: Some(error) });
+        }
+        match kind.project() {
             KindProj::Stream {
                 mut body,
                 lock,
                 releasing,
+                ..
             } => loop {
                 if let Some(release) = releasing.as_mut() {
                     ready!(release.as_mut().poll(cx));
@@ -113,15 +192,16 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
                     // A failed body: the response is over; release in the background.
                     (Some(Err(e)), held) => {
                         drop(held);
-                        return Poll::Ready(Some(Err(e)));
+                        return Poll::Ready(Some(Err(e.into())));
                     }
                     (chunk, held) => {
                         *lock = held;
-                        return Poll::Ready(chunk);
+                        return Poll::Ready(chunk.map(|c| c.map_err(Into::into)));
                     }
                 }
             },
             KindProj::Whole { bytes } => Poll::Ready(bytes.take().map(Ok)),
+            KindProj::Cut { error } => Poll::Ready(error.take().map(|e| Err(e.into()))),
         }
     }
 

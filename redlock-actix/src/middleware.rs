@@ -62,7 +62,7 @@ use crate::rejection::{LockRejection, registered_redlock};
 /// | --- | --- |
 /// | lock busy | 409 + `Retry-After` + `application/problem+json` ([`busy_status`](Self::busy_status), [`wait`](Self::wait)) |
 /// | no quorum of nodes | 503 + `Retry-After` ([`fail_open`](Self::fail_open) to run unlocked) |
-/// | lock lost mid-handler | handler future dropped, 503 + `Retry-After` ([`on_lost`](Self::on_lost)) |
+/// | lock lost mid-handler | handler future dropped, 503 + `Retry-After`; a streamed body is cut off ([`on_lost`](Self::on_lost)) |
 /// | no key in the request | run unlocked ([`on_missing_key`](Self::on_missing_key) for 400) |
 ///
 /// Busy, unavailable and missing-key answers are ordinary responses (the right
@@ -195,7 +195,8 @@ impl RedlockMiddleware {
     }
 
     /// What to do when the lock is lost mid-handler (default: drop the handler
-    /// future and answer 503).
+    /// future and answer 503), or while a streamed body holds it (default: cut
+    /// the body off, see [`LockedBody`]).
     pub fn on_lost(mut self, lost: LostPolicy) -> Self {
         self.policy = self.policy.on_lost(lost);
         self
@@ -312,7 +313,9 @@ where
         .map_err(LockRejection::from)??;
 
     let Some(held) = lock else {
-        return Ok(response.map_body(|_, body| EitherBody::left(LockedBody::new(body, None))));
+        return Ok(response.map_body(|_, body| {
+            EitherBody::left(LockedBody::new(body, None, config.policy.lost_policy()))
+        }));
     };
     // Release before the head goes out, so the client never sees its own request
     // still holding the lock: at once with `ResponseHead`, and with `BodyEnd` when
@@ -323,14 +326,16 @@ where
     let body = match config.policy.release_policy() {
         ReleasePolicy::ResponseHead => {
             held.release().await;
-            LockedBody::new(body, None)
+            LockedBody::new(body, None, config.policy.lost_policy())
         }
         ReleasePolicy::BodyEnd => match body.try_into_bytes() {
             Ok(bytes) => {
                 held.release().await;
                 LockedBody::whole(bytes)
             }
-            Err(body) => LockedBody::new(body, Some(held)),
+            // A streamed body holds the lock, and is cut off if it is lost
+            // (with `LostPolicy::Abort`).
+            Err(body) => LockedBody::new(body, Some(held), config.policy.lost_policy()),
         },
     };
     Ok(ServiceResponse::new(

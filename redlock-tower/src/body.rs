@@ -1,12 +1,50 @@
-//! The response body: the inner body holding the lock until its end, or the small
-//! body of a rejection.
+//! The response body: the inner body holding the lock until its end (and cut
+//! off if the lock is lost first), or the small body of a rejection.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
-use redlock_core::request::{ReleaseFuture, RequestLock};
+use redlock_core::LockHandle;
+use redlock_core::request::{LostFuture, LostPolicy, Rejection, ReleaseFuture, RequestLock};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Watches the loss of the lock a body holds under [`LostPolicy::Abort`].
+struct Watch {
+    handle: LockHandle,
+    // Polled with the body's context, so that a body waiting on its producer is
+    // woken by the loss instead of learning of it only at the next frame.
+    lost: Pin<Box<LostFuture>>,
+}
+
+impl Watch {
+    fn new(lock: &RequestLock) -> Self {
+        Self {
+            handle: lock.handle(),
+            lost: Box::pin(lock.lost()),
+        }
+    }
+
+    /// Whether the lock is lost; if not, `cx` is woken when it is.
+    fn is_lost(&mut self, cx: &mut Context<'_>) -> bool {
+        self.handle.is_lost() || self.lost.as_mut().poll(cx).is_ready()
+    }
+
+    /// Logs the loss and returns the error that ends the body.
+    fn cut_off(&self) -> redlock_core::Error {
+        Rejection::Lost {
+            key: Arc::from(self.handle.key()),
+        }
+        .log();
+        redlock_core::Error::Lost {
+            resource: Arc::from(self.handle.resource()),
+        }
+    }
+}
 
 enum Kind<B: Body> {
     Inner {
@@ -21,9 +59,17 @@ enum Kind<B: Body> {
         held: Option<Result<Frame<Bytes>, B::Error>>,
         // `poll_settle` has run its one poll.
         settled: bool,
+        // Set while `lock` is held under `LostPolicy::Abort`.
+        watch: Option<Watch>,
     },
     Rejection {
         bytes: Option<Bytes>,
+    },
+    // The lock was lost while the body streamed: the inner body is dropped, so
+    // nothing more is produced without the lock, and the error (given out once)
+    // makes the server abort the response instead of ending it cleanly.
+    Cut {
+        error: Option<redlock_core::Error>,
     },
 }
 
@@ -36,6 +82,16 @@ enum Kind<B: Body> {
 /// reported only once the release has completed, so a client that saw the whole
 /// response can take the lock at once. For a rejected request it is the small
 /// problem document.
+///
+/// If the lock is lost while the body streams, under the default
+/// [`LostPolicy::Abort`], the body is cut off: the handler's body is dropped
+/// (not polled again), the loss is logged, and the next `poll_frame` yields the
+/// error [`redlock_core::Error::Lost`], on which the server aborts the response,
+/// so the client sees a truncated response rather than a clean end. The loss is
+/// watched at every `poll_frame`, and a body waiting on its producer is woken by
+/// it. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
+/// to watch [`LockHandle::lost`] itself. The error type boxes the handler
+/// body's own errors and this one.
 pub struct RedlockBody<B: Body> {
     kind: Kind<B>,
 }
@@ -44,7 +100,11 @@ pub struct RedlockBody<B: Body> {
 impl<B: Body> Unpin for RedlockBody<B> {}
 
 impl<B: Body> RedlockBody<B> {
-    pub(crate) fn inner(body: B, lock: Option<RequestLock>) -> Self {
+    pub(crate) fn inner(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self {
+        let watch = lock
+            .as_ref()
+            .filter(|_| on_lost == LostPolicy::Abort)
+            .map(Watch::new);
         Self {
             kind: Kind::Inner {
                 body: Box::pin(body),
@@ -52,6 +112,7 @@ impl<B: Body> RedlockBody<B> {
                 releasing: None,
                 held: None,
                 settled: false,
+                watch,
             },
         }
     }
@@ -68,6 +129,25 @@ impl<B: Body> RedlockBody<B> {
     pub fn holds_lock(&self) -> bool {
         matches!(&self.kind, Kind::Inner { lock: Some(_), .. })
     }
+
+    /// Cuts the body off if the lock it holds is lost; otherwise `cx` is woken
+    /// when it is.
+    fn watch_loss(&mut self, cx: &mut Context<'_>) {
+        let Kind::Inner {
+            lock: Some(_),
+            watch: Some(watch),
+            ..
+        } = &mut self.kind
+        else {
+            return;
+        };
+        if !watch.is_lost(cx) {
+            return;
+        }
+        let error = watch.cut_off();
+        // Drops the inner body, and the lock (released in the background).
+        self.kind = Kind::Cut { error: Some(error) };
+    }
 }
 
 impl<B: Body<Data = Bytes>> RedlockBody<B> {
@@ -79,12 +159,14 @@ impl<B: Body<Data = Bytes>> RedlockBody<B> {
     /// wait for the client's delayed ACK (tens of ms) when Nagle's algorithm is
     /// on. A body that is not done after one poll streams as usual.
     pub(crate) fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.watch_loss(cx);
         let Kind::Inner {
             body,
             lock,
             releasing,
             held,
             settled,
+            ..
         } = &mut self.kind
         else {
             return Poll::Ready(());
@@ -132,38 +214,48 @@ impl<B: Body> std::fmt::Debug for RedlockBody<B> {
     }
 }
 
+fn boxed<E: Into<BoxError>>(
+    polled: Option<Result<Frame<Bytes>, E>>,
+) -> Option<Result<Frame<Bytes>, BoxError>> {
+    polled.map(|frame| frame.map_err(Into::into))
+}
+
 impl<B> Body for RedlockBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match &mut self.get_mut().kind {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        this.watch_loss(cx);
+        match &mut this.kind {
             Kind::Inner {
                 body,
                 lock,
                 releasing,
                 held,
                 settled,
+                ..
             } => loop {
                 *settled = true;
                 if let Some(release) = releasing {
                     ready!(release.as_mut().poll(cx));
                     *releasing = None;
                     // The keys are gone: now the client may see the end.
-                    return Poll::Ready(held.take());
+                    return Poll::Ready(boxed(held.take()));
                 }
                 let polled = match held.take() {
                     Some(frame) => Some(frame),
                     None => ready!(body.as_mut().poll_frame(cx)),
                 };
                 let Some(lock_held) = lock.take() else {
-                    return Poll::Ready(polled);
+                    return Poll::Ready(boxed(polled));
                 };
                 match polled {
                     // The end: release, then report the end.
@@ -180,11 +272,12 @@ where
                     // A failed body: the response is over; release in the background.
                     Some(Err(e)) => {
                         drop(lock_held);
-                        return Poll::Ready(Some(Err(e)));
+                        return Poll::Ready(Some(Err(e.into())));
                     }
                 }
             },
             Kind::Rejection { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Cut { error } => Poll::Ready(error.take().map(|e| Err(e.into()))),
         }
     }
 
@@ -199,6 +292,7 @@ where
                 ..
             } => lock.is_none() && releasing.is_none() && held.is_none() && body.is_end_stream(),
             Kind::Rejection { bytes } => bytes.is_none(),
+            Kind::Cut { error } => error.is_none(),
         }
     }
 
@@ -226,6 +320,7 @@ where
             Kind::Rejection { bytes } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
+            Kind::Cut { .. } => SizeHint::default(),
         }
     }
 }

@@ -152,7 +152,9 @@ where
                         };
                         this.state.set(State::Settling {
                             release,
-                            response: Some(response.map(|body| RedlockBody::inner(body, held))),
+                            response: Some(response.map(|body| {
+                                RedlockBody::inner(body, held, this.policy.lost_policy())
+                            })),
                         });
                     }
                     Ok(Err(error)) => {

@@ -1,22 +1,28 @@
 //! How long `RedlockLayer` holds a lock: through a response body streamed for
 //! longer than the TTL and no longer (default `ReleasePolicy::BodyEnd`), only up
 //! to the response head with `ReleasePolicy::ResponseHead`, and through a handler
-//! that runs for several TTLs (auto-extension).
+//! that runs for several TTLs (auto-extension). A streamed body whose lock is
+//! lost is cut off (default `LostPolicy::Abort`), or streams on
+//! (`LostPolicy::Signal`).
 
 mod tower_common;
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Extension, Router};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
-use redlock_tower::{RedlockLayer, ReleasePolicy};
+use redlock_tower::{LostPolicy, RedlockLayer, ReleasePolicy};
 use tower_common::*;
 
 const TTL: Duration = Duration::from_millis(300);
@@ -233,5 +239,208 @@ async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
     assert!(
         probes.iter().all(|(_, s)| *s == StatusCode::CONFLICT),
         "every request during the handler must be rejected: {probes:?}"
+    );
+}
+
+/// The TTL of the loss tests: short, so that the renewal that finds the lock
+/// gone comes soon after it was taken away.
+const LOSS_TTL: Duration = Duration::from_millis(500);
+/// 60 chunks, one every 50 ms: a body of about 3 s.
+const LONG_CHUNKS: usize = 60;
+/// The stalled stream: this many chunks, then a pause of [`STALL`], then one.
+const STALLED_CHUNKS: usize = 6;
+const STALL: Duration = Duration::from_secs(8);
+
+/// What the long stream's handler shares with the test.
+#[derive(Default)]
+struct Producer {
+    produced: Arc<AtomicUsize>,
+    handle: Mutex<Option<LockHandle>>,
+}
+
+async fn long_stream(
+    State(p): State<Arc<Producer>>,
+    Extension(lock): Extension<LockHandle>,
+) -> Body {
+    *p.handle.lock().unwrap() = Some(lock);
+    Body::from_stream(counted_chunks(LONG_CHUNKS, ms(50), p.produced.clone()))
+}
+
+/// [`STALLED_CHUNKS`] chunks 50 ms apart, then nothing for [`STALL`], then one
+/// more: a producer that keeps its body waiting.
+async fn stalled_stream(
+    State(p): State<Arc<Producer>>,
+    Extension(lock): Extension<LockHandle>,
+) -> Body {
+    *p.handle.lock().unwrap() = Some(lock);
+    let produced = p.produced.clone();
+    let last = futures_util::stream::once(async move {
+        tokio::time::sleep(STALL).await;
+        produced.fetch_add(1, Ordering::SeqCst);
+        Ok(Bytes::from("after the stall\n"))
+    });
+    Body::from_stream(counted_chunks(STALLED_CHUNKS, ms(50), p.produced.clone()).chain(last))
+}
+
+/// How a stream went when its lock was taken away while it streamed.
+struct AfterLoss {
+    key: String,
+    received: Received,
+    /// When another holder took the key on every node.
+    stolen_at: Instant,
+    /// Chunks the handler's stream made before the holder saw the loss.
+    produced_at_loss: usize,
+    /// Chunks it made after that, up to 300 ms after the client's end.
+    produced_after_loss: usize,
+    cluster: Cluster,
+}
+
+/// Serves the stream at `path` under `layer` (TTL [`LOSS_TTL`]), and once a few
+/// chunks have arrived, sets the key to another holder's token on every node:
+/// the next renewal finds the lock gone.
+async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &str) -> AfterLoss {
+    let key = format!("redlock:{path}");
+    let cluster = Cluster::start(3);
+    let producer = Arc::new(Producer::default());
+    let app = Router::new()
+        .route("/long-stream", get(long_stream))
+        .route("/stalled-stream", get(stalled_stream))
+        .with_state(producer.clone())
+        .layer(layer.ttl(LOSS_TTL))
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+
+    let response = within(
+        CLIENT_TIMEOUT,
+        "response head",
+        client().request(Request::get(server.url(path)).body(Body::empty()).unwrap()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let reader = tokio::spawn(receive(response.into_body()));
+    assert!(
+        eventually(Duration::from_secs(5), || producer
+            .produced
+            .load(Ordering::SeqCst)
+            >= 5)
+        .await,
+        "the stream never got going"
+    );
+    assert!(on_every_node(&cluster, &key).await, "held on every node");
+    let handle = producer.handle.lock().unwrap().clone().unwrap();
+
+    for i in 0..cluster.len() {
+        cluster
+            .node(i)
+            .cmd(&["SET", &key, "another-holder", "PX", "30000"]);
+    }
+    let stolen_at = Instant::now();
+    assert!(
+        eventually(LOSS_TTL + Duration::from_secs(1), || handle.is_lost()).await,
+        "the holder never saw the loss"
+    );
+    let produced_at_loss = producer.produced.load(Ordering::SeqCst);
+    let total = if path == "/stalled-stream" {
+        STALLED_CHUNKS + 1
+    } else {
+        LONG_CHUNKS
+    };
+    assert!(
+        produced_at_loss < total,
+        "the stream was over before the loss was seen"
+    );
+
+    let received = within(STALL * 2, "the client's end", reader).await.unwrap();
+    tokio::time::sleep(ms(300)).await;
+    let produced_after_loss = producer.produced.load(Ordering::SeqCst) - produced_at_loss;
+    AfterLoss {
+        key,
+        received,
+        stolen_at,
+        produced_at_loss,
+        produced_after_loss,
+        cluster,
+    }
+}
+
+/// Checks that the body of `run` was cut off at the loss.
+async fn assert_cut_off(run: AfterLoss) {
+    let received = &run.received;
+    let after = received.ended_at - run.stolen_at;
+    println!(
+        "client end {after:?} after the loss, {} chunks received, {} made before the \
+         loss was seen and {} after, error: {:?}",
+        received.chunks(),
+        run.produced_at_loss,
+        run.produced_after_loss,
+        received.error
+    );
+    assert!(
+        received.error.is_some(),
+        "the body must be cut off (an aborted response), but it ended cleanly {after:?} \
+         after the loss with {} chunks, {} of them made after the loss",
+        received.chunks(),
+        run.produced_after_loss
+    );
+    assert!(
+        after <= LOSS_TTL + Duration::from_secs(1),
+        "the body went on for {after:?} after the loss"
+    );
+    assert!(
+        run.produced_after_loss <= 1,
+        "{} chunks were made after the loss was seen",
+        run.produced_after_loss
+    );
+    assert!(
+        received.chunks() <= run.produced_at_loss + 1,
+        "the client got {} chunks, {} were made before the loss",
+        received.chunks(),
+        run.produced_at_loss
+    );
+    // The release after the cut is a compare-and-delete: the new holder keeps
+    // its key.
+    tokio::time::sleep(ms(300)).await;
+    for i in 0..run.cluster.len() {
+        assert_eq!(
+            run.cluster.node(i).get(&run.key).as_deref(),
+            Some("another-holder")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_body_is_cut_off_when_its_lock_is_lost() {
+    assert_cut_off(stream_and_take_the_lock_away(RedlockLayer::by_path(), "/long-stream").await)
+        .await;
+}
+
+/// A body waiting on its producer is woken by the loss: it is cut off then,
+/// not when the producer next yields ([`STALL`] later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_streamed_body_is_cut_off_at_the_loss_not_at_its_next_chunk() {
+    assert_cut_off(stream_and_take_the_lock_away(RedlockLayer::by_path(), "/stalled-stream").await)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_mode_lets_a_streamed_body_run_to_its_end_after_a_loss() {
+    let run = stream_and_take_the_lock_away(
+        RedlockLayer::by_path().on_lost(LostPolicy::Signal),
+        "/long-stream",
+    )
+    .await;
+    let received = &run.received;
+    assert_eq!(received.error, None, "the body must end cleanly");
+    assert_eq!(received.chunks(), LONG_CHUNKS, "{:?}", received.text);
+    assert!(
+        received
+            .text
+            .ends_with(&format!("chunk {}\n", LONG_CHUNKS - 1))
+    );
+    assert_eq!(
+        run.produced_at_loss + run.produced_after_loss,
+        LONG_CHUNKS,
+        "the handler's stream made every chunk"
     );
 }

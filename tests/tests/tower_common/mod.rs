@@ -168,3 +168,71 @@ pub(crate) async fn on_every_node(cluster: &Cluster, key: &str) -> bool {
     })
     .await
 }
+
+/// A stream of `n` chunks (`chunk 0\n`, `chunk 1\n`, …), the first at once and
+/// then one every `every`; each chunk bumps `produced` when it is made, so a
+/// test can tell how many were made after some instant.
+pub(crate) fn counted_chunks(
+    n: usize,
+    every: Duration,
+    produced: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static {
+    futures_util::stream::unfold(0usize, move |i| {
+        let produced = produced.clone();
+        async move {
+            if i >= n {
+                return None;
+            }
+            if i > 0 {
+                tokio::time::sleep(every).await;
+            }
+            produced.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some((Ok(Bytes::from(format!("chunk {i}\n"))), i + 1))
+        }
+    })
+}
+
+/// A response body as the client saw it: the text, and how it ended.
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) text: String,
+    /// `None` for a clean end, else the client's error (e.g. an aborted
+    /// connection in the middle of a chunked body).
+    pub(crate) error: Option<String>,
+    pub(crate) ended_at: Instant,
+}
+
+impl Received {
+    /// How many `chunk N` lines arrived whole.
+    pub(crate) fn chunks(&self) -> usize {
+        self.text.matches('\n').count()
+    }
+}
+
+/// Reads `body` to its end or its first error, within [`CLIENT_TIMEOUT`].
+pub(crate) async fn receive<B>(mut body: B) -> Received
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    let mut text = String::new();
+    let error = within(CLIENT_TIMEOUT, "the body's end", async {
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        text.push_str(&String::from_utf8_lossy(data));
+                    }
+                }
+                Err(e) => return Some(format!("{e:?}")),
+            }
+        }
+        None
+    })
+    .await;
+    Received {
+        text,
+        error,
+        ended_at: Instant::now(),
+    }
+}
