@@ -270,6 +270,13 @@ pub enum Error {
     /// A builder setting is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// The operating system's random source failed, so no token could be made.
+    #[error("the OS random source failed: {0}")]
+    Random(String),
+    /// The call needs a Tokio runtime (a [`LockGuard`](crate::LockGuard)'s
+    /// renewal task runs on one) and was made outside of one.
+    #[error("no Tokio runtime: {0} needs one")]
+    NoRuntime(&'static str),
     /// The lock is held by someone else on enough nodes that no quorum was possible.
     /// The backend itself answered.
     #[error(

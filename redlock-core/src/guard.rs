@@ -22,7 +22,9 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::config::LockOptions;
 use crate::error::Error;
-use crate::redlock::{Lock, Redlock};
+use crate::lock::Lock;
+use crate::redlock::Redlock;
+use crate::release::Released;
 
 /// State shared between a [`LockGuard`], its [`LockHandle`]s and its renewal task.
 struct Shared {
@@ -280,7 +282,7 @@ impl Future for LostFuture {
 pub struct LockGuard {
     handle: LockHandle,
     stop: CancellationToken,
-    task: Option<JoinHandle<Result<usize, Error>>>,
+    task: Option<JoinHandle<Result<Released, Error>>>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -295,12 +297,11 @@ impl LockGuard {
     /// Starts auto-extension of `lock` with `options`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] outside a Tokio runtime (the renewal task needs
-    /// one), or when the loss margin is not shorter than the TTL.
+    /// [`Error::NoRuntime`] outside a Tokio runtime (the renewal task needs
+    /// one), or [`Error::InvalidConfig`] when the loss margin is not shorter than the TTL.
     pub fn new(lock: Lock, options: &LockOptions) -> Result<Self, Error> {
-        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::InvalidConfig("LockGuard needs a Tokio runtime for its renewal task".into())
-        })?;
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::NoRuntime("a LockGuard's renewal task"))?;
         let margin = options
             .loss_margin
             .unwrap_or_else(|| lock.redlock().loss_margin());
@@ -368,12 +369,14 @@ impl LockGuard {
         self.handle.lost()
     }
 
-    /// Stops renewal, waits for a renewal in flight, then releases on every node.
-    /// Returns how many keys were deleted.
+    /// Stops renewal, waits for a renewal in flight, then releases (decided at
+    /// quorum, see [`Redlock::unlock`]).
     ///
     /// # Errors
-    /// [`Error::ReleaseIncomplete`] when a node failed (its key expires by TTL).
-    pub async fn release(mut self) -> Result<usize, Error> {
+    /// [`Error::ReleaseIncomplete`] when the release could not be confirmed on a
+    /// quorum (the keys expire by TTL), or [`Error::Lost`] if the renewal task
+    /// panicked.
+    pub async fn release(mut self) -> Result<Released, Error> {
         self.stop.cancel();
         match self.task.take() {
             Some(task) => task.await.unwrap_or_else(|_| {
@@ -381,7 +384,9 @@ impl LockGuard {
                     resource: Arc::clone(&self.handle.shared.resource),
                 })
             }),
-            None => Ok(0),
+            None => Err(Error::Lost {
+                resource: Arc::clone(&self.handle.shared.resource),
+            }),
         }
     }
 }
@@ -415,7 +420,8 @@ fn renewal_retry_step(granted: Duration) -> Duration {
     (granted / 10).max(Duration::from_millis(10))
 }
 
-/// When to renew: once 40–60% of the last granted validity is left, at a random
+/// When to renew: once 40–60% of the time the holder was last granted is left
+/// before `valid_until` (the holder's deadline), at a random
 /// point in that band, rounded down to a grid of 1/400 of the validity.
 ///
 /// Locks taken together (a burst of requests, a batch job) would otherwise renew
@@ -446,17 +452,23 @@ async fn keep_alive(
     stop: CancellationToken,
     options: LockOptions,
     mut exit: LostOnExit,
-) -> Result<usize, Error> {
+) -> Result<Released, Error> {
+    let redlock = lock.redlock().clone();
     // `Duration::MAX` (or any cap past the end of time) means no cap.
     let hold_until = options
         .max_hold
         .and_then(|m| lock.started_at().checked_add(m));
-    let mut granted = lock.remaining();
-    let mut renew_at = renew_point(lock.valid_until(), granted);
+    // Renewals are scheduled against the holder's deadline (validity less the
+    // margin), not the keys' expiry: a renewal confirmed after the holder was
+    // told "lost" is of no use, so with a margin close to the TTL they come
+    // early enough to land before it.
+    let mut granted = shared.deadline().saturating_duration_since(Instant::now());
+    let mut renew_at = renew_point(shared.deadline(), granted);
     // A renewal shorter than this would be refused (`InvalidTtl`), or could not
     // complete within its own validity: stop renewing instead.
-    let settings_floor = lock.redlock().min_ttl();
-    let min_ttl = settings_floor.max(lock.redlock().node_timeout().saturating_mul(2));
+    let min_ttl = redlock
+        .min_ttl()
+        .max(redlock.node_timeout().saturating_mul(2));
     loop {
         tokio::select! {
             biased;
@@ -491,7 +503,7 @@ async fn keep_alive(
         let outcome = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            r = lock.extend(ttl) => Some(r),
+            r = redlock.extend(&mut lock, ttl) => Some(r),
             _ = tokio::time::sleep_until(deadline.into()) => None,
         };
         // A shortening extend lowers the lock's validity before it is sent, and
@@ -502,8 +514,8 @@ async fn keep_alive(
                 shared
                     .extensions
                     .store(lock.extensions(), Ordering::Relaxed);
-                granted = lock.remaining();
-                renew_at = renew_point(lock.valid_until(), granted);
+                granted = shared.deadline().saturating_duration_since(Instant::now());
+                renew_at = renew_point(shared.deadline(), granted);
             }
             Some(Err(e @ (Error::NoQuorum { .. } | Error::Expired { .. })))
                 if Instant::now() < shared.deadline() =>
@@ -536,7 +548,7 @@ async fn keep_alive(
     // more to tell the holder than what the loop already did.
     exit.armed = false;
     drop(exit);
-    lock.unlock().await
+    redlock.unlock(lock).await
 }
 
 impl Redlock {

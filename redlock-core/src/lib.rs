@@ -75,17 +75,26 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod acquire;
 mod config;
 mod error;
+mod extend;
+mod fan_out;
 mod guard;
+mod lock;
 mod node;
 mod redlock;
+mod release;
 pub mod request;
+mod steps;
+mod stragglers;
 
 pub use config::{LockOptions, RedlockBuilder, RetryPolicy};
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report, redact_url};
-pub use guard::{LockGuard, LockHandle};
-pub use redlock::{Lock, NodeInfo, Redlock};
+pub use guard::{LockGuard, LockHandle, LostFuture};
+pub use lock::Lock;
+pub use redlock::{NodeInfo, Redlock};
+pub use release::Released;
 
 /// The deadpool-redis crate this one is built on, for building pools.
 pub use deadpool_redis;

@@ -158,6 +158,8 @@ impl LockPolicy {
     }
 
     /// Runs requests unlocked when no quorum of nodes answers (default: 503).
+    /// Never when a node that answered said another holder has the key: that
+    /// request gets the busy answer instead.
     pub fn fail_open(mut self) -> Self {
         self.unavailable = UnavailablePolicy::FailOpen;
         self
@@ -504,12 +506,11 @@ pub async fn acquire(
                     retry_after: report.busy_pttls().max(),
                 },
                 e @ (Error::NoQuorum { .. } | Error::NoValidity { .. }) => {
-                    // Fail-open runs unlocked only on full evidence: every node
-                    // answered (an error counts) and none saw another holder. A
-                    // node still pending when the attempt was decided might hold
-                    // another holder's key.
-                    let complete = e.report().is_none_or(|r| r.pending_count() == 0);
-                    if policy.unavailable == UnavailablePolicy::FailOpen && complete {
+                    // No node that answered saw another holder (a node still
+                    // pending when the attempt was decided is no evidence either
+                    // way; waiting for it would make every failure as slow as
+                    // the slowest node).
+                    if policy.unavailable == UnavailablePolicy::FailOpen {
                         span.record("outcome", "fail_open");
                         tracing::warn!(parent: &span, error = %e, "lock backend unavailable; running unlocked (fail-open)");
                         return Ok(None);

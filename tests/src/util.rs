@@ -76,3 +76,17 @@ impl Drop for DropRecorder {
         }
     }
 }
+
+/// Asserts what a release decided at quorum says when `expected` nodes held the
+/// key: no more than `expected` deleted by the decision, and the nodes still
+/// pending then account for the rest.
+#[track_caller]
+pub fn assert_released(released: &redlock_core::Released, expected: usize) {
+    let pending = released.report.pending_count();
+    assert!(
+        released.deleted <= expected && released.deleted + pending >= expected,
+        "expected {expected} deletions, got {} with {pending} pending: {}",
+        released.deleted,
+        released.report
+    );
+}

@@ -30,7 +30,10 @@ async fn warm_up(cluster: &Cluster, redlock: &Redlock) {
     let infos = redlock.check_nodes().await.unwrap();
     assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
     let lock = held_everywhere(cluster, redlock, "warm-up", Duration::from_secs(5)).await;
-    assert_eq!(redlock.unlock(lock).await.unwrap(), redlock.node_count());
+    redlock_tests::util::assert_released(
+        &redlock.unlock(lock).await.unwrap(),
+        redlock.node_count(),
+    );
 }
 
 /// A built and warmed-up handle.
@@ -129,11 +132,11 @@ async fn token_stored_at_key_is_128_bit_hex_and_fresh_per_lock() {
     for node in cluster.nodes() {
         assert_eq!(node.get(key).as_deref(), Some(first.as_str()));
     }
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
     let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(5)).await;
     assert!(is_token(lock.token()));
     assert_ne!(lock.token(), first, "a new lock must get a new token");
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,7 +205,7 @@ async fn acquire_returns_at_quorum_and_late_sets_join_the_lock() {
         "late SETs did not land on the resumed nodes"
     );
     assert_eq!(cluster.count_holding(key, &token), 5);
-    assert_eq!(rl.unlock(lock).await.unwrap(), 5);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 5);
     assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
 }
 
@@ -294,7 +297,7 @@ async fn validity_subtracts_drift_and_elapsed_time() {
         Duration::from_secs(2),
         |c| c.count_holding("validity", &token) == 3
     ));
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,7 +364,7 @@ async fn retry_attempts_are_counted_and_spaced() {
         .collect();
     assert_eq!(ours.len(), 4, "{cmds:?}");
     assert_eq!(cluster.count_holding(key, held.token()), 3);
-    assert_eq!(holder.unlock(held).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&holder.unlock(held).await.unwrap(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,7 +388,7 @@ async fn retry_deadline_bounds_the_total_time() {
         took < Duration::from_secs(2),
         "overran the deadline: {took:?}"
     );
-    assert_eq!(holder.unlock(held).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&holder.unlock(held).await.unwrap(), 3);
 }
 
 // ---------------------------------------------------------------- 5. release
@@ -400,7 +403,7 @@ async fn release_falls_back_to_eval_after_script_flush() {
         node.cmd(&["SCRIPT", "FLUSH"]);
     }
     let monitor = cluster.node(1).monitor();
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
     assert_eq!(cluster.count_with_key(key), 0);
     let cmds = stop_commands(monitor);
     assert!(
@@ -417,7 +420,7 @@ async fn unlock_counts_only_keys_actually_deleted() {
     let key = "release-count";
     let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
     cluster.node(1).cmd(&["DEL", key]);
-    assert_eq!(rl.unlock(lock).await.unwrap(), 2);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 2);
     assert_eq!(cluster.count_with_key(key), 0);
 }
 
@@ -429,7 +432,7 @@ async fn release_is_a_script_never_a_bare_del() {
     let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
     let token = lock.token().to_owned();
     let monitors: Vec<Monitor> = cluster.nodes().iter().map(|n| n.monitor()).collect();
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
     for (i, monitor) in monitors.into_iter().enumerate() {
         let cmds = stop_commands(monitor);
         assert!(
@@ -456,7 +459,7 @@ async fn release_never_deletes_another_holders_key() {
     let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(10)).await;
     let other = "0123456789abcdef0123456789abcdef";
     cluster.node(2).cmd(&["SET", key, other, "PX", "10000"]);
-    assert_eq!(rl.unlock(lock).await.unwrap(), 2);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 2);
     assert_eq!(cluster.node(2).get(key).as_deref(), Some(other));
     assert_eq!(cluster.node(0).get(key), None);
     assert_eq!(cluster.node(1).get(key), None);
@@ -490,7 +493,7 @@ async fn extend_pushes_the_pttl_on_every_node() {
     assert_eq!(lock.extensions(), 1);
     assert_eq!(lock.ttl(), Duration::from_secs(10));
     assert!(lock.remaining() > Duration::from_secs(5));
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
 }
 
 /// `extend` returns at quorum, but the other nodes must still be extended. Here
@@ -526,7 +529,7 @@ async fn an_extend_decided_at_quorum_still_reaches_the_slow_node() {
             .map(|n| n.pttl(key))
             .collect::<Vec<_>>()
     );
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,7 +551,7 @@ async fn extend_with_zero_ttl_is_refused_and_changes_nothing() {
     }
     assert_eq!(cluster.count_holding(key, lock.token()), 3);
     assert_eq!(lock.extensions(), 0);
-    assert_eq!(rl.unlock(lock).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -566,7 +569,7 @@ async fn extend_after_keys_lost_on_a_majority_is_not_held() {
     assert!(matches!(err, Error::NotHeld { .. }), "{err:?}");
     // A minority extension does not count.
     assert_eq!(lock.extensions(), 0);
-    assert_eq!(rl.unlock(lock).await.unwrap(), 1);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,7 +616,7 @@ async fn busy_tells_when_to_retry() {
     assert!(err.retry_after().is_some());
     assert!(err.is_retryable());
     assert_eq!(cluster.count_holding(key, held.token()), 3);
-    assert_eq!(a.unlock(held).await.unwrap(), 3);
+    redlock_tests::util::assert_released(&a.unlock(held).await.unwrap(), 3);
 }
 
 /// Node 0's holder key expires in 2 s, node 1's in 8 s, node 2 is free: after

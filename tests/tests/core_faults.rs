@@ -52,11 +52,16 @@ async fn quorum_survives(urls: Vec<String>, healthy: [&RedisNode; 2], key: &str)
             .all(|n| n.get(key).as_deref() == Some(token.as_str()))),
         "the healthy nodes do not hold the token"
     );
-    // The faulty node may make the release incomplete; the healthy ones are freed.
+    // Decided at quorum: one faulty node of three does not fail the release,
+    // and the healthy nodes' keys are all deleted (in the background for the
+    // one not yet answered then).
     match rl.unlock(lock).await {
-        Ok(n) | Err(Error::ReleaseIncomplete { deleted: n, .. }) => assert!(n >= 2, "{n}"),
+        Ok(r) => assert!(r.deleted + r.report.pending_count() >= 2, "{r:?}"),
         Err(e) => panic!("unexpected release error {e:?}"),
     }
+    assert!(wait_for(Duration::from_secs(2), || healthy
+        .iter()
+        .all(|n| n.get(key).is_none())));
     for n in healthy {
         assert_eq!(n.get(key), None);
     }
@@ -175,11 +180,13 @@ async fn unlock_leaves_a_foreign_typed_value_alone_without_error() {
         cluster.node(2).raw::<String>(&["TYPE", key]).unwrap(),
         "hash"
     );
-    assert_eq!(cluster.node(0).get(key), None);
-    assert_eq!(cluster.node(1).get(key), None);
-    // Both keys this lock owned were deleted and no node failed to answer: the
-    // release is complete.
-    assert_eq!(result.unwrap(), 2);
+    // Both keys this lock owned are deleted (the one not yet answered when the
+    // release was decided, in the background) and no node failed to answer.
+    redlock_tests::util::assert_released(&result.unwrap(), 2);
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.node(0).get(key).is_none()
+            && c.node(1).get(key).is_none())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,7 +371,7 @@ async fn node_timeout_above_500ms_is_honoured() {
         panic!("a node answering after ~800 ms failed a 2 s node timeout after {took:?}: {e}")
     });
     assert!(took >= ms(700), "{took:?}");
-    assert_eq!(rl.unlock(lock).await.unwrap(), 1);
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 1);
 }
 
 // ------------------------------------------------------- whole-node failures
@@ -381,16 +388,16 @@ async fn two_of_five_nodes_down_still_locks() {
         Duration::from_secs(2),
         |c| c.count_holding(key, lock.token()) == 3
     ));
+    // The release is confirmed on the three live nodes: `Ok`, with the two
+    // dead ones in the report, not an error.
     match rl.unlock(lock).await {
-        Err(Error::ReleaseIncomplete {
-            deleted, report, ..
-        }) => {
-            assert_eq!(deleted, 3);
-            assert_eq!(report.failed_count(), 2);
+        Ok(r) => {
+            redlock_tests::util::assert_released(&r, 3);
+            assert!(r.report.failed_count() <= 2, "{r:?}");
         }
-        other => panic!("expected ReleaseIncomplete with 2 dead nodes, got {other:?}"),
+        other => panic!("expected Ok with 2 dead nodes, got {other:?}"),
     }
-    assert_eq!(cluster.count_with_key(key), 0);
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

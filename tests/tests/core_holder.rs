@@ -196,7 +196,7 @@ async fn max_hold_of_duration_max_means_no_cap() {
         other.try_lock(key, ms(300)).await,
         Err(Error::Busy { .. })
     ));
-    assert!(guard.release().await.unwrap() >= 2);
+    assert!(guard.release().await.unwrap().deleted >= 2);
 }
 
 /// Every duration the API takes accepts `Duration::MAX` without panicking.
@@ -276,16 +276,21 @@ async fn a_failed_shortening_extend_lowers_the_validity() {
 }
 
 /// Issue item 4: a release future dropped before it completes still releases.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Current-thread: the connections cannot answer during the one poll.
+#[tokio::test]
 async fn a_dropped_unlock_future_still_releases_in_the_background() {
     let cluster = Cluster::start(3);
     let rl = redlock(&cluster, ms(50));
     let key = "holder-cancel-unlock";
     let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
     // Polled once, then dropped: a timeout around the release.
-    assert!(rl.unlock(lock).now_or_never().is_none());
+    let polled = rl.unlock(lock).now_or_never();
+    assert!(polled.is_none(), "{polled:?}");
+    // An async wait: the background release runs on this thread.
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        redlock_tests::util::eventually(Duration::from_secs(2), || cluster.count_with_key(key)
+            == 0)
+        .await,
         "keys left after a cancelled unlock: {}",
         cluster.count_with_key(key)
     );

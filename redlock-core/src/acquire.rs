@@ -1,0 +1,246 @@
+//! Spec steps 1 to 4, the acquire: a fresh token, `SET NX PX` on every node at
+//! once, the quorum and validity check, the release of a failed attempt, and
+//! retries after a random delay.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::config::RetryPolicy;
+use crate::error::{Error, NodeStatus, Report};
+use crate::lock::Lock;
+use crate::node::{AcquireReply, Call, parse_acquire};
+use crate::redlock::Redlock;
+use crate::steps::{busy_retry_after, instant_after, new_token, retry_delay, validity};
+use crate::stragglers::Late;
+
+impl Redlock {
+    /// One attempt to take the lock (no retry).
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when another holder has it, [`Error::NoQuorum`] when too
+    /// many nodes failed, [`Error::NoValidity`] when the quorum came too late, or
+    /// an input error.
+    pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_with(resource, ttl, &RetryPolicy::no_retry())
+            .await
+    }
+
+    /// Takes the lock, retrying failed attempts per the handle's retry policy.
+    ///
+    /// # Errors
+    /// The last attempt's error once the policy gives up; see [`Redlock::try_lock`].
+    pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_with(resource, ttl, &self.inner.settings.retry)
+            .await
+    }
+
+    /// Takes the lock, retrying failed attempts per `retry`.
+    ///
+    /// # Errors
+    /// See [`Redlock::lock`].
+    pub async fn lock_with(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        Self::check_resource(resource)?;
+        self.check_ttl(ttl)?;
+        let resource: Arc<str> = resource.into();
+        let key: Arc<str> = self.key_for(&resource).into();
+        let begin = Instant::now();
+        // The last attempt must be able to finish inside the deadline: its acquire
+        // round and, if it fails, the release round of the failed attempt. A
+        // deadline past the end of time is no deadline.
+        let latest_start = retry
+            .deadline
+            .and_then(|d| begin.checked_add(d))
+            .map(|end| {
+                end.checked_sub(self.inner.settings.node_timeout.saturating_mul(2))
+                    .unwrap_or(begin)
+            });
+        let mut attempt = 1;
+        loop {
+            let err = match self.attempt(&resource, &key, ttl, attempt).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) => e,
+            };
+            if attempt >= retry.max_attempts {
+                return Err(err);
+            }
+            let now = Instant::now();
+            if latest_start.is_some_and(|latest| now >= latest) {
+                return Err(err);
+            }
+            let wake = now.checked_add(retry_delay(retry));
+            let wake = match (wake, latest_start) {
+                (Some(w), Some(l)) => Some(w.min(l)),
+                (w, l) => w.or(l),
+            };
+            match wake {
+                Some(wake) => tokio::time::sleep_until(wake.into()).await,
+                // A delay past the end of time: no attempt will ever follow.
+                None => return Err(err),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One acquire attempt: spec steps 1 to 4.
+    async fn attempt(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        ttl: Duration,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let span = tracing::debug_span!(
+            "redlock.acquire",
+            resource = %resource,
+            attempt,
+            ttl_ms = ttl.as_millis() as u64,
+            elapsed_us = tracing::field::Empty,
+            validity_ms = tracing::field::Empty,
+            ok = tracing::field::Empty,
+        );
+        async {
+            let token = new_token()?;
+            let call = Arc::new(Call::acquire(key, &token, ttl.as_millis()));
+            let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+            let start = Instant::now();
+            let mut pending = self.fan_out(&call, parse_acquire, 0..n);
+            let mut cleanup = ReleaseOnDrop {
+                redlock: self,
+                key: Arc::clone(key),
+                token: Arc::clone(&token),
+                armed: true,
+            };
+            let (mut ok, mut not_ok) = (0, 0);
+            let settled = self
+                .settle(&mut pending, |s| {
+                    if matches!(s.result, Ok(AcquireReply::Acquired)) {
+                        ok += 1;
+                    } else {
+                        not_ok += 1;
+                    }
+                    ok >= q || n - not_ok < q
+                })
+                .await;
+            let elapsed = start.elapsed();
+            let validity = validity(ttl, elapsed, &self.inner.settings);
+            let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
+            let span = tracing::Span::current();
+            span.record("elapsed_us", elapsed.as_micros() as u64);
+            span.record("ok", ok);
+
+            if let (true, Some(validity)) = (ok >= q, validity) {
+                span.record("validity_ms", validity.as_millis() as u64);
+                tracing::debug!(report = %self.report(&settled, acquire_status), "acquired");
+                // From here the `Lock` (and its `Drop`) owns the release.
+                cleanup.armed = false;
+                let late = self.drive_stragglers(pending, late, key, &token);
+                return Ok(Lock {
+                    redlock: self.clone(),
+                    resource: Arc::clone(resource),
+                    key: Arc::clone(key),
+                    token,
+                    started: start,
+                    valid_until: instant_after(start, elapsed.saturating_add(validity)),
+                    ttl,
+                    extensions: 0,
+                    late,
+                    released: false,
+                });
+            }
+
+            // Spec step 4: a failed attempt is released wherever it may have landed:
+            // now on the nodes that answered, and on the others as their answers come.
+            if let Some(late) = &late {
+                late.abandoned.store(true, Ordering::SeqCst);
+            }
+            self.drive_stragglers(pending, late, key, &token);
+            let report = self.report(&settled, acquire_status);
+            self.unlock_all(key, &token, Some(&report)).await;
+            cleanup.armed = false;
+            tracing::debug!(report = %report, "attempt failed");
+            Err(self.acquire_error(resource, ok, elapsed, ttl, report))
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn acquire_error(
+        &self,
+        resource: &Arc<str>,
+        ok: usize,
+        elapsed: Duration,
+        ttl: Duration,
+        report: Report,
+    ) -> Error {
+        let q = self.inner.quorum;
+        if ok >= q {
+            return Error::NoValidity {
+                resource: Arc::clone(resource),
+                elapsed,
+                ttl,
+            };
+        }
+        let mut busy: Vec<Duration> = Vec::new();
+        let mut busy_count = 0;
+        for n in &report.nodes {
+            if let NodeStatus::Busy { pttl } = n.status {
+                busy_count += 1;
+                busy.extend(pttl);
+            }
+        }
+        // Busy when the other holders alone make a quorum impossible, or when the
+        // nodes that answered (ours and theirs) make one: the backend is up.
+        if ok + busy_count >= q || self.inner.nodes.len() - busy_count < q {
+            Error::Busy {
+                resource: Arc::clone(resource),
+                retry_after: busy_retry_after(&mut busy, busy_count, self.inner.nodes.len(), q),
+                report,
+            }
+        } else {
+            Error::NoQuorum {
+                resource: Arc::clone(resource),
+                ok,
+                quorum: q,
+                report,
+            }
+        }
+    }
+}
+
+/// Releases an attempt's keys on every node if the attempt's future is dropped
+/// before it returns: a caller that goes away mid-acquire (a client gone while
+/// its request waits, a timeout around `lock`) must not leave a lock that nobody
+/// holds for a whole TTL. The release goes over the same per-node connections as
+/// the `SET`s, after them.
+struct ReleaseOnDrop<'a> {
+    redlock: &'a Redlock,
+    key: Arc<str>,
+    token: Arc<str>,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.redlock.spawn_release(&self.key, &self.token);
+        }
+    }
+}
+
+fn acquire_status(r: &AcquireReply) -> NodeStatus {
+    match r {
+        AcquireReply::Acquired => NodeStatus::Ok,
+        AcquireReply::Busy { pttl_ms } => NodeStatus::Busy {
+            pttl: u64::try_from(*pttl_ms).ok().map(Duration::from_millis),
+        },
+    }
+}

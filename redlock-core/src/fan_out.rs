@@ -1,0 +1,107 @@
+//! Spec step 2: one call sent to every node at once, each under the node
+//! timeout, and the answers collected until the outcome is decided.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use redis::Value;
+
+use crate::error::{NodeError, NodeOutcome, NodeStatus, Report};
+use crate::node::Call;
+use crate::redlock::Redlock;
+
+/// One node's settled answer within a fan-out.
+pub(crate) struct Settled<T> {
+    pub(crate) index: usize,
+    pub(crate) latency: Duration,
+    /// The node's connection generation when the call was sent.
+    pub(crate) generation: u64,
+    pub(crate) result: Result<T, NodeError>,
+}
+
+/// One node's call, boxed.
+pub(crate) type NodeFuture<T> = Pin<Box<dyn Future<Output = Settled<T>> + Send>>;
+
+impl Redlock {
+    /// Spec step 2: sends `call` to the given nodes at once, each under the node
+    /// timeout. Each node's future is boxed once, so the set only moves pointers.
+    pub(crate) fn fan_out<T>(
+        &self,
+        call: &Arc<Call>,
+        parse: fn(Value) -> Result<T, NodeError>,
+        nodes: impl Iterator<Item = usize>,
+    ) -> FuturesUnordered<NodeFuture<T>>
+    where
+        T: Send + 'static,
+    {
+        let timeout = self.inner.settings.node_timeout;
+        nodes
+            .map(|index| {
+                let inner = Arc::clone(&self.inner);
+                let call = Arc::clone(call);
+                Box::pin(async move {
+                    let node = &inner.nodes[index];
+                    let generation = node.generation();
+                    let (result, latency) = node.run(&call, timeout).await;
+                    Settled {
+                        index,
+                        latency,
+                        generation,
+                        result: result.and_then(parse),
+                    }
+                }) as NodeFuture<T>
+            })
+            .collect()
+    }
+
+    /// Collects answers until `decided` says the outcome is known. Nodes that have
+    /// not answered by then stay in `pending`.
+    pub(crate) async fn settle<T, F>(
+        &self,
+        pending: &mut FuturesUnordered<F>,
+        mut decided: impl FnMut(&Settled<T>) -> bool,
+    ) -> Vec<Option<Settled<T>>>
+    where
+        F: Future<Output = Settled<T>>,
+    {
+        let mut out: Vec<Option<Settled<T>>> = (0..self.inner.nodes.len()).map(|_| None).collect();
+        while let Some(s) = pending.next().await {
+            let done = decided(&s);
+            let index = s.index;
+            if let Some(slot) = out.get_mut(index) {
+                *slot = Some(s);
+            }
+            if done {
+                break;
+            }
+        }
+        out
+    }
+
+    pub(crate) fn report<T>(
+        &self,
+        settled: &[Option<Settled<T>>],
+        status: impl Fn(&T) -> NodeStatus,
+    ) -> Report {
+        Report {
+            nodes: settled
+                .iter()
+                .enumerate()
+                .map(|(index, s)| NodeOutcome {
+                    index,
+                    node: self.inner.nodes[index].label.clone(),
+                    latency: s.as_ref().map_or(Duration::ZERO, |s| s.latency),
+                    status: match s {
+                        None => NodeStatus::Pending,
+                        Some(Settled { result: Ok(v), .. }) => status(v),
+                        Some(Settled { result: Err(e), .. }) => NodeStatus::Failed(e.clone()),
+                    },
+                })
+                .collect(),
+        }
+    }
+}

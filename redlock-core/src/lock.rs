@@ -1,0 +1,140 @@
+//! A held lock: what the holder knows about it, and its release on drop.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::redlock::Redlock;
+use crate::release::Released;
+use crate::stragglers::Late;
+
+/// A held Redlock lock: the resource, this holder's token, and how long it is valid.
+///
+/// Dropping a `Lock` without [`Lock::unlock`] spawns the release in the background
+/// (when inside a Tokio runtime; otherwise the keys expire with their TTL).
+pub struct Lock {
+    pub(crate) redlock: Redlock,
+    pub(crate) resource: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    pub(crate) started: Instant,
+    pub(crate) valid_until: Instant,
+    pub(crate) ttl: Duration,
+    pub(crate) extensions: u32,
+    pub(crate) late: Option<Arc<Late>>,
+    pub(crate) released: bool,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("resource", &self.resource)
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("remaining", &self.remaining())
+            .field("ttl", &self.ttl)
+            .field("extensions", &self.extensions)
+            .finish()
+    }
+}
+
+impl Lock {
+    /// The resource name.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The Redis key: the key prefix, then the resource.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// This holder's random token, the value stored at the key.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// When the winning attempt (or the last extension) was sent.
+    pub fn started_at(&self) -> Instant {
+        self.started
+    }
+
+    /// When the validity ends: after this instant, another client may hold the lock.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The validity left, zero once it has run out.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the validity has not run out yet.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    /// The TTL of the keys as last set.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How many times the lock has been extended.
+    pub fn extensions(&self) -> u32 {
+        self.extensions
+    }
+
+    /// Marks the lock released for the straggler task, before the release is sent.
+    pub(crate) fn abandon(&self) {
+        if let Some(late) = &self.late {
+            late.released_everywhere.store(true, Ordering::SeqCst);
+            late.abandoned.store(true, Ordering::SeqCst);
+        }
+    }
+
+    pub(crate) fn redlock(&self) -> &Redlock {
+        &self.redlock
+    }
+
+    pub(crate) fn shared_key(&self) -> &Arc<str> {
+        &self.key
+    }
+
+    pub(crate) fn shared_token(&self) -> &Arc<str> {
+        &self.token
+    }
+
+    pub(crate) fn shared_resource(&self) -> &Arc<str> {
+        &self.resource
+    }
+
+    /// The same as [`Redlock::extend`] on this lock's handle.
+    ///
+    /// # Errors
+    /// See [`Redlock::extend`].
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let redlock = self.redlock.clone();
+        redlock.extend(self, ttl).await
+    }
+
+    /// The same as [`Redlock::unlock`] on this lock's handle.
+    ///
+    /// # Errors
+    /// See [`Redlock::unlock`].
+    pub async fn unlock(self) -> Result<Released, Error> {
+        let redlock = self.redlock.clone();
+        redlock.unlock(self).await
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.abandon();
+        // Never block in drop.
+        self.redlock.spawn_release(&self.key, &self.token);
+    }
+}

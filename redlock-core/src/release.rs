@@ -1,0 +1,183 @@
+//! Spec step 5, the release: compare-and-delete on every node, never a bare
+//! `DEL`. A release is decided at quorum, as acquire and extend are: it returns
+//! once a majority has answered, and the other nodes are driven to the end in
+//! the background.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use tracing::Instrument;
+
+use crate::error::{Error, NodeError, NodeStatus, Report};
+use crate::lock::Lock;
+use crate::node::{Call, RELEASE, parse_flag};
+use crate::redlock::Redlock;
+
+/// What a release confirmed on a quorum of nodes did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Released {
+    /// How many nodes deleted the key by the time the release was decided. Fewer
+    /// than the quorum means some keys had already expired (or the other nodes
+    /// had not answered yet: they are still released, in the background).
+    pub deleted: usize,
+    /// Every node's outcome when the release was decided (`Pending` for the
+    /// nodes still answering).
+    pub report: Report,
+}
+
+impl Redlock {
+    /// Spec step 5 ("release the lock"): compare-and-delete on every node at once.
+    /// With a `report` from a failed acquire, nodes that answered "busy" are
+    /// skipped (they refused the `SET`, so they never stored this token), and so
+    /// are nodes that have not answered yet (their answer is released when it
+    /// comes, see [`Redlock::drive_stragglers`]), so a failure returns at once.
+    /// Returns the keys deleted and every node's outcome.
+    pub(crate) async fn unlock_all(
+        &self,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        acquired: Option<&Report>,
+    ) -> (usize, Report) {
+        let skip = |i: usize| {
+            acquired.is_some_and(|r| {
+                matches!(
+                    r.nodes[i].status,
+                    NodeStatus::Busy { .. }
+                        | NodeStatus::Pending
+                        | NodeStatus::Failed(NodeError::WrongType { .. })
+                )
+            })
+        };
+        if (0..self.inner.nodes.len()).all(skip) {
+            return (0, Report::default());
+        }
+        let call = Arc::new(Call::script(
+            &RELEASE,
+            Arc::clone(key),
+            vec![token.to_string()],
+        ));
+        let mut pending = self.fan_out(
+            &call,
+            parse_flag,
+            (0..self.inner.nodes.len()).filter(|&i| !skip(i)),
+        );
+        let mut settled = self.settle(&mut pending, |_| false).await;
+        for s in settled.iter_mut().flatten() {
+            // A foreign non-string value at the key is not ours to delete.
+            if matches!(s.result, Err(NodeError::WrongType { .. })) {
+                s.result = Ok(false);
+            }
+        }
+        let deleted = settled
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.result, Ok(true)))
+            .count();
+        (
+            deleted,
+            self.report(&settled, |&d| {
+                if d {
+                    NodeStatus::Ok
+                } else {
+                    NodeStatus::NotHeld
+                }
+            }),
+        )
+    }
+
+    /// Releases `lock` (spec step 5): compare-and-delete on every node at once.
+    ///
+    /// Decided at quorum: it returns `Ok` as soon as a majority of nodes has
+    /// answered (deleted, or no longer holding this token), and drives the other
+    /// nodes to the end in the background; a minority of failed nodes is logged,
+    /// not returned (the distlock page: while a majority is up, clients can
+    /// acquire *and release*).
+    ///
+    /// Cancel-safe: if this future is dropped before it completes (a timeout
+    /// around it, a client gone), the `Lock` it owns is dropped with it, and its
+    /// `Drop` sends the release again in the background.
+    ///
+    /// # Errors
+    /// [`Error::ReleaseIncomplete`] when so many nodes failed that the release
+    /// could not be confirmed on a quorum; their keys expire with the TTL.
+    pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
+        lock.abandon();
+        let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
+        let call = Arc::new(Call::script(
+            &RELEASE,
+            Arc::clone(&lock.key),
+            vec![lock.token.to_string()],
+        ));
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        let (mut answered, mut failed) = (0, 0);
+        let mut pending = self.fan_out(&call, parse_flag, 0..n);
+        let settled = self
+            .settle(&mut pending, |s| {
+                match s.result {
+                    Ok(_) | Err(NodeError::WrongType { .. }) => answered += 1,
+                    Err(_) => failed += 1,
+                }
+                answered >= q || n - failed < q
+            })
+            .instrument(span.clone())
+            .await;
+        // The other nodes still get their compare-and-delete: dropping their
+        // calls could cancel them before they are written, leaving those keys
+        // to block the resource for a TTL.
+        if !pending.is_empty()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let label = Arc::clone(&lock.key);
+            let this = self.clone();
+            rt.spawn(async move {
+                while let Some(s) = pending.next().await {
+                    if let Err(e) = &s.result {
+                        tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
+                    }
+                }
+            });
+        }
+        // Only now: a future dropped mid-release leaves `Drop` to release.
+        lock.released = true;
+        let deleted = settled
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.result, Ok(true)))
+            .count();
+        let report = self.report(&settled, |&d| {
+            if d {
+                NodeStatus::Ok
+            } else {
+                NodeStatus::NotHeld
+            }
+        });
+        span.in_scope(|| {
+            if failed > 0 {
+                tracing::warn!(deleted, report = %report, "release: some nodes failed");
+            } else {
+                tracing::debug!(deleted, report = %report, "released");
+            }
+        });
+        if answered >= q {
+            return Ok(Released { deleted, report });
+        }
+        Err(Error::ReleaseIncomplete {
+            resource: Arc::clone(&lock.resource),
+            deleted,
+            report,
+        })
+    }
+
+    /// Releases `key` on every node in a background task, for the paths that
+    /// cannot wait (a `Drop`). Outside a Tokio runtime nothing runs: the keys
+    /// expire with their TTL.
+    pub(crate) fn spawn_release(&self, key: &Arc<str>, token: &Arc<str>) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (this, key, token) = (self.clone(), Arc::clone(key), Arc::clone(token));
+            rt.spawn(async move {
+                this.unlock_all(&key, &token, None).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Late answers: acquire calls still on their way when an attempt was decided.
+//! A late `OK` joins the lock and is released with it; once the lock is released
+//! (or the attempt failed), a late `OK` is released again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+
+use crate::error::NodeError;
+use crate::fan_out::NodeFuture;
+use crate::node::{AcquireReply, Call, RELEASE};
+use crate::redlock::Redlock;
+
+/// Acquire answers still on their way when the outcome was decided.
+pub(crate) type Stragglers = FuturesUnordered<NodeFuture<AcquireReply>>;
+
+/// What the task that drives [`Stragglers`] needs to know about the lock.
+#[derive(Default)]
+pub(crate) struct Late {
+    /// Set when the lock is released (or the attempt failed): a late `OK` must not
+    /// outlive it.
+    pub(crate) abandoned: AtomicBool,
+    /// Set when the release was sent to every node, pending ones included. A late
+    /// `OK` is then already covered if it used the connection the release used.
+    pub(crate) released_everywhere: AtomicBool,
+}
+
+impl Redlock {
+    /// Drives the acquire answers that came after the outcome was decided, in a
+    /// background task. A late `OK` joins the lock and is released with it; once
+    /// the lock is released (or the attempt failed), a late `OK` is released again
+    /// unless the release already followed it on the same connection. A late error
+    /// is released too, in case the `SET` ran.
+    pub(crate) fn drive_stragglers(
+        &self,
+        mut pending: Stragglers,
+        late: Option<Arc<Late>>,
+        key: &Arc<str>,
+        token: &Arc<str>,
+    ) -> Option<Arc<Late>> {
+        let late = late?;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return Some(late);
+        };
+        let (this, state, key, token) = (
+            self.clone(),
+            Arc::clone(&late),
+            Arc::clone(key),
+            Arc::clone(token),
+        );
+        rt.spawn(async move {
+            while let Some(s) = pending.next().await {
+                if matches!(
+                    s.result,
+                    Ok(AcquireReply::Busy { .. }) | Err(NodeError::WrongType { .. })
+                ) || !state.abandoned.load(Ordering::SeqCst)
+                {
+                    continue;
+                }
+                let covered = state.released_everywhere.load(Ordering::SeqCst)
+                    && this.inner.nodes[s.index].generation() == s.generation;
+                if !covered {
+                    this.release_on(s.index, &key, &token).await;
+                }
+            }
+        });
+        Some(late)
+    }
+
+    /// A background release of one node's late key. Nobody waits on it, so it
+    /// gets a longer timeout than a call on the hot path, and one retry: a key it
+    /// fails to delete blocks the resource for a whole TTL.
+    async fn release_on(&self, index: usize, key: &Arc<str>, token: &Arc<str>) {
+        let call = Call::script(&RELEASE, Arc::clone(key), vec![token.to_string()]);
+        let timeout = self.inner.settings.node_timeout.saturating_mul(4);
+        for attempt in 1..=2 {
+            let (result, _) = self.inner.nodes[index].run(&call, timeout).await;
+            tracing::debug!(node = %self.inner.nodes[index].label, attempt, ?result, "late release");
+            if result.is_ok() {
+                break;
+            }
+        }
+    }
+}
