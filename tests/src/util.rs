@@ -57,6 +57,7 @@ impl Gauge {
 }
 
 /// One caller inside a [`Gauge`]'s section.
+#[derive(Debug)]
 pub struct GaugeGuard<'a>(&'a Gauge);
 
 impl Drop for GaugeGuard<'_> {
@@ -67,6 +68,7 @@ impl Drop for GaugeGuard<'_> {
 
 /// Records the instant it is dropped: put one in a handler to see when (and
 /// whether) the handler's future was dropped.
+#[derive(Debug)]
 pub struct DropRecorder(pub Arc<Mutex<Option<Instant>>>);
 
 impl Drop for DropRecorder {
