@@ -132,8 +132,11 @@ impl LockHandle {
             .saturating_duration_since(Instant::now())
     }
 
-    /// When the validity the nodes last confirmed ends (without the loss margin):
-    /// after this instant, another client may hold the lock.
+    /// When the validity the nodes last confirmed ends (without the loss
+    /// margin). Not the holder's deadline: from `valid_until − loss_margin` on,
+    /// the lock counts as lost, the renewal task may release it, and another
+    /// client may then hold it before this instant. Code under the lock should
+    /// ask [`is_lost`](Self::is_lost) or [`remaining`](Self::remaining).
     pub fn valid_until(&self) -> Instant {
         self.shared.valid_until()
     }

@@ -13,12 +13,24 @@
 //! # The checkers
 //!
 //! * **Overlap.** Per resource, each lock (one token) held the interval
-//!   `[acquired, min(release started, validity deadline, loss noticed))`, where
-//!   `acquired` is when the acquire call returned and the deadline is the latest
-//!   validity the library reported to the holder (the acquire's, raised by each
-//!   successful extension or each renewal the holder observed). No two intervals
-//!   of one resource may intersect.
+//!   `[acquired, min(release started, validity deadline − loss margin, loss
+//!   noticed))`, where `acquired` is when the acquire call returned and the
+//!   deadline is the validity the library reported to the holder: for a manual
+//!   lock the acquire's, raised by each successful extension; for a guard the
+//!   one its holder observed last (a renewal near `max_hold` can lower it). A
+//!   guard's loss margin (0 for manual locks) is there because its holder is told
+//!   "lost" at `valid_until − margin` and the library may release the keys from
+//!   then on. No two intervals of one resource may intersect.
 //! * **Late writes.** Every counted write happened inside its own lock's interval.
+//! * **Holder view.** An [`Event::HolderWrite`] is a write the store did not
+//!   check: the holder checked `is_lost()` (false), then wrote. A write whose
+//!   check passed and that followed it without a stall must fall inside its own
+//!   interval and inside no other holder's interval, and the chain of such
+//!   writes (in store order, each reading the previous one's value) must not
+//!   break, nor end below the final count. Writes the workload stalled between
+//!   the check and the write (gap over half the TTL) are counted apart as
+//!   `stalled_after_check`: no client-side check can stop them, only fencing;
+//!   a broken link caused by one is not counted as a lost update.
 //! * **Lost updates.** The clients run a non-atomic read, sleep, write+1 on a
 //!   fault-free store. The store runs the validity check and the write as one step
 //!   under its own mutex (or `flock`), against the shared monotonic clock, so a
@@ -135,16 +147,25 @@ pub enum FaultKind {
     Clock,
     /// A holder that stalls past its validity before its write.
     Stall,
+    /// A holder on a current-thread runtime that blocks its own thread (so its
+    /// renewal task cannot run) past its validity, before or after its
+    /// `is_lost()` check.
+    HolderStall,
+    /// A guard with `max_hold` shorter than its TTL, renewed through slow
+    /// proxies: its last renewals shorten the keys and answer late.
+    MaxHold,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Proxy,
         FaultKind::Clock,
         FaultKind::Stall,
+        FaultKind::HolderStall,
+        FaultKind::MaxHold,
     ];
 
     /// The name used in the summary line.
@@ -155,6 +176,8 @@ impl FaultKind {
             FaultKind::Proxy => "proxy",
             FaultKind::Clock => "clock",
             FaultKind::Stall => "stall",
+            FaultKind::HolderStall => "holder_stall",
+            FaultKind::MaxHold => "max_hold",
         }
     }
 }
@@ -216,6 +239,11 @@ pub enum Event {
         valid_until: u64,
         /// The TTL asked for.
         ttl_ns: u64,
+        /// A guard's loss margin (`LockHandle::loss_margin`): its holder is told
+        /// the lock is lost at `valid_until − loss_margin`, and the library may
+        /// give the lock up from then on, so its hold ends there.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        loss_margin_ns: Option<u64>,
     },
     /// An acquire call failed.
     AcquireFailed {
@@ -284,6 +312,32 @@ pub enum Event {
         read: u64,
         /// The value written (`read + 1`).
         wrote: u64,
+    },
+    /// A write judged by the holder's own view: the holder checked
+    /// `LockHandle::is_lost()` (false) and then wrote to the store, which does
+    /// not check anything itself.
+    HolderWrite {
+        /// The client.
+        client: String,
+        /// The resource.
+        res: String,
+        /// The lock's token.
+        token: String,
+        /// When the store read the value.
+        read_at: u64,
+        /// The value read.
+        read: u64,
+        /// Just before the `is_lost()` check that returned false.
+        check_at: u64,
+        /// When the store wrote (under its lock).
+        at: u64,
+        /// The value written (`read + 1`).
+        wrote: u64,
+        /// The workload stalled the holder's thread between the check and the
+        /// write. No client-side check can catch that; only fencing can.
+        stalled_after_check: bool,
+        /// The lock's TTL.
+        ttl_ns: u64,
     },
     /// A write skipped because the holder saw its lock expired or lost.
     Skip {
@@ -498,6 +552,27 @@ pub struct Verdict {
     pub ghosts_seen: u64,
     /// Ghost keys that outlived their TTL, described.
     pub ghost_violations: Vec<String>,
+    /// Holder-view writes ([`Event::HolderWrite`]).
+    pub holder_writes: u64,
+    /// Holder-view writes judged: the check passed and the write followed it
+    /// without a stall.
+    pub holder_checked: u64,
+    /// Judged holder-view writes that fell inside another holder's interval,
+    /// described.
+    pub holder_overlaps: Vec<String>,
+    /// Broken links in the chain of holder-view writes not caused by a write
+    /// stalled after its check, and final counts that differ from the last write.
+    pub holder_lost_updates: u64,
+    /// What the holder-view lost-update checker saw, described.
+    pub holder_lost_update_details: Vec<String>,
+    /// Holder-view writes stalled between the check and the write (counted, not
+    /// failed: only fencing can refuse them).
+    pub stalled_after_check: u64,
+    /// Of those, the ones that landed inside another holder's interval.
+    pub stalled_overlapping: u64,
+    /// Guard locks whose holder saw its validity go down (a shortening renewal
+    /// near `max_hold`).
+    pub shortened: u64,
 }
 
 impl Verdict {
@@ -508,6 +583,8 @@ impl Verdict {
             + self.lost_updates
             + self.stale_validity.len() as u64
             + self.ghost_violations.len() as u64
+            + self.holder_overlaps.len() as u64
+            + self.holder_lost_updates
     }
 
     /// Whether the history passed: no violation and live, or, for a negative
@@ -520,9 +597,15 @@ impl Verdict {
         }
     }
 
-    /// For a negative control: whether the overlap it provokes was detected.
+    /// For a negative control: whether the overlap it provokes was detected
+    /// (two holds, or a holder's checked write inside another's hold).
     pub fn caught(&self) -> bool {
-        !self.overlaps.is_empty()
+        !self.overlaps.is_empty() || !self.holder_overlaps.is_empty()
+    }
+
+    /// Lost updates of both checkers.
+    pub fn all_lost_updates(&self) -> u64 {
+        self.lost_updates + self.holder_lost_updates
     }
 
     /// Every finding, one per line (at most `limit` per kind).
@@ -532,6 +615,8 @@ impl Verdict {
             ("overlap", &self.overlaps),
             ("late write", &self.late_writes),
             ("lost update", &self.lost_update_details),
+            ("holder-view overlap", &self.holder_overlaps),
+            ("holder-view lost update", &self.holder_lost_update_details),
             ("stale validity", &self.stale_validity),
             ("liveness", &self.liveness_details),
             ("ghost key", &self.ghost_violations),
@@ -567,7 +652,15 @@ struct Hold {
     client: String,
     token: String,
     start: u64,
+    /// The validity deadline: the latest one the holder observed (a guard's
+    /// validity can go down: a renewal near `max_hold` shortens the keys), or
+    /// the largest one a manual acquire or extend reported.
     deadline: u64,
+    /// When `deadline` was observed (guards).
+    observed_at: u64,
+    /// A guard's loss margin: the holder is told "lost" at `deadline − margin`,
+    /// and the library may release the keys from then on.
+    margin: u64,
     release: Option<u64>,
     lost_at: Option<u64>,
 }
@@ -575,6 +668,7 @@ struct Hold {
 impl Hold {
     fn end(&self) -> u64 {
         self.deadline
+            .saturating_sub(self.margin)
             .min(self.release.unwrap_or(u64::MAX))
             .min(self.lost_at.unwrap_or(u64::MAX))
     }
@@ -653,6 +747,8 @@ pub fn check(events: &[Event]) -> Verdict {
     let mut holds: BTreeMap<(String, String), Hold> = BTreeMap::new();
     let mut writes: BTreeMap<String, Vec<&Event>> = BTreeMap::new();
     let mut finals: BTreeMap<String, u64> = BTreeMap::new();
+    let mut holder_writes: BTreeMap<String, Vec<&Event>> = BTreeMap::new();
+    let mut shortened: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
     let mut stale_list: Vec<String> = Vec::new();
     let mut stale = |what: String| stale_list.push(what);
 
@@ -668,6 +764,7 @@ pub fn check(events: &[Event]) -> Verdict {
                 started,
                 valid_until,
                 ttl_ns,
+                loss_margin_ns,
             } => {
                 if *mode != Mode::Probe {
                     v.acquisitions += 1;
@@ -679,6 +776,8 @@ pub fn check(events: &[Event]) -> Verdict {
                         token: token.clone(),
                         start: *t1,
                         deadline: *valid_until,
+                        observed_at: *t1,
+                        margin: loss_margin_ns.unwrap_or(0),
                         release: None,
                         lost_at: None,
                     },
@@ -779,8 +878,14 @@ pub fn check(events: &[Event]) -> Verdict {
                 if let Some(h) = holds.get_mut(&(res.clone(), token.clone())) {
                     if *lost {
                         h.lost_at = Some(h.lost_at.map_or(*at, |l| l.min(*at)));
-                    } else {
-                        h.deadline = h.deadline.max(*valid_until);
+                    } else if *at >= h.observed_at {
+                        // The latest view wins: it may be lower than an earlier
+                        // one (a shortening renewal near `max_hold`).
+                        if *valid_until < h.deadline {
+                            shortened.insert((res.as_str(), token.as_str()));
+                        }
+                        h.deadline = *valid_until;
+                        h.observed_at = *at;
                     }
                 }
                 if !lost {
@@ -798,6 +903,10 @@ pub fn check(events: &[Event]) -> Verdict {
             Event::Write { res, .. } => {
                 v.writes += 1;
                 writes.entry(res.clone()).or_default().push(e);
+            }
+            Event::HolderWrite { res, .. } => {
+                v.holder_writes += 1;
+                holder_writes.entry(res.clone()).or_default().push(e);
             }
             Event::Skip { .. } => v.skips += 1,
             Event::Release {
@@ -866,6 +975,7 @@ pub fn check(events: &[Event]) -> Verdict {
         }
     }
     v.stale_validity = stale_list;
+    v.shortened = shortened.len() as u64;
 
     // Overlap: sweep each resource's holds by start.
     let mut by_res: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
@@ -954,7 +1064,151 @@ pub fn check(events: &[Event]) -> Verdict {
                 .push(format!("{res}: no final count in the history")),
         }
     }
+
+    check_holder_view(&mut v, &holds, holder_writes, &finals, slack);
     v
+}
+
+/// One [`Event::HolderWrite`], unpacked.
+struct HolderW<'a> {
+    client: &'a str,
+    token: &'a str,
+    read_at: u64,
+    read: u64,
+    check_at: u64,
+    at: u64,
+    wrote: u64,
+    /// Stalled between the check and the write (decided by the workload, and
+    /// the gap is over half the TTL).
+    stalled: bool,
+}
+
+/// The holder-view checker: a write whose `is_lost()` check passed, and that
+/// followed the check without a stall, must not fall inside another holder's
+/// interval, must fall inside the writer's own, and must not lose an update.
+/// Writes stalled between the check and the write are counted apart.
+fn check_holder_view(
+    v: &mut Verdict,
+    holds: &BTreeMap<(String, String), Hold>,
+    holder_writes: BTreeMap<String, Vec<&Event>>,
+    finals: &BTreeMap<String, u64>,
+    slack: u64,
+) {
+    for (res, list) in holder_writes {
+        let mut ws: Vec<HolderW<'_>> = list
+            .iter()
+            .filter_map(|e| match e {
+                Event::HolderWrite {
+                    client,
+                    token,
+                    read_at,
+                    read,
+                    check_at,
+                    at,
+                    wrote,
+                    stalled_after_check,
+                    ttl_ns,
+                    ..
+                } => Some(HolderW {
+                    client,
+                    token,
+                    read_at: *read_at,
+                    read: *read,
+                    check_at: *check_at,
+                    at: *at,
+                    wrote: *wrote,
+                    stalled: *stalled_after_check && at.saturating_sub(*check_at) > ttl_ns / 2,
+                }),
+                _ => None,
+            })
+            .collect();
+        ws.sort_by_key(|w| w.at);
+        let others: Vec<&Hold> = holds
+            .iter()
+            .filter(|((r, _), _)| *r == res)
+            .map(|(_, h)| h)
+            .collect();
+        for w in &ws {
+            let inside = others
+                .iter()
+                .find(|h| h.token != w.token && w.at > h.start + slack && w.at + slack < h.end());
+            if w.stalled {
+                v.stalled_after_check += 1;
+                v.stalled_overlapping += u64::from(inside.is_some());
+                continue;
+            }
+            v.holder_checked += 1;
+            if let Some(h) = inside {
+                v.holder_overlaps.push(format!(
+                    "{res}: {} token {} checked is_lost()=false at {} and wrote at {} ({:.1} ms later), \
+                     inside {} token {} held [{}, {})",
+                    w.client,
+                    short(w.token),
+                    w.check_at,
+                    w.at,
+                    us(w.at.saturating_sub(w.check_at)) / 1000.0,
+                    h.client,
+                    short(&h.token),
+                    h.start,
+                    h.end()
+                ));
+            }
+            match holds.get(&(res.clone(), w.token.to_owned())) {
+                Some(h) if w.at + slack >= h.start && w.at < h.end() + slack => {}
+                Some(h) => v.late_writes.push(format!(
+                    "{res} by {} token {}: holder write at {} outside its hold [{}, {}) \
+                     (checked at {})",
+                    w.client,
+                    short(w.token),
+                    w.at,
+                    h.start,
+                    h.end(),
+                    w.check_at
+                )),
+                None => v.late_writes.push(format!(
+                    "{res} by {}: holder write by an unknown lock {}",
+                    w.client,
+                    short(w.token)
+                )),
+            }
+        }
+        // The chain of values in store order. A broken link is the stall's doing
+        // when the write itself was stalled after its check, or when a stalled
+        // write landed between its read and its write.
+        let mut previous = 0;
+        for w in &ws {
+            if w.read != previous {
+                let excused = w.stalled
+                    || ws
+                        .iter()
+                        .any(|s| s.stalled && s.at > w.read_at && s.at < w.at);
+                if !excused {
+                    v.holder_lost_updates += 1;
+                    v.holder_lost_update_details.push(format!(
+                        "{res}: {} token {} read {} but the last write left {previous}",
+                        w.client,
+                        short(w.token),
+                        w.read
+                    ));
+                }
+            }
+            previous = w.wrote;
+        }
+        match (finals.get(&res), ws.last()) {
+            (Some(&f), Some(last)) if f == last.wrote => {}
+            (Some(&f), Some(last)) => {
+                v.holder_lost_updates += 1;
+                v.holder_lost_update_details.push(format!(
+                    "{res}: final count {f}, but the last holder write left {}",
+                    last.wrote
+                ));
+            }
+            (None, _) => v
+                .holder_lost_update_details
+                .push(format!("{res}: no final count in the history")),
+            (Some(_), None) => {}
+        }
+    }
 }
 
 /// Adds up verdicts for the summary line.
@@ -982,6 +1236,12 @@ pub struct Summary {
     pub stale_validity: u64,
     /// Ghost keys checked / that outlived their TTL.
     pub ghosts: (u64, u64),
+    /// Holder-view writes in the checked runs.
+    pub holder_writes: u64,
+    /// Holder-view writes stalled between the check and the write.
+    pub stalled_after_check: u64,
+    /// Guard locks whose holder saw its validity shortened (`max_hold`).
+    pub shortened: u64,
     /// Liveness of every run that probed it.
     pub liveness_ok: Option<bool>,
     /// Negative controls run / caught.
@@ -1007,9 +1267,12 @@ impl Summary {
         for (k, n) in &v.faults {
             *self.faults.entry(*k).or_default() += n;
         }
-        self.overlaps += v.overlaps.len() as u64;
+        self.overlaps += (v.overlaps.len() + v.holder_overlaps.len()) as u64;
         self.late_writes += v.late_writes.len() as u64;
-        self.lost_updates += v.lost_updates;
+        self.lost_updates += v.all_lost_updates();
+        self.holder_writes += v.holder_writes;
+        self.stalled_after_check += v.stalled_after_check;
+        self.shortened += v.shortened;
         self.stale_validity += v.stale_validity.len() as u64;
         self.ghosts.0 += v.ghosts_checked;
         self.ghosts.1 += v.ghost_violations.len() as u64;
@@ -1038,7 +1301,8 @@ impl Summary {
         format!(
             "fault-suite seed={} acquisitions={} extensions={} faults[{}] overlaps={} lost_updates={} \
              stale_validity={} liveness_ok={} negative_controls_caught={}/{} late_writes={} \
-             ghost_keys={}/{} writes={} skipped_writes={} processes={} secs={:.0}",
+             ghost_keys={}/{} writes={} skipped_writes={} holder_writes={} stalled_after_check={} \
+             max_hold_shortened={} processes={} secs={:.0}",
             self.seed,
             self.acquisitions,
             self.extensions,
@@ -1054,6 +1318,9 @@ impl Summary {
             self.ghosts.0,
             self.writes,
             self.skips,
+            self.holder_writes,
+            self.stalled_after_check,
+            self.shortened,
             self.processes,
             self.secs,
         )
@@ -1092,6 +1359,7 @@ mod tests {
             started: Some(t1 - MS / 2),
             valid_until,
             ttl_ns: 100 * MS,
+            loss_margin_ns: None,
         }
     }
 
@@ -1218,6 +1486,7 @@ mod tests {
                 started: Some(start),
                 valid_until: start + 97 * MS + 1,
                 ttl_ns: 100 * MS,
+                loss_margin_ns: None,
             },
         ];
         assert_eq!(check(&h).stale_validity.len(), 1);
@@ -1262,6 +1531,105 @@ mod tests {
         let v = check(&h);
         assert_eq!(v.liveness_ok, Some(false));
         assert_eq!(v.ghost_violations.len(), 1);
+    }
+
+    fn guard_acquire(client: &str, token: &str, t1: u64, valid_until: u64) -> Event {
+        Event::Acquire {
+            client: client.into(),
+            res: "r".into(),
+            token: token.into(),
+            mode: Mode::Guard,
+            t0: t1 - MS,
+            t1,
+            started: None,
+            valid_until,
+            ttl_ns: 100 * MS,
+            loss_margin_ns: Some(30 * MS),
+        }
+    }
+
+    fn holder_write(client: &str, token: &str, check_at: u64, at: u64, read: u64) -> Event {
+        Event::HolderWrite {
+            client: client.into(),
+            res: "r".into(),
+            token: token.into(),
+            read_at: check_at - 5 * MS,
+            read,
+            check_at,
+            at,
+            wrote: read + 1,
+            stalled_after_check: at - check_at > 50 * MS,
+            ttl_ns: 100 * MS,
+        }
+    }
+
+    #[test]
+    fn a_guard_hold_ends_at_its_deadline_less_the_margin() {
+        // a is told "lost" at 1060 (1090 − 30) and the library may release then.
+        let h = vec![
+            meta(),
+            guard_acquire("a", "ta", 1000 * MS, 1090 * MS),
+            acquire("b", "tb", 1070 * MS, 1160 * MS),
+        ];
+        assert!(check(&h).overlaps.is_empty(), "{}", check(&h).describe(10));
+        // A lower validity observed later (a shortening renewal) ends it sooner.
+        let h = vec![
+            meta(),
+            guard_acquire("a", "ta", 1000 * MS, 1190 * MS),
+            Event::Observe {
+                client: "a".into(),
+                res: "r".into(),
+                token: "ta".into(),
+                at: 1040 * MS,
+                valid_until: 1090 * MS,
+                lost: false,
+                ttl_ns: 100 * MS,
+            },
+            acquire("b", "tb", 1070 * MS, 1160 * MS),
+        ];
+        let v = check(&h);
+        assert!(v.overlaps.is_empty(), "{}", v.describe(10));
+        assert_eq!(v.shortened, 1);
+    }
+
+    #[test]
+    fn a_checked_holder_write_inside_another_hold_is_caught() {
+        // a's check passed at 1095 (it did not see its loss), b holds from 1070.
+        let h = vec![
+            meta(),
+            guard_acquire("a", "ta", 1000 * MS, 1090 * MS),
+            acquire("b", "tb", 1070 * MS, 1160 * MS),
+            holder_write("b", "tb", 1075 * MS, 1075 * MS + 10, 0),
+            holder_write("a", "ta", 1095 * MS, 1095 * MS + 10, 0),
+            release("b", "tb", 1100 * MS),
+            fin(1),
+        ];
+        let v = check(&h);
+        assert_eq!(v.holder_overlaps.len(), 1, "{}", v.describe(10));
+        assert_eq!(v.holder_lost_updates, 1, "{}", v.describe(10));
+        assert_eq!(v.late_writes.len(), 1, "{}", v.describe(10));
+        assert!(v.caught() && !v.passed());
+    }
+
+    #[test]
+    fn a_write_stalled_after_its_check_is_counted_apart() {
+        // a checked at 1040, stalled 60 ms, wrote at 1100 inside b's hold: the
+        // overlap and the broken link it causes (b's write) are the stall's.
+        let h = vec![
+            meta(),
+            guard_acquire("a", "ta", 1000 * MS, 1090 * MS),
+            acquire("b", "tb", 1070 * MS, 1160 * MS),
+            holder_write("b", "tb", 1098 * MS, 1105 * MS, 0),
+            holder_write("a", "ta", 1040 * MS, 1100 * MS, 0),
+            release("b", "tb", 1110 * MS),
+            fin(1),
+        ];
+        let v = check(&h);
+        assert_eq!(v.stalled_after_check, 1);
+        assert_eq!(v.stalled_overlapping, 1);
+        assert!(v.holder_overlaps.is_empty(), "{}", v.describe(10));
+        assert_eq!(v.holder_lost_updates, 0, "{}", v.describe(10));
+        assert!(v.passed(), "{}", v.describe(10));
     }
 
     #[test]

@@ -33,7 +33,20 @@
 //!   the second negative control;
 //! * **stall**: a holder pauses past its validity before its write — an
 //!   in-process client sleeps (its next critical section), a client process is
-//!   `SIGSTOP`ped for 1–2×TTL (a real GC pause, renewal task included).
+//!   `SIGSTOP`ped for 1–2×TTL (a real GC pause, renewal task included);
+//! * **holder_stall**: a holder-view client (its own OS thread, a
+//!   current-thread runtime that also runs its renewal task) blocks its thread
+//!   with `std::thread::sleep` for 1.2–2.5×TTL inside `with_lock`, before its
+//!   `is_lost()` check (the deadline check must say "lost") or between the check
+//!   and its write (no client-side check can help: counted as
+//!   `stalled_after_check`). Decided here, from a second seeded stream, so the
+//!   schedule of the other faults is the same as without it; taken by the
+//!   clients through [`HolderStalls`];
+//! * **max_hold** (the path, not this scheduler): [`Rig::start_slow_path`] puts a
+//!   second proxy in front of every node, with 20–40 ms of latency each way, for
+//!   guards with `max_hold < ttl` whose renewals near `max_hold` shorten the keys
+//!   and answer late. Kills and pauses hit those nodes too; a killed node stays
+//!   down longer than the longest TTL of any client ([`NemesisConfig::ttl_longest`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -47,6 +60,7 @@ use redlock_core::Redlock;
 
 use crate::history::{Event, FaultKind, HistoryLog, Meta, duration_ns, now_ns};
 use crate::proxy::{Direction, FaultProxy};
+use crate::workload::{HolderStallPlan, HolderStalls};
 use crate::{Cluster, RedisNode};
 
 /// The per-node timeout every suite client uses.
@@ -97,6 +111,8 @@ pub fn clock_event(process: &str) -> Event {
 pub struct Rig {
     cluster: Cluster,
     proxies: Vec<FaultProxy>,
+    /// A second, slow proxy per node ([`Rig::start_slow_path`]).
+    slow: Vec<FaultProxy>,
 }
 
 impl Rig {
@@ -117,7 +133,51 @@ impl Rig {
                     .expect("start a proxy"),
             );
         }
-        Self { cluster, proxies }
+        Self {
+            cluster,
+            proxies,
+            slow: Vec::new(),
+        }
+    }
+
+    /// Starts a second proxy in front of every node with a constant latency of
+    /// 20–40 ms each way (20–35 ms, seeded, plus up to 5 ms of jitter), logs each
+    /// as a proxy fault, and returns their URLs. The nemesis never touches them;
+    /// they last as long as the rig. The sightings they report carry proxy ids
+    /// `len()..2·len()`.
+    ///
+    /// # Panics
+    /// If a proxy cannot start.
+    pub async fn start_slow_path(&mut self, seed: u64, log: &HistoryLog) -> Vec<String> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x736c_6f77_7061_7468);
+        let n = self.len();
+        for (i, node) in self.cluster.nodes().iter().enumerate() {
+            let p = FaultProxy::start(n + i, node.port(), Some(log.clone()))
+                .await
+                .expect("start a slow proxy");
+            let jitter = Duration::from_millis(5);
+            let mut lat = [Duration::ZERO; 2];
+            for (d, l) in [Direction::Request, Direction::Reply]
+                .into_iter()
+                .zip(&mut lat)
+            {
+                *l = Duration::from_millis(rng.random_range(20..=35));
+                p.delay(d, *l, jitter);
+            }
+            log.push(Event::Fault {
+                kind: FaultKind::Proxy,
+                node: Some(i),
+                at: now_ns(),
+                detail: format!(
+                    "slow path for max_hold guards (second proxy, whole run): request {} ms, reply {} ms, + up to {} ms each",
+                    lat[0].as_millis(),
+                    lat[1].as_millis(),
+                    jitter.as_millis()
+                ),
+            });
+            self.slow.push(p);
+        }
+        self.slow.iter().map(FaultProxy::url).collect()
     }
 
     /// The proxies' URLs: what the clients connect to.
@@ -196,6 +256,11 @@ pub struct NemesisConfig {
     pub gap: (Duration, Duration),
     /// Who stalls.
     pub stall: StallTarget,
+    /// The longest TTL any client uses (at least `ttl_max`): a killed node is
+    /// restarted no sooner than this plus 50–300 ms.
+    pub ttl_longest: Duration,
+    /// Where holder stalls go ([`HolderStalls`]); `None`: no holder stalls.
+    pub holder_stalls: Option<Arc<HolderStalls>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -238,6 +303,9 @@ pub struct Nemesis<'a> {
     rig: &'a Rig,
     cfg: NemesisConfig,
     rng: StdRng,
+    /// The holder stalls' own stream, so they leave the rest of the schedule
+    /// as it is without them.
+    holder_rng: StdRng,
     log: HistoryLog,
     state: Vec<Option<NodeState>>,
     stalled: Vec<Option<Instant>>,
@@ -261,6 +329,7 @@ impl<'a> Nemesis<'a> {
         };
         Self {
             rng: StdRng::seed_from_u64(cfg.seed ^ 0x6e65_6d65_7369_7321),
+            holder_rng: StdRng::seed_from_u64(cfg.seed ^ 0x686f_6c64_6572_2121),
             rig,
             cfg,
             log,
@@ -411,11 +480,28 @@ impl<'a> Nemesis<'a> {
         } else {
             self.stall();
         }
+        self.holder_stall();
+    }
+
+    /// One in three steps, queues a holder stall: before or after the check
+    /// with equal odds, 1.2–2.5×TTL long.
+    fn holder_stall(&mut self) {
+        let Some(q) = &self.cfg.holder_stalls else {
+            return;
+        };
+        if self.holder_rng.random_bool(1.0 / 3.0) {
+            let plan = HolderStallPlan {
+                after_check: self.holder_rng.random_bool(0.5),
+                ttl_factor: self.holder_rng.random_range(1.2..2.5),
+            };
+            q.push(plan);
+        }
     }
 
     async fn kill(&mut self) {
         let Some(i) = self.healthy_node() else { return };
-        let delay = self.cfg.ttl_max + Duration::from_millis(self.rng.random_range(50..=300));
+        let delay = self.cfg.ttl_max.max(self.cfg.ttl_longest)
+            + Duration::from_millis(self.rng.random_range(50..=300));
         let node = Arc::clone(self.rig.node(i));
         tokio::task::spawn_blocking(move || node.kill())
             .await

@@ -4,22 +4,52 @@
 //! checkers catch a real violation.
 //!
 //! One test, [`fault_suite`], runs the scenarios in turn and prints ONE summary
-//! line (`fault-suite seed=… acquisitions=… … negative_controls_caught=2/2`):
+//! line (`fault-suite seed=… acquisitions=… faults[… holder_stall=… max_hold=…]
+//! overlaps=… lost_updates=… negative_controls_caught=3/3 … stalled_after_check=…`):
 //!
 //! 1. **Negative controls** (must be caught): a node restarted at once, without
 //!    persistence, under a holder's bare quorum; and a node that loses the key
 //!    early (a forward clock jump) while another node was unreachable during the
 //!    holder's acquire. Each yields a second holder, and the overlap checker must
-//!    report it (the lost-update checker too).
+//!    report it (the lost-update checker too). Third, **a holder stall without
+//!    the deadline check**: holder A (`with_lock` on a current-thread runtime)
+//!    blocks its own thread for 2×TTL before its `is_lost()` check while B
+//!    acquires and writes; with `without_deadline_check_for_tests` (the old
+//!    behaviour: only the starved renewal task could report the loss) A's check
+//!    passes and its write lands inside B's hold, which the holder-view checker
+//!    must report (a lost update too). The same pair with the deadline check
+//!    (`holder-stall-pair`) must pass: A sees the loss and skips its write.
 //! 2. **Ghost keys**: a `SET` that a paused node, or a proxy that held it, runs
 //!    after the client gave up, and one whose reply came too late, all expire
 //!    within the TTL.
 //! 3. **In-process run**: 6 client tasks, 3 resources (TTL 250–400 ms), 5 nodes,
 //!    and the seeded nemesis (`redlock_tests::nemesis`): kill/restart, pause,
-//!    proxy faults, clock jumps, stalls. Then heal, probe liveness, and sweep for
-//!    keys that outlived their TTL.
+//!    proxy faults, clock jumps, stalls. Alongside, on the same nodes:
+//!    * 3 **holder-view clients**, each on its own OS thread with a
+//!      current-thread runtime (resources `h0`, `h1`, TTL 250–300 ms): inside
+//!      `with_lock` they read, work, check `is_lost()`, then write to a store
+//!      that checks nothing. The nemesis's **holder_stall** blocks such a thread
+//!      (`std::thread::sleep`, 1.2–2.5×TTL, so the renewal task cannot run)
+//!      either before the check — the library's deadline check must then say
+//!      "lost" — or between the check and the write, which no client-side check
+//!      can catch (counted as `stalled_after_check`: the baseline that fencing
+//!      must bring to zero);
+//!    * 2 **max_hold clients** (resource `m0`, TTL 600 ms, `max_hold` 83–97% of
+//!      the TTL) reaching the nodes through a second set of proxies with 20–40 ms
+//!      of latency each way (node timeout 100 ms): their renewals near `max_hold`
+//!      shorten the keys and answer late. Their writes are holder-view writes too.
+//!
+//!    Then heal, probe liveness, and sweep for keys that outlived their TTL.
 //! 4. **Multi-process run**: 3 client processes (`fault_client`, 2 clients each),
 //!    2 resources, 3 nodes; stalls are `SIGSTOP`s of a client process.
+//!
+//! The **holder-view checker** (`redlock_tests::history`) judges every write a
+//! holder made after its own `is_lost()` check: if the check passed and the write
+//! followed it without a stall, the write must fall inside no other holder's
+//! interval (and inside its own), and must not lose an update; those count in
+//! `overlaps` and `lost_updates` of the summary. Writes stalled between the
+//! check and the write are counted as `stalled_after_check`, not failed.
+//! `max_hold_shortened` counts the guards whose holder saw its validity lowered.
 //!
 //! Every history is written as JSON lines under `$REDLOCK_HISTORY_DIR` (default
 //! `target/tmp/fault-histories/<seed>/`) and can be checked again with
@@ -32,11 +62,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use redlock_core::RetryPolicy;
+use redlock_core::{LockOptions, Redlock, RetryPolicy};
 use redlock_tests::history::{
     Event, FaultKind, HistoryLog, Mode, Summary, Verdict, check, duration_ns, history_dir,
     instant_ns, now_ns, read_jsonl, write_jsonl,
@@ -47,7 +77,8 @@ use redlock_tests::nemesis::{
 };
 use redlock_tests::proxy::Direction;
 use redlock_tests::workload::{
-    ClientConfig, FileStore, MemoryStore, Store, log_finals, probe_liveness, run_client,
+    ClientConfig, FileStore, HolderConfig, HolderStalls, MaxHoldConfig, MemoryStore, Store,
+    log_finals, probe_liveness, run_client, run_max_hold_client, spawn_holder_thread,
 };
 
 fn ms(n: u64) -> Duration {
@@ -82,6 +113,7 @@ fn acquire_event(client: &str, lock: &redlock_core::Lock, t0: u64, t1: u64) -> E
         started: Some(instant_ns(lock.started_at())),
         valid_until: instant_ns(lock.valid_until()),
         ttl_ns: duration_ns(lock.ttl()),
+        loss_margin_ns: None,
     }
 }
 
@@ -130,7 +162,10 @@ fn release_event(client: &str, lock: &redlock_core::Lock) -> Event {
 async fn warm_up(rl: &redlock_core::Redlock, n: usize) {
     for _ in 0..50 {
         if let Ok(lock) = rl.try_lock("warm-up", ms(500)).await
-            && lock.unlock().await.is_ok_and(|r| r.report.ok_count() + r.report.pending_count() == n)
+            && lock
+                .unlock()
+                .await
+                .is_ok_and(|r| r.report.ok_count() + r.report.pending_count() == n)
         {
             return;
         }
@@ -269,6 +304,181 @@ async fn negative_early_expiry(seed: u64) -> Vec<Event> {
     b_takes_over(&rig, &log, &store, (res, ttl), lock_a, read_a).await
 }
 
+/// Holder A and holder B, one resource (TTL 300 ms), 3 healthy nodes. A runs
+/// `with_lock` on a current-thread runtime on its own thread, reads, then blocks
+/// its thread (`std::thread::sleep`) for 2×TTL and until B has written, so its
+/// renewal task cannot run and its keys expire; B (another thread) acquires,
+/// reads, writes, and holds on until A is done. Then A checks `is_lost()` and
+/// writes if it says "not lost".
+///
+/// With the library's deadline check A sees the loss and skips: the history must
+/// pass. Without it (`without_deadline_check_for_tests`, the old behaviour:
+/// only the starved renewal task could say "lost") A's check passes and its
+/// write lands inside B's hold, having read a stale value: the negative control,
+/// which the holder-view checker must catch.
+async fn holder_stall_pair(seed: u64, deadline_check: bool) -> Vec<Event> {
+    let scenario = if deadline_check {
+        "holder-stall-pair"
+    } else {
+        "nc-holder-stall-without-deadline-check"
+    };
+    let log = HistoryLog::new();
+    log.push(meta(scenario, seed, 3, !deadline_check));
+    log.push(clock_event("parent"));
+    let rig = Rig::start(3, &log).await;
+    let store = Arc::new(MemoryStore::new());
+    let (res, ttl) = ("holder-pair", ms(300));
+    let a_acquired = Arc::new(AtomicBool::new(false));
+    let b_wrote = Arc::new(AtomicBool::new(false));
+    let a_done = Arc::new(AtomicBool::new(false));
+
+    let a = {
+        let (urls, log, store) = (rig.urls(), log.clone(), Arc::clone(&store));
+        let (a_acquired, b_wrote, a_done) = (
+            Arc::clone(&a_acquired),
+            Arc::clone(&b_wrote),
+            Arc::clone(&a_done),
+        );
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("A's runtime");
+            rt.block_on(async move {
+                let rl = redlock_for(&urls);
+                warm_up(&rl, 3).await;
+                let mut options =
+                    LockOptions::new(ttl).retry(RetryPolicy::attempts(20).with_delay(ms(20)));
+                if !deadline_check {
+                    options = options.without_deadline_check_for_tests();
+                }
+                let t0 = now_ns();
+                let done = Arc::clone(&a_done);
+                let r = rl
+                    .with_lock(res, &options, |h| async move {
+                        let token = h.token().to_owned();
+                        log.push(Event::Acquire {
+                            client: "A".into(),
+                            res: res.into(),
+                            token: token.clone(),
+                            mode: Mode::Guard,
+                            t0,
+                            t1: now_ns(),
+                            started: None,
+                            valid_until: instant_ns(h.valid_until()),
+                            ttl_ns: duration_ns(ttl),
+                            loss_margin_ns: Some(duration_ns(h.loss_margin())),
+                        });
+                        a_acquired.store(true, Ordering::Release);
+                        let (value, read_at) = store.read(res);
+                        log.push(Event::Fault {
+                            kind: FaultKind::HolderStall,
+                            node: None,
+                            at: now_ns(),
+                            detail: "A blocks its thread 2×TTL, and until B wrote, before its is_lost() check".into(),
+                        });
+                        let cap = Instant::now() + ttl * 2 + Duration::from_secs(5);
+                        std::thread::sleep(ttl * 2);
+                        while !b_wrote.load(Ordering::Acquire) && Instant::now() < cap {
+                            std::thread::sleep(ms(5));
+                        }
+                        let check_at = now_ns();
+                        let lost = h.is_lost();
+                        log.push(Event::Observe {
+                            client: "A".into(),
+                            res: res.into(),
+                            token: token.clone(),
+                            at: check_at,
+                            valid_until: instant_ns(h.valid_until()),
+                            lost,
+                            ttl_ns: duration_ns(ttl),
+                        });
+                        if lost {
+                            log.push(Event::Skip {
+                                client: "A".into(),
+                                res: res.into(),
+                                token: token.clone(),
+                                at: now_ns(),
+                                reason: "the holder saw its lock lost".into(),
+                            });
+                        } else {
+                            let at = store.write(res, value + 1);
+                            log.push(Event::HolderWrite {
+                                client: "A".into(),
+                                res: res.into(),
+                                token: token.clone(),
+                                read_at,
+                                read: value,
+                                check_at,
+                                at,
+                                wrote: value + 1,
+                                stalled_after_check: false,
+                                ttl_ns: duration_ns(ttl),
+                            });
+                        }
+                        done.store(true, Ordering::Release);
+                        log.push(Event::Release {
+                            client: "A".into(),
+                            res: res.into(),
+                            token,
+                            at: now_ns(),
+                            extensions: h.extensions(),
+                        });
+                    })
+                    .await;
+                // Whatever happened, B must not wait for ever.
+                a_done.store(true, Ordering::Release);
+                r
+            })
+        })
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a_acquired.load(Ordering::Acquire) {
+        assert!(Instant::now() < deadline, "A never acquired");
+        tokio::time::sleep(ms(5)).await;
+    }
+    let b = warmed_up_client(&rig).await;
+    let t0 = now_ns();
+    let lock_b = b
+        .lock_with(
+            res,
+            ms(3000),
+            &RetryPolicy::attempts(200)
+                .with_delay(ms(10))
+                .with_jitter(ms(10)),
+        )
+        .await
+        .expect("B acquires once A's keys expired");
+    log.push(acquire_event("B", &lock_b, t0, now_ns()));
+    let (value, read_at) = store.read(res);
+    let check_at = now_ns();
+    assert!(lock_b.remaining() > Duration::ZERO, "B's lock is valid");
+    let at = store.write(res, value + 1);
+    log.push(Event::HolderWrite {
+        client: "B".into(),
+        res: res.into(),
+        token: lock_b.token().into(),
+        read_at,
+        read: value,
+        check_at,
+        at,
+        wrote: value + 1,
+        stalled_after_check: false,
+        ttl_ns: duration_ns(lock_b.ttl()),
+    });
+    b_wrote.store(true, Ordering::Release);
+    while !a_done.load(Ordering::Acquire) {
+        assert!(Instant::now() < deadline, "A never finished");
+        tokio::time::sleep(ms(5)).await;
+    }
+    log.push(release_event("B", &lock_b));
+    let _ = lock_b.unlock().await;
+    let _ = blocking(move || a.join().expect("A's thread")).await;
+    log_finals(&*store, &[(res.to_owned(), ttl)], &log);
+    log.snapshot()
+}
+
 /// Ghost keys: nodes 0 and 1 hold a foreign value, so every attempt fails; node
 /// 2's `SET` runs only after the client gave up (a paused node, a proxy holding
 /// the request), or runs at once but its reply comes too late. Each key must be
@@ -372,18 +582,46 @@ async fn finish(
     }
 }
 
-/// The randomized run with clients as tasks of this process.
+/// The node timeout of the `max_hold` clients: above the slow path's round trip
+/// (40–80 ms), below their TTL.
+const SLOW_NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A Redlock for the slow path (the library's default drift, like the others).
+fn slow_redlock(urls: &[String]) -> Redlock {
+    Redlock::builder()
+        .urls(urls.iter().cloned())
+        .node_timeout(SLOW_NODE_TIMEOUT)
+        .drift_factor(DRIFT_FACTOR)
+        .fixed_drift(FIXED_DRIFT)
+        .build()
+        .expect("build the slow path's Redlock")
+}
+
+/// The randomized run with clients as tasks of this process, plus holder-view
+/// clients on their own threads (current-thread runtimes, resources `h0`, `h1`)
+/// and `max_hold` clients through slow proxies (resource `m0`).
 async fn randomized_in_process(seed: u64, run_for: Duration) -> Vec<Event> {
     let log = HistoryLog::new();
     log.push(meta("in-process", seed, 5, false));
     log.push(clock_event("parent"));
-    let rig = Rig::start(5, &log).await;
+    let mut rig = Rig::start(5, &log).await;
     let resources: Vec<(String, Duration)> = vec![
         ("r0".into(), ms(250)),
         ("r1".into(), ms(300)),
         ("r2".into(), ms(400)),
     ];
+    let holder_resources: Vec<(String, Duration)> =
+        vec![("h0".into(), ms(300)), ("h1".into(), ms(250))];
+    let max_hold_resources: Vec<(String, Duration)> = vec![("m0".into(), ms(600))];
+    let all_resources: Vec<(String, Duration)> = resources
+        .iter()
+        .chain(&holder_resources)
+        .chain(&max_hold_resources)
+        .cloned()
+        .collect();
     let ttl_max = ms(400);
+    let slow_urls = rig.start_slow_path(seed, &log).await;
+    let holder_stalls = Arc::new(HolderStalls::new());
     let stalls = Arc::new(AtomicU32::new(0));
     let store = Arc::new(MemoryStore::new());
     let until = Instant::now() + run_for;
@@ -407,22 +645,65 @@ async fn randomized_in_process(seed: u64, run_for: Duration) -> Vec<Event> {
             ))
         })
         .collect();
+    let holders: Vec<_> = (0..3u64)
+        .map(|i| {
+            let cfg = HolderConfig {
+                name: format!("h{i}"),
+                resources: holder_resources.clone(),
+                retry: retry(),
+                until,
+                seed: seed.wrapping_mul(37).wrapping_add(i),
+                stalls: Some(Arc::clone(&holder_stalls)),
+                deadline_check: true,
+            };
+            let store: Arc<dyn Store> = store.clone();
+            spawn_holder_thread(redlock_for(&rig.urls()), cfg, store, log.clone())
+        })
+        .collect();
+    let max_holders: Vec<_> = (0..2u64)
+        .map(|i| {
+            let cfg = MaxHoldConfig {
+                name: format!("m{i}"),
+                resources: max_hold_resources.clone(),
+                retry: retry(),
+                until,
+                seed: seed.wrapping_mul(41).wrapping_add(i),
+                max_hold: (0.83, 0.97),
+                path: format!(
+                    "through the slow proxies, node timeout {} ms",
+                    SLOW_NODE_TIMEOUT.as_millis()
+                ),
+            };
+            let store: Arc<dyn Store> = store.clone();
+            tokio::spawn(run_max_hold_client(
+                slow_redlock(&slow_urls),
+                cfg,
+                store,
+                log.clone(),
+            ))
+        })
+        .collect();
     let mut nemesis = Nemesis::new(
         &rig,
         NemesisConfig {
             seed,
             ttl_max,
-            keys: resources.iter().map(|(r, _)| r.clone()).collect(),
+            keys: all_resources.iter().map(|(r, _)| r.clone()).collect(),
             gap: (ms(100), ms(400)),
             stall: StallTarget::InProcess(Arc::clone(&stalls)),
+            ttl_longest: ms(600),
+            holder_stalls: Some(Arc::clone(&holder_stalls)),
         },
         log.clone(),
     );
     nemesis.run_until(until).await;
-    for c in clients {
+    for c in clients.into_iter().chain(max_holders) {
         c.await.expect("client task");
     }
-    finish(&rig, &mut nemesis, &*store, &resources, ttl_max, &log).await;
+    for h in holders {
+        blocking(move || h.join().expect("holder thread")).await;
+    }
+    finish(&rig, &mut nemesis, &*store, &all_resources, ttl_max, &log).await;
     log.snapshot()
 }
 
@@ -494,6 +775,8 @@ async fn randomized_processes(seed: u64, run_for: Duration, dir: &Path) -> Vec<E
             keys: resources.iter().map(|(r, _)| r.clone()).collect(),
             gap: (ms(100), ms(400)),
             stall: StallTarget::Processes(pids),
+            ttl_longest: ttl_max,
+            holder_stalls: None,
         },
         log.clone(),
     );
@@ -578,7 +861,9 @@ fn save_and_check(dir: &Path, name: &str, events: &[Event]) -> Verdict {
     let v = check(events);
     println!(
         "  {name}: acquisitions={} extensions={} writes={} skipped={} overlaps={} lost_updates={} \
-         stale_validity={} late_writes={} ghosts(violations/checked/seen)={}/{}/{} liveness={} history={}",
+         stale_validity={} late_writes={} ghosts(violations/checked/seen)={}/{}/{} liveness={} \
+         holder_view[writes={} judged={} overlaps={} lost_updates={} stalled_after_check={} \
+         (inside another hold: {}) shortened_validities={}] history={}",
         v.acquisitions,
         v.extensions,
         v.writes,
@@ -591,6 +876,13 @@ fn save_and_check(dir: &Path, name: &str, events: &[Event]) -> Verdict {
         v.ghosts_checked,
         v.ghosts_seen,
         v.liveness_ok.map_or("n/a".to_owned(), |b| b.to_string()),
+        v.holder_writes,
+        v.holder_checked,
+        v.holder_overlaps.len(),
+        v.holder_lost_updates,
+        v.stalled_after_check,
+        v.stalled_overlapping,
+        v.shortened,
         path.display()
     );
     if !v.passed() || v.expect_violation {
@@ -631,6 +923,14 @@ async fn fault_suite() {
         "nc-early-expiry-while-unreachable",
         &h,
     ));
+    let h = holder_stall_pair(seed, false).await;
+    verdicts.push(save_and_check(
+        &dir,
+        "nc-holder-stall-without-deadline-check",
+        &h,
+    ));
+    let h = holder_stall_pair(seed, true).await;
+    verdicts.push(save_and_check(&dir, "holder-stall-pair", &h));
     let h = ghost_keys(seed).await;
     verdicts.push(save_and_check(&dir, "ghost-keys", &h));
     let h = randomized_in_process(seed, in_process).await;
@@ -661,7 +961,7 @@ async fn fault_suite() {
             v.scenario
         );
         assert!(
-            v.lost_updates > 0,
+            v.all_lost_updates() > 0,
             "negative control {}: the lost-update checker missed the lost write",
             v.scenario
         );

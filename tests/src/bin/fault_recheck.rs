@@ -1,5 +1,6 @@
 //! Re-checks fault-suite histories: runs every checker of
-//! `redlock_tests::history` over JSON-lines files (or every `*.jsonl` under the
+//! `redlock_tests::history` (the holder-view checker of `holder_write` events
+//! included) over JSON-lines files (or every `*.jsonl` under the
 //! given directories), prints one line per history and the suite's summary line,
 //! and exits 1 if a history failed (a violation, or a negative control that was
 //! not caught).
@@ -54,7 +55,8 @@ fn main() {
         summary.add(&v);
         println!(
             "{}: scenario={} events={} acquisitions={} writes={} overlaps={} lost_updates={} \
-             stale_validity={} late_writes={} ghosts={}/{} liveness={} -> {}",
+             stale_validity={} late_writes={} ghosts={}/{} liveness={} holder_writes={} \
+             holder_overlaps={} holder_lost_updates={} stalled_after_check={} -> {}",
             f.display(),
             v.scenario,
             events.len(),
@@ -67,6 +69,10 @@ fn main() {
             v.ghost_violations.len(),
             v.ghosts_checked,
             v.liveness_ok.map_or("n/a".to_owned(), |b| b.to_string()),
+            v.holder_writes,
+            v.holder_overlaps.len(),
+            v.holder_lost_updates,
+            v.stalled_after_check,
             match (v.passed(), v.expect_violation) {
                 (true, true) => "negative control caught",
                 (true, false) => "ok",
