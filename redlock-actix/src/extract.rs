@@ -86,8 +86,8 @@ impl HeldLockConfig {
         self
     }
 
-    /// The lock policy: TTL, wait or fail fast, busy status, fail-open, key
-    /// prefix, what [`HeldLock::run`] does on loss. The release policy does not
+    /// The lock policy: TTL, wait or fail fast, busy status, fail-open, namespace,
+    /// what [`HeldLock::run`] does on loss. The release policy does not
     /// apply: a [`HeldLock`] is released when it is dropped.
     pub fn policy(mut self, policy: LockPolicy) -> Self {
         self.policy = Arc::new(policy);
@@ -177,7 +177,7 @@ impl fmt::Debug for HeldLock {
 }
 
 impl HeldLock {
-    /// Takes the lock on `key` (the policy's key prefix is put before it) with
+    /// Takes the lock on `key` (the policy's namespace is put before it) with
     /// the [`HeldLockConfig`] and `Redlock` handle that apply to `req`.
     ///
     /// # Errors

@@ -14,8 +14,8 @@ pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + S
 pub(crate) enum KeySource {
     /// `req.path()`.
     Path,
-    /// One header's value.
-    Header(HeaderName),
+    /// One header's value, as `name=value` when named.
+    Header(HeaderName, Option<Arc<str>>),
     /// `req.match_pattern()`.
     MatchPattern,
     /// One parameter of `req.match_info()`, as `name=value`.
@@ -30,9 +30,15 @@ impl KeySource {
     pub(crate) fn key_of(&self, req: &ServiceRequest) -> Option<String> {
         match self {
             KeySource::Path => Some(req.path().to_owned()),
-            KeySource::Header(name) => {
-                let value = req.headers().get(name)?.to_str().ok()?;
-                (!value.is_empty()).then(|| value.to_owned())
+            KeySource::Header(header, name) => {
+                let value = req.headers().get(header)?.to_str().ok()?;
+                if value.is_empty() {
+                    return None;
+                }
+                Some(match name {
+                    Some(name) => format!("{name}={value}"),
+                    None => value.to_owned(),
+                })
             }
             KeySource::MatchPattern => req.match_pattern(),
             KeySource::PathParam(name) => {
@@ -48,7 +54,8 @@ impl fmt::Debug for KeySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeySource::Path => f.write_str("by_path"),
-            KeySource::Header(name) => write!(f, "by_header({name})"),
+            KeySource::Header(header, None) => write!(f, "by_header({header})"),
+            KeySource::Header(header, Some(name)) => write!(f, "by_header_as({header}, {name})"),
             KeySource::MatchPattern => f.write_str("by_match_pattern"),
             KeySource::PathParam(name) => write!(f, "by_path_param({name})"),
             KeySource::Custom(_) => f.write_str("by_fn(..)"),
@@ -74,8 +81,14 @@ mod tests {
             KeySource::Path.key_of(&req).as_deref(),
             Some("/tenants/acme/jobs")
         );
-        let header = |name| KeySource::Header(HeaderName::from_static(name)).key_of(&req);
+        let header = |name| KeySource::Header(HeaderName::from_static(name), None).key_of(&req);
         assert_eq!(header("x-tenant").as_deref(), Some("acme"));
+        let named = KeySource::Header(HeaderName::from_static("x-tenant"), Some("tenant".into()));
+        assert_eq!(
+            named.key_of(&req).as_deref(),
+            Some("tenant=acme"),
+            "as by_path_param"
+        );
         assert_eq!(header("x-empty"), None);
         assert_eq!(header("x-absent"), None);
         let param = |name: &str| KeySource::PathParam(name.into()).key_of(&req);

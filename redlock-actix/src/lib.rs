@@ -58,7 +58,13 @@
 //!   [`RedlockMiddleware::fail_open`];
 //! - if the lock is lost while the handler runs, the handler's future is dropped
 //!   and the client gets `503`, unless [`LostPolicy::Signal`] is chosen;
-//! - the handler can read the [`LockHandle`] with `web::ReqData<LockHandle>`.
+//! - the handler can read the [`LockHandle`] with `web::ReqData<LockHandle>`
+//!   (`Option<web::ReqData<LockHandle>>` where requests may run unlocked).
+//!
+//! The Redis key is the handle's key prefix, the policy's namespace
+//! (`redlock:`), then the extracted key (see [`LockPolicy`]). The policy
+//! setters of [`RedlockMiddleware`] are those of [`LockPolicy`], written once
+//! in `redlock-core` for both adapters.
 //!
 //! The `Redlock` handle is bound on the middleware
 //! ([`with_redlock`](RedlockMiddleware::with_redlock)) or registered with
@@ -100,8 +106,9 @@
 //! as it reads the client's end of stream. A handler that panics is dropped
 //! with its connection, and its lock released.
 //!
-//! Everything that is not actix-specific (the policy, the wait, the hold with
-//! auto-extension, the abort on loss, the release and the tracing span) lives in
+//! Everything that is not actix-specific (the policy and its setters, the wait,
+//! the hold with auto-extension, the abort on loss, the release, the tracing
+//! span and the problem document) lives in
 //! [`redlock_core::request`] and is shared with `redlock-tower`.
 
 #![deny(missing_docs)]
@@ -118,9 +125,9 @@ mod rejection;
 
 pub use body::LockedBody;
 pub use extract::{HeldLock, HeldLockConfig};
-pub use middleware::{RedlockMiddleware, RedlockMiddlewareService};
+pub use middleware::{RedlockMiddleware, RedlockService};
 pub use redlock_core::request::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, Rejection, ReleasePolicy,
 };
-pub use redlock_core::{LockHandle, Redlock};
+pub use redlock_core::{LockHandle, LockOptions, Redlock, RetryPolicy};
 pub use rejection::LockRejection;

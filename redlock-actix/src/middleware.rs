@@ -1,11 +1,10 @@
-//! [`RedlockMiddleware`] (the `Transform`) and [`RedlockMiddlewareService`] (the
+//! [`RedlockMiddleware`] (the `Transform`) and [`RedlockService`] (the
 //! `Service` it wraps around the app, a scope or a resource).
 
 use std::fmt;
 use std::future::{Ready, ready};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
@@ -14,7 +13,7 @@ use actix_web::http::header::HeaderName;
 use actix_web::{Error, HttpMessage, ResponseError};
 use futures_util::future::LocalBoxFuture;
 use redlock_core::Redlock;
-use redlock_core::request::{self, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy};
+use redlock_core::request::{self, __private::Setting, LockPolicy, ReleasePolicy};
 
 use crate::body::LockedBody;
 use crate::key::KeySource;
@@ -94,7 +93,7 @@ impl fmt::Debug for RedlockMiddleware {
 }
 
 impl RedlockMiddleware {
-    fn from_source(key: KeySource) -> Self {
+    fn with_key(key: KeySource) -> Self {
         Self {
             key,
             redlock: None,
@@ -104,7 +103,7 @@ impl RedlockMiddleware {
 
     /// One lock per request path (`/orders/42`, without the query string).
     pub fn by_path() -> Self {
-        Self::from_source(KeySource::Path)
+        Self::with_key(KeySource::Path)
     }
 
     /// One lock per value of a header (e.g. `X-Tenant-Id`). Requests without the
@@ -114,14 +113,22 @@ impl RedlockMiddleware {
     /// by choosing another one, and check it against authentication where that
     /// matters.
     pub fn by_header(name: HeaderName) -> Self {
-        Self::from_source(KeySource::Header(name))
+        Self::with_key(KeySource::Header(name, None))
+    }
+
+    /// One lock per value of a header, keyed `name=<value>`: the key that
+    /// [`by_path_param(name)`](Self::by_path_param) gives the same value, so a
+    /// route that finds the tenant in the path and one that finds it in a header
+    /// share one lock per tenant.
+    pub fn by_header_as(header: HeaderName, name: &str) -> Self {
+        Self::with_key(KeySource::Header(header, Some(name.into())))
     }
 
     /// One lock per route pattern (`/tenants/{tenant}/jobs`), whatever its
     /// parameters; from `req.match_pattern()`, which works at any level,
     /// including `App::wrap`. Requests that match no route have no key.
     pub fn by_match_pattern() -> Self {
-        Self::from_source(KeySource::MatchPattern)
+        Self::with_key(KeySource::MatchPattern)
     }
 
     /// One lock per value of a path parameter (`tenant` in
@@ -131,11 +138,11 @@ impl RedlockMiddleware {
     /// resource that declares the parameter has matched. So wrap that scope or
     /// resource (`web::scope("/tenants/{tenant}").wrap(...)`). Wrapped on the
     /// `App`, the parameter is not there yet: every request has no key and runs
-    /// unlocked (or gets 400 with [`MissingKeyPolicy::Reject`]); use
+    /// unlocked (or gets 400 with [`MissingKeyPolicy::Reject`](crate::MissingKeyPolicy::Reject)); use
     /// [`by_match_pattern`](Self::by_match_pattern) or [`by_fn`](Self::by_fn)
     /// at that level.
     pub fn by_path_param(name: &str) -> Self {
-        Self::from_source(KeySource::PathParam(name.into()))
+        Self::with_key(KeySource::PathParam(name.into()))
     }
 
     /// One lock per key computed by `f`; `None` means the request has no key.
@@ -153,7 +160,7 @@ impl RedlockMiddleware {
     where
         F: Fn(&ServiceRequest) -> Option<String> + Send + Sync + 'static,
     {
-        Self::from_source(KeySource::Custom(Arc::new(f)))
+        Self::with_key(KeySource::Custom(Arc::new(f)))
     }
 
     /// Binds the `Redlock` handle; it then wins over the app data.
@@ -162,67 +169,18 @@ impl RedlockMiddleware {
         self
     }
 
-    /// Replaces the whole policy (the other builder methods edit one setting).
+    /// Replaces the whole policy (the other setters edit one setting each).
     pub fn policy(mut self, policy: LockPolicy) -> Self {
         self.policy = policy;
         self
     }
 
-    /// The TTL of the lock keys (default 5 s). The lock is renewed while the
-    /// request runs, so this is only how long others wait after a crash.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.policy = self.policy.ttl(ttl);
-        self
-    }
+    // actix-web 4 has its own `StatusCode` (from `http` 0.2): `busy_status`
+    // takes that one.
+    redlock_core::lock_policy_setters!(apply = apply_setting, status = StatusCode);
 
-    /// Waits up to `timeout` for a busy lock before answering busy (default:
-    /// answer at once).
-    pub fn wait(mut self, timeout: Duration) -> Self {
-        self.policy = self.policy.wait(timeout);
-        self
-    }
-
-    /// The status of the busy answer (default `409 Conflict`).
-    pub fn busy_status(mut self, status: StatusCode) -> Self {
-        self.policy = self.policy.busy_status(status.as_u16());
-        self
-    }
-
-    /// Runs requests unlocked when no quorum of nodes answers (default: 503).
-    pub fn fail_open(mut self) -> Self {
-        self.policy = self.policy.fail_open();
-        self
-    }
-
-    /// What to do when the lock is lost mid-handler (default: drop the handler
-    /// future and answer 503), or while a streamed body holds it (default: cut
-    /// the body off, see [`LockedBody`]).
-    pub fn on_lost(mut self, lost: LostPolicy) -> Self {
-        self.policy = self.policy.on_lost(lost);
-        self
-    }
-
-    /// When to release (default: at the end of the response body).
-    pub fn release_on(mut self, release: ReleasePolicy) -> Self {
-        self.policy = self.policy.release_on(release);
-        self
-    }
-
-    /// What to do with a request that has no key (default: run it unlocked).
-    pub fn on_missing_key(mut self, missing: MissingKeyPolicy) -> Self {
-        self.policy = self.policy.on_missing_key(missing);
-        self
-    }
-
-    /// Stops renewing after this long.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.policy = self.policy.max_hold(max_hold);
-        self
-    }
-
-    /// The prefix of every key (default `"redlock:"`).
-    pub fn key_prefix(mut self, prefix: &str) -> Self {
-        self.policy = self.policy.key_prefix(prefix);
+    fn apply_setting(mut self, setting: Setting) -> Self {
+        self.policy = setting.apply(self.policy);
         self
     }
 }
@@ -234,12 +192,12 @@ where
 {
     type Response = ServiceResponse<EitherBody<LockedBody<B>>>;
     type Error = Error;
-    type Transform = RedlockMiddlewareService<S>;
+    type Transform = RedlockService<S>;
     type InitError = ();
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(RedlockMiddlewareService {
+        ready(Ok(RedlockService {
             service: Rc::new(service),
             config: Rc::new(self.clone()),
         }))
@@ -248,20 +206,20 @@ where
 
 /// The service [`RedlockMiddleware`] wraps around the inner one (one per worker;
 /// it is not `Send`, as actix services need not be).
-pub struct RedlockMiddlewareService<S> {
+pub struct RedlockService<S> {
     service: Rc<S>,
     config: Rc<RedlockMiddleware>,
 }
 
-impl<S> fmt::Debug for RedlockMiddlewareService<S> {
+impl<S> fmt::Debug for RedlockService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockMiddlewareService")
+        f.debug_struct("RedlockService")
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, B> Service<ServiceRequest> for RedlockMiddlewareService<S>
+impl<S, B> Service<ServiceRequest> for RedlockService<S>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error> + 'static,
     B: MessageBody + 'static,

@@ -40,11 +40,9 @@ impl From<Rejection> for LockRejection {
 impl fmt::Display for LockRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0.title())?;
-        match &self.0 {
-            Rejection::Busy { key, .. }
-            | Rejection::Unavailable { key, .. }
-            | Rejection::Lost { key } => write!(f, " ({key})"),
-            _ => Ok(()),
+        match self.0.key() {
+            Some(key) => write!(f, " ({key})"),
+            None => Ok(()),
         }
     }
 }
@@ -53,7 +51,8 @@ impl std::error::Error for LockRejection {}
 
 impl ResponseError for LockRejection {
     fn status_code(&self) -> StatusCode {
-        StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        // actix-web 4 is on `http` 0.2, the core on `http` 1: same codes, two types.
+        StatusCode::from_u16(self.0.status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -106,7 +105,7 @@ mod tests {
     fn busy_maps_to_its_status_with_retry_after_and_a_problem_document() {
         let (status, content_type, retry_after, doc) = parts(Rejection::Busy {
             key: "redlock:/a".into(),
-            status: 423,
+            status: redlock_core::request::StatusCode::LOCKED,
             retry_after: Some(Duration::from_millis(1500)),
         });
         assert_eq!(status, 423);

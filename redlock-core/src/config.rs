@@ -284,6 +284,16 @@ impl RedlockBuilder {
 
     /// Adds a node by URL: `redis://[user:password@]host[:port][/db]`,
     /// `rediss://…` with the `tls` feature, or `unix:///path`.
+    ///
+    /// A `rediss://` node is checked against the system's root certificates
+    /// (its server certificate must name the URL's host). For a server whose
+    /// certificate a private CA signed, give the CA with `tls_url` (with the
+    /// `tls` feature) instead, or trust it system-wide
+    /// (`SSL_CERT_FILE=/path/ca.pem` is honoured). The `tls` feature uses
+    /// rustls with its `ring` provider, installed as the process default at the
+    /// first `rediss://` node unless the application installed one before.
+    /// `rediss://host:port/#insecure` (no certificate check at all) works only
+    /// with redis' `tls-rustls-insecure` feature and is for tests only.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.sources.push(NodeSource::Url(url.into()));
         self
@@ -428,22 +438,74 @@ impl RedlockBuilder {
         }
         Ok(Redlock::from_inner(Inner::new(nodes, self.settings)))
     }
+
+    /// Adds a `rediss://` node that trusts the given certificates instead of the
+    /// system's roots: a private CA's certificate (PEM) in `root_cert`, and for
+    /// mutual TLS a client certificate and key in `client_tls`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis::TlsCertificates;
+    /// use redlock_core::Redlock;
+    ///
+    /// let ca = std::fs::read("/etc/redis/ca.pem")?;
+    /// let certs = || TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
+    /// let redlock = Redlock::builder()
+    ///     .tls_url("rediss://:secret@10.0.0.1:6380", certs())?
+    ///     .tls_url("rediss://:secret@10.0.0.2:6380", certs())?
+    ///     .tls_url("rediss://:secret@10.0.0.3:6380", certs())?
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL that is not `rediss://` or does not parse,
+    /// or certificates that do not parse.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_url(
+        mut self,
+        url: impl Into<String>,
+        certs: redis::TlsCertificates,
+    ) -> Result<Self, Error> {
+        let url = url.into();
+        let client = redis::Client::build_with_tls(url.as_str(), certs)
+            .map_err(|e| invalid_url(&url, e.to_string()))?;
+        let (label, _, pool) = pool_from_info(&url, client.get_connection_info().clone())?;
+        self.sources.push(NodeSource::Pool {
+            label: Some(label),
+            pool,
+        });
+        Ok(self)
+    }
 }
 
 /// Parses a node URL into a pool, its label and its address (no password kept).
 fn node_from_url(url: &str) -> Result<Node, Error> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: redact_url(url),
-        reason: scrub_password(url, reason),
-    };
     if url.starts_with("rediss://") && !cfg!(feature = "tls") {
-        return Err(invalid(
+        return Err(invalid_url(
+            url,
             "rediss:// needs the `tls` feature of redlock-core".into(),
         ));
     }
     let info = url
         .into_connection_info()
-        .map_err(|e| invalid(e.to_string()))?;
+        .map_err(|e| invalid_url(url, e.to_string()))?;
+    let (label, address, pool) = pool_from_info(url, info)?;
+    Ok(Node::new(label.into(), Some(address), pool))
+}
+
+/// [`Error::InvalidUrl`] for `url`, with its password kept out of both fields.
+fn invalid_url(url: &str, reason: String) -> Error {
+    Error::InvalidUrl {
+        url: redact_url(url),
+        reason: scrub_password(url, reason),
+    }
+}
+
+/// The label, the address and the pool of the node `url` (parsed into `info`).
+fn pool_from_info(url: &str, info: redis::ConnectionInfo) -> Result<(String, String, Pool), Error> {
+    let invalid = |reason: String| invalid_url(url, reason);
     let address = match info.addr() {
         ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
             if !valid_host(host) {
@@ -465,12 +527,21 @@ fn node_from_url(url: &str) -> Result<Node, Error> {
         ConnectionAddr::Unix(path) => format!("unix:{}", path.display()),
         _ => redact_url(url),
     };
+    #[cfg(feature = "tls")]
+    if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+        crate::node::ensure_crypto_provider();
+    }
     let db = info.redis_settings().db();
     let label = if db == 0 {
         address.clone()
     } else {
         format!("{address}/{db}")
     };
+    // Calls are small and pipelined on one connection: with Nagle's algorithm on
+    // (redis' default), a command sent while an earlier one is unacknowledged
+    // waits for the peer's delayed ACK, up to 40 ms on Linux.
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    let info = info.set_tcp_settings(tcp);
     // No response or connect timeout in the connection itself: every call is
     // bounded by `node_timeout`, which may be longer than redis' defaults.
     let manager = deadpool_redis::Manager::new_with_config(
@@ -485,7 +556,7 @@ fn node_from_url(url: &str) -> Result<Node, Error> {
         .build()
         .map_err(|e| invalid(e.to_string()))?;
     // Two databases of one server are one failure domain: compare the address only.
-    Ok(Node::new(label.into(), Some(address), pool))
+    Ok((label, address, pool))
 }
 
 /// A DNS name or an IP address (brackets already removed).

@@ -206,7 +206,9 @@ impl fmt::Display for Report {
             match &n.status {
                 NodeStatus::Ok => f.write_str("ok")?,
                 NodeStatus::Busy { pttl: Some(p) } => write!(f, "busy, holder expires in {p:?}")?,
-                NodeStatus::Busy { pttl: None } => f.write_str("busy, holder key has no expiry")?,
+                NodeStatus::Busy { pttl: None } => {
+                    f.write_str("busy, holder key TTL unknown or none")?
+                }
                 NodeStatus::NotHeld => f.write_str("not held")?,
                 NodeStatus::Pending => f.write_str("pending")?,
                 NodeStatus::Failed(e) => write!(f, "{e}")?,

@@ -47,7 +47,7 @@ impl Redlock {
             .map_or(start, |v| instant_after(start, v));
         lock.valid_until = lock.valid_until.min(capped);
         let span = tracing::debug_span!(
-            "self.extend",
+            "redlock.extend",
             resource = %lock.resource,
             extension = lock.extensions.saturating_add(1),
             ttl_ms = ttl.as_millis() as u64,

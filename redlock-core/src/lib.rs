@@ -70,6 +70,7 @@
 //! [deadpool-redis]: https://docs.rs/deadpool-redis
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -85,6 +86,8 @@ mod lock;
 mod node;
 mod redlock;
 mod release;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod request;
 mod steps;
 mod stragglers;

@@ -2,12 +2,13 @@
 //! Lua scripts run on it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Pipeline, Value};
+use tokio::sync::watch;
 
 use crate::error::NodeError;
 
@@ -99,22 +100,61 @@ fn eval(script: &LuaScript, key: &str, args: &[String]) -> Cmd {
     cmd
 }
 
-/// `EVAL` after `NOSCRIPT`. A failure here means the node cannot run scripts.
-async fn eval_fallback(
-    mut conn: MultiplexedConnection,
-    script: &LuaScript,
-    key: &str,
-    args: &[String],
-) -> Result<Value, NodeError> {
-    conn.send_packed_command(&eval(script, key, args))
-        .await
-        .and_then(Value::extract_error)
-        .map_err(|e| match NodeError::from_redis(&e) {
-            NodeError::Server { code, message } => NodeError::NoScript(format!(
-                "EVALSHA said NOSCRIPT and the EVAL fallback failed: {code} {message}"
-            )),
-            other => other,
-        })
+/// The shortest and the longest a background connection attempt may take (it
+/// gets ten node timeouts within these bounds): long enough for a handshake over
+/// a slow link that no single call could wait for, short enough that a node
+/// which accepts connections but never answers is tried again soon.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a background connection attempt started by a call with `timeout`
+/// may take.
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout
+        .saturating_mul(10)
+        .min(MAX_CONNECT_TIMEOUT.max(timeout))
+        .max(MIN_CONNECT_TIMEOUT)
+}
+
+/// A connection attempt's outcome, as its waiters see it: the connection and its
+/// generation, or why it could not be made. `None` while it runs.
+type Attempt = Option<Result<(u64, MultiplexedConnection), NodeError>>;
+
+/// The connection calls use.
+struct Cached {
+    generation: u64,
+    conn: MultiplexedConnection,
+    /// When the node last answered anything on this connection (the handshake
+    /// counts). A call that timed out with nothing answered since it started
+    /// says the connection is dead; one that timed out while answers kept
+    /// arriving says only that this call was slow (waiting for the reconnect or
+    /// an `EVAL` fallback used up its time), and dropping the connection then
+    /// would make the next call pay the handshake again.
+    answered_at: Instant,
+}
+
+/// The node's connection state, shared with the background connection attempt.
+#[derive(Default)]
+struct Slot {
+    cached: Option<Cached>,
+    /// The attempt under way, if any: its number, and where its outcome appears.
+    connecting: Option<(u64, watch::Receiver<Attempt>)>,
+    /// The number of the next attempt.
+    next_attempt: u64,
+}
+
+struct Shared {
+    slot: Mutex<Slot>,
+    /// Bumped each time a new connection replaces the cached one. Two calls with
+    /// the same generation went over the same socket, so the node ran them in the
+    /// order they were sent.
+    generation: AtomicU64,
+}
+
+impl Shared {
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// One independent Redis master.
@@ -123,16 +163,16 @@ pub(crate) struct Node {
     /// The address the node was configured with (no password), when known; used
     /// to refuse the same server listed twice.
     pub(crate) address: Option<String>,
-    pool: Pool,
     /// redis' multiplexed connection pipelines concurrent calls over one socket, so
     /// one connection per node is the fastest path. The pool creates it (and creates
     /// it again after a failure); taking it out of the pool skips the `PING` that
     /// deadpool-redis sends to recycle a connection on every checkout.
-    cached: Mutex<Option<MultiplexedConnection>>,
-    /// Bumped each time a new connection replaces the cached one. Two calls with
-    /// the same generation went over the same socket, so the node ran them in the
-    /// order they were sent.
-    generation: AtomicU64,
+    pool: Pool,
+    /// The cached connection and the connection attempt under way. Attempts run
+    /// one at a time in a task of their own, so a call that gives up does not
+    /// cancel the handshake the next call needs, and concurrent calls on a cold
+    /// node share one connection instead of each opening their own.
+    shared: Arc<Shared>,
 }
 
 impl Node {
@@ -141,40 +181,154 @@ impl Node {
             label,
             address,
             pool,
-            cached: Mutex::new(None),
-            generation: AtomicU64::new(0),
+            shared: Arc::new(Shared {
+                slot: Mutex::new(Slot::default()),
+                generation: AtomicU64::new(0),
+            }),
         }
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, NodeError> {
-        if let Some(conn) = self
-            .cached
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            return Ok(conn.clone());
+    /// The cached connection, else the outcome of the connection attempt under
+    /// way (starting one if there is none), with its generation, which is also
+    /// put in `used` so that it is known after a timeout.
+    async fn connection(
+        &self,
+        timeout: Duration,
+        used: &mut Option<u64>,
+    ) -> Result<(u64, MultiplexedConnection), NodeError> {
+        let mut rx = {
+            let mut slot = self.shared.slot();
+            if let Some(c) = &slot.cached {
+                *used = Some(c.generation);
+                return Ok((c.generation, c.conn.clone()));
+            }
+            match &slot.connecting {
+                // A closed channel is an attempt whose task ended without an
+                // outcome (a panic, or its runtime shut down): start another.
+                Some((_, rx)) if rx.has_changed().is_ok() => rx.clone(),
+                _ => self.start_connect(&mut slot, timeout)?,
+            }
+        };
+        let outcome = match rx.wait_for(Option::is_some).await {
+            Ok(outcome) => outcome.clone(),
+            Err(_) => None,
+        };
+        match outcome {
+            Some(Ok((generation, conn))) => {
+                *used = Some(generation);
+                Ok((generation, conn))
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(NodeError::Connect(
+                "the connection attempt ended without an outcome (its task panicked, or its \
+                 Tokio runtime shut down)"
+                    .into(),
+            )),
         }
-        let conn = self.pool.get().await.map_err(|e| match e {
-            deadpool_redis::PoolError::Backend(err) => match NodeError::from_redis(&err) {
-                NodeError::Io(m) | NodeError::Protocol(m) => NodeError::Connect(m),
-                other => other,
-            },
-            other => NodeError::Connect(other.to_string()),
+    }
+
+    /// Spawns a connection attempt on the current Tokio runtime and records it in
+    /// `slot`. It caches its connection when done, whether or not anyone still
+    /// waits for it.
+    fn start_connect(
+        &self,
+        slot: &mut Slot,
+        timeout: Duration,
+    ) -> Result<watch::Receiver<Attempt>, NodeError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            NodeError::Connect("no Tokio runtime to run the connection attempt on".into())
         })?;
-        let conn = deadpool_redis::Connection::take(conn);
-        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        Ok(conn)
+        let id = slot.next_attempt;
+        slot.next_attempt = slot.next_attempt.wrapping_add(1);
+        let (tx, rx) = watch::channel(None);
+        slot.connecting = Some((id, rx.clone()));
+        let pool = self.pool.clone();
+        let shared = Arc::clone(&self.shared);
+        let limit = connect_timeout(timeout);
+        runtime.spawn(async move {
+            let result = match tokio::time::timeout(limit, connect(&pool)).await {
+                Ok(r) => r,
+                Err(_) => Err(NodeError::Connect(format!(
+                    "no connection within {limit:?}"
+                ))),
+            };
+            let outcome = {
+                let mut slot = shared.slot();
+                if slot.connecting.as_ref().is_some_and(|(i, _)| *i == id) {
+                    slot.connecting = None;
+                }
+                result.map(|conn| {
+                    let generation = shared
+                        .generation
+                        .fetch_add(1, Ordering::SeqCst)
+                        .wrapping_add(1);
+                    slot.cached = Some(Cached {
+                        generation,
+                        conn: conn.clone(),
+                        answered_at: Instant::now(),
+                    });
+                    (generation, conn)
+                })
+            };
+            // Nobody may be waiting any more; the connection is cached anyway.
+            let _ = tx.send(Some(outcome));
+        });
+        Ok(rx)
     }
 
     /// The current connection generation.
     pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
+        self.shared.generation.load(Ordering::SeqCst)
     }
 
-    fn forget_connection(&self) {
-        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    /// The node answered on connection `generation`.
+    fn answered(&self, generation: u64) {
+        let mut slot = self.shared.slot();
+        if let Some(c) = slot.cached.as_mut()
+            && c.generation == generation
+        {
+            c.answered_at = Instant::now();
+        }
+    }
+
+    /// After a call that started at `started` failed with `error` on connection
+    /// `generation`: drops that connection if the error says it is broken, and
+    /// only that one, never a newer connection that replaced it meanwhile. A
+    /// timeout says it is broken only if the node has answered nothing on it
+    /// since the call started.
+    fn forget_connection(&self, error: &NodeError, generation: Option<u64>, started: Instant) {
+        let Some(generation) = generation else {
+            return;
+        };
+        let mut slot = self.shared.slot();
+        let Some(c) = &slot.cached else {
+            return;
+        };
+        if c.generation != generation {
+            return;
+        }
+        let broken = match error {
+            NodeError::Timeout(_) => c.answered_at < started,
+            other => other.breaks_connection(),
+        };
+        if broken {
+            slot.cached = None;
+        }
+    }
+
+    /// Sends one command on connection `generation`, noting any answer.
+    async fn send(
+        &self,
+        generation: u64,
+        conn: &mut MultiplexedConnection,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<Value> {
+        let reply = conn.send_packed_command(cmd).await;
+        // A server error is an answer too: the connection works.
+        if reply.is_ok() {
+            self.answered(generation);
+        }
+        reply.and_then(Value::extract_error)
     }
 
     /// Runs `call` by `EVALSHA`, falling back to `EVAL` on `NOSCRIPT`, all under
@@ -185,32 +339,40 @@ impl Node {
         timeout: Duration,
     ) -> (Result<Value, NodeError>, Duration) {
         let start = Instant::now();
-        let result = match tokio::time::timeout(timeout, self.run_inner(call)).await {
-            Ok(r) => r,
-            Err(_) => Err(NodeError::Timeout(timeout)),
-        };
-        if let Err(e) = &result
-            && e.breaks_connection()
-        {
-            self.forget_connection();
+        let mut used = None;
+        let result =
+            match tokio::time::timeout(timeout, self.run_inner(call, timeout, &mut used)).await {
+                Ok(r) => r,
+                Err(_) => Err(NodeError::Timeout(timeout)),
+            };
+        if let Err(e) = &result {
+            self.forget_connection(e, used, start);
         }
         (result, start.elapsed())
     }
 
-    async fn run_inner(&self, call: &Call) -> Result<Value, NodeError> {
-        let mut conn = self.connection().await?;
+    async fn run_inner(
+        &self,
+        call: &Call,
+        timeout: Duration,
+        used: &mut Option<u64>,
+    ) -> Result<Value, NodeError> {
+        let (generation, mut conn) = self.connection(timeout, used).await?;
         let (script, evalsha, key, args) = match call {
             Call::Acquire { pipeline } => {
-                let replies = conn
-                    .send_packed_commands(pipeline, 0, 3)
-                    .await
-                    .map_err(|e| NodeError::from_redis(&e))?;
-                let replies = replies
-                    .into_iter()
-                    .map(Value::extract_error)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| NodeError::from_redis(&e))?;
-                return Ok(Value::Array(replies));
+                // Error replies stay in the array: `parse_acquire` judges by the
+                // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
+                // a `SET` that ran.
+                let replies = conn.send_packed_commands(pipeline, 0, 3).await;
+                if replies
+                    .as_ref()
+                    .map_or_else(|e| e.code().is_some(), |_| true)
+                {
+                    self.answered(generation);
+                }
+                return replies
+                    .map(Value::Array)
+                    .map_err(|e| NodeError::from_redis(&e));
             }
             Call::Script {
                 script,
@@ -219,38 +381,81 @@ impl Node {
                 args,
             } => (script, evalsha, key, args),
         };
-        // Error replies arrive as `Value::ServerError`; `extract_error` makes them
-        // errors so they are classified.
-        match conn
-            .send_packed_command(evalsha)
-            .await
-            .and_then(Value::extract_error)
-        {
+        // Error replies are made errors (by `send`) so they are classified.
+        match self.send(generation, &mut conn, evalsha).await {
             Ok(v) => Ok(v),
             // Rare (a restarted or flushed node): boxed, so its state does not
             // enlarge every call's future.
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                Box::pin(eval_fallback(conn, script, key, args)).await
+                Box::pin(self.eval_fallback(generation, conn, script, key, args)).await
             }
             Err(e) => Err(NodeError::from_redis(&e)),
         }
     }
 
+    /// `EVAL` after `NOSCRIPT`. A failure here means the node cannot run scripts.
+    async fn eval_fallback(
+        &self,
+        generation: u64,
+        mut conn: MultiplexedConnection,
+        script: &LuaScript,
+        key: &str,
+        args: &[String],
+    ) -> Result<Value, NodeError> {
+        self.send(generation, &mut conn, &eval(script, key, args))
+            .await
+            .map_err(|e| match NodeError::from_redis(&e) {
+                NodeError::Server { code, message } => NodeError::NoScript(format!(
+                    "EVALSHA said NOSCRIPT and the EVAL fallback failed: {code} {message}"
+                )),
+                other => other,
+            })
+    }
+
     /// Runs a plain command (used for `INFO server`) under `timeout`.
     pub(crate) async fn query(&self, cmd: &Cmd, timeout: Duration) -> Result<Value, NodeError> {
-        match tokio::time::timeout(timeout, async {
-            let mut conn = self.connection().await?;
-            conn.send_packed_command(cmd)
+        let start = Instant::now();
+        let mut used = None;
+        let result = match tokio::time::timeout(timeout, async {
+            let (generation, mut conn) = self.connection(timeout, &mut used).await?;
+            self.send(generation, &mut conn, cmd)
                 .await
-                .and_then(Value::extract_error)
                 .map_err(|e| NodeError::from_redis(&e))
         })
         .await
         {
             Ok(r) => r,
             Err(_) => Err(NodeError::Timeout(timeout)),
+        };
+        if let Err(e) = &result {
+            self.forget_connection(e, used, start);
         }
+        result
     }
+}
+
+/// Gives rustls a process-level crypto provider before the first TLS handshake:
+/// redis builds its TLS configuration with `ClientConfig::builder()`, which
+/// panics when no provider was installed and the crate features do not name
+/// exactly one. An application that installed its own keeps it.
+#[cfg(feature = "tls")]
+pub(crate) fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one first; any installed provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Takes a new connection out of the pool.
+async fn connect(pool: &Pool) -> Result<MultiplexedConnection, NodeError> {
+    let conn = pool.get().await.map_err(|e| match e {
+        deadpool_redis::PoolError::Backend(err) => match NodeError::from_redis(&err) {
+            NodeError::Io(m) | NodeError::Protocol(m) => NodeError::Connect(m),
+            other => other,
+        },
+        other => NodeError::Connect(other.to_string()),
+    })?;
+    Ok(deadpool_redis::Connection::take(conn))
 }
 
 /// The acquire script's answer on one node.
@@ -260,36 +465,44 @@ pub(crate) enum AcquireReply {
     Busy { pttl_ms: i64 },
 }
 
+/// Judges the acquire pipeline by its `SET` reply: `OK` is acquired whatever
+/// `PTTL` and `TYPE` said (the key is set; a user not allowed those commands
+/// must still be able to lock), an error is the node's error, and nil is busy.
+/// Only then do `PTTL` and `TYPE` describe the holder; a refused one leaves that
+/// part unknown.
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
     let Value::Array(items) = v else {
         return Err(NodeError::Protocol(format!("acquire reply {v:?}")));
     };
-    let [set, pttl, ty] = items.as_slice() else {
-        return Err(NodeError::Protocol(format!(
-            "acquire reply of {} items",
-            items.len()
-        )));
-    };
+    let [set, pttl, ty] = <[Value; 3]>::try_from(items)
+        .map_err(|items| NodeError::Protocol(format!("acquire reply of {} items", items.len())))?;
     match set {
         Value::Okay => return Ok(AcquireReply::Acquired),
         Value::SimpleString(s) if s == "OK" => return Ok(AcquireReply::Acquired),
         Value::Nil => {}
+        Value::ServerError(e) => return Err(NodeError::from_redis(&e.into())),
         other => return Err(NodeError::Protocol(format!("SET reply {other:?}"))),
     }
-    let ty = match ty {
-        Value::SimpleString(s) => s.as_str(),
-        Value::Okay => "ok",
-        other => return Err(NodeError::Protocol(format!("TYPE reply {other:?}"))),
-    };
     let pttl_ms = match pttl {
-        Value::Int(p) => *p,
+        Value::Int(p) => Some(p),
+        Value::ServerError(_) => None,
         other => return Err(NodeError::Protocol(format!("PTTL reply {other:?}"))),
     };
+    let ty = match &ty {
+        Value::SimpleString(s) => Some(s.as_str()),
+        Value::Okay => Some("ok"),
+        Value::ServerError(_) => None,
+        other => return Err(NodeError::Protocol(format!("TYPE reply {other:?}"))),
+    };
+    // -2 is what `PTTL` says of a missing key; it maps to "no known PTTL".
+    let pttl_ms = pttl_ms.unwrap_or(-2);
     match ty {
-        "string" => Ok(AcquireReply::Busy { pttl_ms }),
+        // An unknown type is most likely our kind of holder: SET NX refused
+        // because the key exists.
+        Some("string") | None => Ok(AcquireReply::Busy { pttl_ms }),
         // The holder's key expired between `SET` and `TYPE`: free now.
-        "none" => Ok(AcquireReply::Busy { pttl_ms: 0 }),
-        other => Err(NodeError::WrongType {
+        Some("none") => Ok(AcquireReply::Busy { pttl_ms: 0 }),
+        Some(other) => Err(NodeError::WrongType {
             found: other.to_owned(),
             pttl_ms,
         }),
@@ -341,5 +554,31 @@ mod tests {
             Ok(AcquireReply::Acquired)
         );
         assert!(parse_acquire(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn judges_by_set_when_pttl_or_type_is_refused() {
+        let refused = || {
+            redis::parse_redis_value(b"-NOPERM this user has no permissions\r\n")
+                .expect("an error reply parses")
+        };
+        assert!(matches!(refused(), Value::ServerError(_)));
+        let reply = |set: Value| Value::Array(vec![set, refused(), refused()]);
+        assert_eq!(
+            parse_acquire(reply(Value::Okay)),
+            Ok(AcquireReply::Acquired)
+        );
+        assert_eq!(
+            parse_acquire(reply(Value::Nil)),
+            Ok(AcquireReply::Busy { pttl_ms: -2 })
+        );
+        assert_eq!(
+            parse_acquire(Value::Array(vec![Value::Nil, Value::Int(700), refused()])),
+            Ok(AcquireReply::Busy { pttl_ms: 700 })
+        );
+        assert!(matches!(
+            parse_acquire(reply(refused())),
+            Err(NodeError::Auth(_))
+        ));
     }
 }

@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use redlock_core::LockHandle;
 use redlock_core::request::{LostFuture, LostPolicy, Rejection, ReleaseFuture, RequestLock};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::rejection::{BoxError, RejectionBody};
 
 /// Watches the loss of the lock a body holds under [`LostPolicy::Abort`].
 struct Watch {
@@ -62,8 +62,9 @@ enum Kind<B: Body> {
         // Set while `lock` is held under `LostPolicy::Abort`.
         watch: Option<Watch>,
     },
+    // A rejected request's answer: the problem document, or the app's own.
     Rejection {
-        bytes: Option<Bytes>,
+        body: RejectionBody,
     },
     // The lock was lost while the body streamed: the inner body is dropped, so
     // nothing more is produced without the lock, and the error (given out once)
@@ -80,8 +81,8 @@ enum Kind<B: Body> {
 /// turned true after a frame (with an exact `Content-Length`, nothing polls
 /// again), or an error, or the body was dropped (client gone). The end is
 /// reported only once the release has completed, so a client that saw the whole
-/// response can take the lock at once. For a rejected request it is the small
-/// problem document.
+/// response can take the lock at once. For a rejected request it is the problem
+/// document, or the answer of the layer's `on_rejection`.
 ///
 /// If the lock is lost while the body streams, under the default
 /// [`LostPolicy::Abort`], the body is cut off: the handler's body is dropped
@@ -92,14 +93,14 @@ enum Kind<B: Body> {
 /// it. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
 /// to watch [`LockHandle::lost`] itself. The error type boxes the handler
 /// body's own errors and this one.
-pub struct RedlockBody<B: Body> {
+pub struct LockedBody<B: Body> {
     kind: Kind<B>,
 }
 
 // No field is ever pinned in place: the inner body sits in its own box.
-impl<B: Body> Unpin for RedlockBody<B> {}
+impl<B: Body> Unpin for LockedBody<B> {}
 
-impl<B: Body> RedlockBody<B> {
+impl<B: Body> LockedBody<B> {
     pub(crate) fn inner(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self {
         let watch = lock
             .as_ref()
@@ -117,11 +118,9 @@ impl<B: Body> RedlockBody<B> {
         }
     }
 
-    pub(crate) fn rejection(bytes: Bytes) -> Self {
+    pub(crate) fn rejection(body: RejectionBody) -> Self {
         Self {
-            kind: Kind::Rejection {
-                bytes: (!bytes.is_empty()).then_some(bytes),
-            },
+            kind: Kind::Rejection { body },
         }
     }
 
@@ -150,7 +149,7 @@ impl<B: Body> RedlockBody<B> {
     }
 }
 
-impl<B: Body<Data = Bytes>> RedlockBody<B> {
+impl<B: Body<Data = Bytes>> LockedBody<B> {
     /// Called by the response future before it gives the head to the server: one
     /// poll of the inner body. If that completes the body (the usual in-memory
     /// response), the lock is released now and the response goes out whole, the
@@ -206,9 +205,9 @@ impl<B: Body<Data = Bytes>> RedlockBody<B> {
     }
 }
 
-impl<B: Body> std::fmt::Debug for RedlockBody<B> {
+impl<B: Body> std::fmt::Debug for LockedBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedlockBody")
+        f.debug_struct("LockedBody")
             .field("holds_lock", &self.holds_lock())
             .finish()
     }
@@ -220,7 +219,7 @@ fn boxed<E: Into<BoxError>>(
     polled.map(|frame| frame.map_err(Into::into))
 }
 
-impl<B> Body for RedlockBody<B>
+impl<B> Body for LockedBody<B>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -276,7 +275,7 @@ where
                     }
                 }
             },
-            Kind::Rejection { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Rejection { body } => Pin::new(body).poll_frame(cx),
             Kind::Cut { error } => Poll::Ready(error.take().map(|e| Err(e.into()))),
         }
     }
@@ -291,7 +290,7 @@ where
                 held,
                 ..
             } => lock.is_none() && releasing.is_none() && held.is_none() && body.is_end_stream(),
-            Kind::Rejection { bytes } => bytes.is_none(),
+            Kind::Rejection { body } => body.is_end_stream(),
             Kind::Cut { error } => error.is_none(),
         }
     }
@@ -317,9 +316,7 @@ where
                 }
                 hint
             }
-            Kind::Rejection { bytes } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
+            Kind::Rejection { body } => body.size_hint(),
             Kind::Cut { .. } => SizeHint::default(),
         }
     }

@@ -6,16 +6,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use redlock_core::request::{
-    self, Guarded, LockPolicy, Rejection, ReleaseFuture, ReleasePolicy, RequestLock,
-};
+use redlock_core::request::{self, Guarded, Rejection, ReleaseFuture, ReleasePolicy, RequestLock};
 use tower_service::Service;
 
-use crate::body::RedlockBody;
-use crate::layer::RejectionHandler;
+use crate::body::LockedBody;
+use crate::layer::Config;
 
 type Acquire = Pin<Box<dyn Future<Output = Result<Option<RequestLock>, Rejection>> + Send>>;
 
@@ -41,7 +39,7 @@ pin_project! {
         // been polled once, and released if that ended it (`BodyEnd`).
         Settling {
             release: Option<ReleaseFuture>,
-            response: Option<Response<RedlockBody<ResBody>>>,
+            response: Option<Response<LockedBody<ResBody>>>,
         },
         Rejected {
             rejection: Option<Rejection>,
@@ -58,8 +56,7 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, ResBody>,
-        policy: Arc<LockPolicy>,
-        on_rejection: Option<RejectionHandler>,
+        config: Arc<Config>,
     }
 }
 
@@ -72,8 +69,7 @@ where
         acquire: Acquire,
         service: S,
         request: Request<ReqBody>,
-        policy: Arc<LockPolicy>,
-        on_rejection: Option<RejectionHandler>,
+        config: Arc<Config>,
     ) -> Self {
         Self {
             state: State::Acquiring {
@@ -81,23 +77,17 @@ where
                 service: Some(service),
                 request: Some(request),
             },
-            policy,
-            on_rejection,
+            config,
         }
     }
 
-    pub(crate) fn unlocked(
-        future: S::Future,
-        policy: Arc<LockPolicy>,
-        on_rejection: Option<RejectionHandler>,
-    ) -> Self {
+    pub(crate) fn unlocked(future: S::Future, config: Arc<Config>) -> Self {
         Self {
             state: State::Running {
-                future: request::guard(future, None, &policy),
+                future: request::guard(future, None, &config.policy),
                 lock: None,
             },
-            policy,
-            on_rejection,
+            config,
         }
     }
 }
@@ -107,7 +97,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
 {
-    type Output = Result<Response<RedlockBody<ResBody>>, S::Error>;
+    type Output = Result<Response<LockedBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -122,18 +112,18 @@ where
                     let (Some(mut service), Some(mut request)) = (service.take(), request.take())
                     else {
                         // Only reachable if polled after a panic inside `call`.
-                        return Poll::Ready(Ok(reject(
-                            Rejection::MissingHandle,
-                            this.on_rejection.as_ref(),
-                        )));
+                        return Poll::Ready(Ok(reject(Rejection::MissingHandle, this.config)));
                     };
                     match acquired {
                         Ok(lock) => {
                             if let Some(lock) = &lock {
                                 request.extensions_mut().insert(lock.handle());
                             }
-                            let future =
-                                request::guard(service.call(request), lock.as_ref(), this.policy);
+                            let future = request::guard(
+                                service.call(request),
+                                lock.as_ref(),
+                                &this.config.policy,
+                            );
                             this.state.set(State::Running { future, lock });
                         }
                         Err(rejection) => this.state.set(State::Rejected {
@@ -144,7 +134,7 @@ where
                 StateProj::Running { future, lock } => match ready!(future.poll(cx)) {
                     Ok(Ok(response)) => {
                         let held = lock.take();
-                        let (release, held) = match (this.policy.release_policy(), held) {
+                        let (release, held) = match (this.config.policy.release_policy(), held) {
                             (ReleasePolicy::ResponseHead, Some(held)) => {
                                 (Some(held.release()), None)
                             }
@@ -153,7 +143,7 @@ where
                         this.state.set(State::Settling {
                             release,
                             response: Some(response.map(|body| {
-                                RedlockBody::inner(body, held, this.policy.lost_policy())
+                                LockedBody::inner(body, held, this.config.policy.lost_policy())
                             })),
                         });
                     }
@@ -164,7 +154,7 @@ where
                     Err(rejection) => {
                         // Lost: drop the handler's future first, then answer.
                         this.state.set(State::Rejected { rejection: None });
-                        return Poll::Ready(Ok(reject(rejection, this.on_rejection.as_ref())));
+                        return Poll::Ready(Ok(reject(rejection, this.config)));
                     }
                 },
                 StateProj::Settling { release, response } => {
@@ -173,10 +163,7 @@ where
                         *release = None;
                     }
                     let Some(mut ready) = response.take() else {
-                        return Poll::Ready(Ok(reject(
-                            Rejection::MissingHandle,
-                            this.on_rejection.as_ref(),
-                        )));
+                        return Poll::Ready(Ok(reject(Rejection::MissingHandle, this.config)));
                     };
                     if ready.body_mut().poll_settle(cx).is_pending() {
                         *response = Some(ready);
@@ -186,34 +173,14 @@ where
                 }
                 StateProj::Rejected { rejection } => {
                     let rejection = rejection.take().unwrap_or(Rejection::MissingHandle);
-                    return Poll::Ready(Ok(reject(rejection, this.on_rejection.as_ref())));
+                    return Poll::Ready(Ok(reject(rejection, this.config)));
                 }
             }
         }
     }
 }
 
-/// The response for a rejection: the custom handler's, or a problem+json document
-/// with `Retry-After` where it applies.
-pub(crate) fn reject<B: Body>(
-    rejection: Rejection,
-    handler: Option<&RejectionHandler>,
-) -> Response<RedlockBody<B>> {
-    if let Some(handler) = handler {
-        return handler(&rejection).map(RedlockBody::rejection);
-    }
-    let mut response = Response::new(RedlockBody::rejection(Bytes::from(
-        rejection.problem_json(),
-    )));
-    *response.status_mut() =
-        StatusCode::from_u16(rejection.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(Rejection::CONTENT_TYPE),
-    );
-    if let Some(secs) = rejection.retry_after_secs() {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    response
+/// The response for a rejection, with the app's handler if it set one.
+fn reject<B: Body>(rejection: Rejection, config: &Config) -> Response<LockedBody<B>> {
+    crate::rejection::response(&rejection, config.on_rejection.as_ref()).map(LockedBody::rejection)
 }

@@ -1,6 +1,5 @@
 //! Key extractors: which requests share a lock.
 
-#[cfg(feature = "axum")]
 use std::sync::Arc;
 
 use http::HeaderName;
@@ -53,23 +52,45 @@ impl KeyExtractor for ByPath {
     }
 }
 
-/// The value of one request header, e.g. `X-Tenant-Id`. Absent or non-UTF-8 values
+/// The value of one request header, e.g. `X-Tenant-Id`: the value itself, or
+/// `name=<value>` once [named](Self::named). Absent, empty or non-UTF-8 values
 /// give no key.
 ///
 /// The client chooses this value: use it for keys where a client can only hurt
 /// itself by choosing another one (its own tenant, its own delivery id), and
 /// check it against authentication where that matters.
 #[derive(Debug, Clone)]
-pub struct ByHeader(pub(crate) HeaderName);
+pub struct ByHeader {
+    header: HeaderName,
+    name: Option<Arc<str>>,
+}
+
+impl ByHeader {
+    /// The value of `header`, as the key.
+    pub fn new(header: HeaderName) -> Self {
+        Self { header, name: None }
+    }
+
+    /// Keys `name=<value>`, as `ByPathParam` (axum) does for a route parameter of
+    /// that name, so both find the same lock for the same value.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+}
 
 impl KeyExtractor for ByHeader {
     fn extract(&self, req: &mut Parts) -> Option<String> {
-        req.headers
-            .get(&self.0)?
+        let value = req
+            .headers
+            .get(&self.header)?
             .to_str()
             .ok()
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
+            .filter(|v| !v.is_empty())?;
+        Some(match &self.name {
+            Some(name) => format!("{name}={value}"),
+            None => value.to_owned(),
+        })
     }
 }
 

@@ -1,35 +1,54 @@
 //! [`RedlockLayer`] and its configuration.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderName, StatusCode};
+use http::HeaderName;
 use redlock_core::Redlock;
-use redlock_core::request::{LockPolicy, LostPolicy, MissingKeyPolicy, Rejection, ReleasePolicy};
+use redlock_core::request::{__private::Setting, LockPolicy, Rejection};
 use tower_layer::Layer;
 
 use crate::key::{ByHeader, ByPath, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::key::{ByMatchedPath, ByPathParam};
+use crate::rejection::RejectionHandler;
 use crate::service::RedlockService;
 
-/// Builds the response for a rejected request (busy, unavailable, lost, …).
-pub type RejectionHandler = Arc<dyn Fn(&Rejection) -> http::Response<Bytes> + Send + Sync>;
+/// What a [`RedlockService`] needs besides its key extractor: shared by every
+/// clone of the service, and by the response futures.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) redlock: Option<Redlock>,
+    pub(crate) policy: LockPolicy,
+    pub(crate) on_rejection: Option<RejectionHandler>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("redlock", &self.redlock)
+            .field("policy", &self.policy)
+            .field("on_rejection", &self.on_rejection.is_some())
+            .finish()
+    }
+}
 
 /// A tower [`Layer`] that runs each request under a Redlock quorum lock on a key
 /// taken from the request.
 ///
 /// ```no_run
-/// use axum::{Extension, Router, routing::post};
+/// use axum::{Router, routing::post};
 /// use redlock_core::Redlock;
-/// use redlock_tower::RedlockLayer;
+/// use redlock_tower::{Held, RedlockLayer};
+///
+/// async fn run(Held(lock): Held) -> String {
+///     format!("ran under {}", lock.key())
+/// }
 ///
 /// # fn app(redlock: Redlock) -> Router {
 /// Router::new()
-///     .route("/jobs/{id}/run", post(|| async { "done" }))
-///     .layer(RedlockLayer::by_path())   // one request per path at a time, across replicas
-///     .layer(Extension(redlock))        // the handle the lock layer uses
+///     .route("/jobs/{id}/run", post(run))
+///     // one request per path at a time, across replicas
+///     .layer(RedlockLayer::by_path().with_redlock(redlock))
 /// # }
 /// ```
 ///
@@ -40,7 +59,8 @@ pub type RejectionHandler = Arc<dyn Fn(&Rejection) -> http::Response<Bytes> + Se
 /// 2. else a `Redlock` in the request extensions, e.g. from
 ///    `.layer(Extension(redlock))` added *after* (so outside) the lock layer.
 ///
-/// With neither, the request gets a 500 and an error is logged that names the fix.
+/// With neither, the request gets a 500, and an error that names the fix is
+/// logged (once per process).
 ///
 /// # Responses
 ///
@@ -51,23 +71,22 @@ pub type RejectionHandler = Arc<dyn Fn(&Rejection) -> http::Response<Bytes> + Se
 /// | lock lost mid-handler | handler dropped, 503 ([`on_lost`](Self::on_lost)) |
 /// | no key in the request | run unlocked ([`on_missing_key`](Self::on_missing_key) for 400) |
 ///
-/// The lock is renewed while the handler runs, and released when the response
-/// body has been sent (or dropped), unless [`release_on`](Self::release_on)
-/// says otherwise.
+/// [`on_rejection`](Self::on_rejection) replaces these answers. The lock is
+/// renewed while the handler runs, and released when the response body has been
+/// sent (or dropped), unless [`release_on`](Self::release_on) says otherwise.
+/// The policy setters are those of [`LockPolicy`]; [`policy`](Self::policy)
+/// sets them all at once.
 #[derive(Clone)]
 pub struct RedlockLayer<K = ByPath> {
     pub(crate) key: K,
-    pub(crate) redlock: Option<Redlock>,
-    pub(crate) policy: Arc<LockPolicy>,
-    pub(crate) on_rejection: Option<RejectionHandler>,
+    pub(crate) config: Arc<Config>,
 }
 
 impl<K: std::fmt::Debug> std::fmt::Debug for RedlockLayer<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedlockLayer")
             .field("key", &self.key)
-            .field("redlock", &self.redlock)
-            .field("policy", &self.policy)
+            .field("config", &self.config)
             .finish()
     }
 }
@@ -81,17 +100,26 @@ impl RedlockLayer<ByPath> {
 }
 
 impl RedlockLayer<ByHeader> {
-    /// One lock per value of a header (e.g. `X-Tenant-Id`). Requests without the
-    /// header follow the missing-key policy.
-    pub fn by_header(name: HeaderName) -> Self {
-        Self::with_key(ByHeader(name))
+    /// One lock per value of a header (e.g. `X-Tenant-Id`), keyed by the value
+    /// itself. Requests without the header follow the missing-key policy.
+    pub fn by_header(header: HeaderName) -> Self {
+        Self::with_key(ByHeader::new(header))
+    }
+
+    /// One lock per value of a header, keyed `name=<value>`: the key that
+    /// [`by_path_param(name)`](Self::by_path_param) gives the same value, so a
+    /// route that finds the tenant in the path and one that finds it in a header
+    /// share one lock per tenant.
+    pub fn by_header_as(header: HeaderName, name: &str) -> Self {
+        Self::with_key(ByHeader::new(header).named(name))
     }
 }
 
 #[cfg(feature = "axum")]
 impl RedlockLayer<ByPathParam> {
     /// One lock per value of a named route parameter (`tenant` in
-    /// `/tenants/{tenant}/…`). Apply with `Router::layer` or `route_layer`.
+    /// `/tenants/{tenant}/…`), keyed `tenant=<value>`. Apply with
+    /// `Router::layer` or `route_layer`.
     pub fn by_path_param(name: &str) -> Self {
         Self::with_key(ByPathParam(name.into()))
     }
@@ -120,9 +148,11 @@ impl<K: KeyExtractor> RedlockLayer<K> {
     pub fn with_key(key: K) -> Self {
         Self {
             key,
-            redlock: None,
-            policy: Arc::new(LockPolicy::default()),
-            on_rejection: None,
+            config: Arc::new(Config {
+                redlock: None,
+                policy: LockPolicy::default(),
+                on_rejection: None,
+            }),
         }
     }
 
@@ -132,74 +162,63 @@ impl<K: KeyExtractor> RedlockLayer<K> {
     }
 
     /// Binds the `Redlock` handle (it then wins over request extensions).
-    pub fn with_redlock(mut self, redlock: Redlock) -> Self {
-        self.redlock = Some(redlock);
-        self
+    pub fn with_redlock(self, redlock: Redlock) -> Self {
+        self.map_config(|c| c.redlock = Some(redlock))
     }
 
-    fn map_policy(mut self, f: impl FnOnce(LockPolicy) -> LockPolicy) -> Self {
-        self.policy = Arc::new(f((*self.policy).clone()));
-        self
+    /// Replaces the whole policy (the other setters edit one setting each).
+    pub fn policy(self, policy: LockPolicy) -> Self {
+        self.map_config(|c| c.policy = policy)
     }
 
-    /// Replaces the whole policy.
-    pub fn policy(mut self, policy: LockPolicy) -> Self {
-        self.policy = Arc::new(policy);
-        self
+    redlock_core::lock_policy_setters!(apply = apply_setting, status = http::StatusCode);
+
+    fn apply_setting(self, setting: Setting) -> Self {
+        self.map_config(|c| c.policy = setting.apply(c.policy.clone()))
     }
 
-    /// The TTL of the lock keys (default 5 s); the lock is renewed while the
-    /// request runs, so this is only how long others wait after a crash.
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.map_policy(|p| p.ttl(ttl))
-    }
-
-    /// Waits up to `timeout` for a busy lock before answering busy.
-    pub fn wait(self, timeout: Duration) -> Self {
-        self.map_policy(|p| p.wait(timeout))
-    }
-
-    /// The status for a busy lock (default `409 Conflict`).
-    pub fn busy_status(self, status: StatusCode) -> Self {
-        self.map_policy(|p| p.busy_status(status.as_u16()))
-    }
-
-    /// Runs requests unlocked when no quorum answers (default: 503, fail closed).
-    pub fn fail_open(self) -> Self {
-        self.map_policy(LockPolicy::fail_open)
-    }
-
-    /// What to do when the lock is lost mid-handler (default: abort with 503).
-    pub fn on_lost(self, policy: LostPolicy) -> Self {
-        self.map_policy(|p| p.on_lost(policy))
-    }
-
-    /// When to release (default: at the end of the response body).
-    pub fn release_on(self, policy: ReleasePolicy) -> Self {
-        self.map_policy(|p| p.release_on(policy))
-    }
-
-    /// What to do with a request that yields no key (default: run it unlocked).
-    pub fn on_missing_key(self, policy: MissingKeyPolicy) -> Self {
-        self.map_policy(|p| p.on_missing_key(policy))
-    }
-
-    /// Stops renewing after this long.
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        self.map_policy(|p| p.max_hold(max_hold))
-    }
-
-    /// The prefix of every key (default `"redlock:"`).
-    pub fn key_prefix(self, prefix: &str) -> Self {
-        self.map_policy(|p| p.key_prefix(prefix))
-    }
-
-    /// Builds rejection responses with `f` instead of the default problem+json.
-    pub fn on_rejection<F>(mut self, f: F) -> Self
+    /// Answers rejected requests (busy, unavailable, lost, …) with what `f`
+    /// returns instead of the default problem+json document: any axum
+    /// `IntoResponse`, e.g. `(StatusCode, String)`.
+    ///
+    /// ```
+    /// use axum::http::StatusCode;
+    /// use redlock_tower::{Rejection, RedlockLayer};
+    ///
+    /// let layer = RedlockLayer::by_path().on_rejection(|rejection: &Rejection| {
+    ///     (StatusCode::TOO_MANY_REQUESTS, format!("try again: {}", rejection.title()))
+    /// });
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "axum")]
+    pub fn on_rejection<F, R>(self, f: F) -> Self
     where
-        F: Fn(&Rejection) -> http::Response<Bytes> + Send + Sync + 'static,
+        F: Fn(&Rejection) -> R + Send + Sync + 'static,
+        R: axum::response::IntoResponse,
     {
-        self.on_rejection = Some(Arc::new(f));
+        let handler: RejectionHandler = Arc::new(move |rejection: &Rejection| {
+            crate::rejection::boxed(axum::response::IntoResponse::into_response(f(rejection)))
+        });
+        self.map_config(|c| c.on_rejection = Some(handler))
+    }
+
+    /// Answers rejected requests (busy, unavailable, lost, …) with what `f`
+    /// returns instead of the default problem+json document. (With the `axum`
+    /// feature, `f` may return any `IntoResponse`.)
+    #[cfg(not(feature = "axum"))]
+    pub fn on_rejection<F, B>(self, f: F) -> Self
+    where
+        F: Fn(&Rejection) -> http::Response<B> + Send + Sync + 'static,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<crate::rejection::BoxError>,
+    {
+        let handler: RejectionHandler =
+            Arc::new(move |rejection: &Rejection| crate::rejection::boxed(f(rejection)));
+        self.map_config(|c| c.on_rejection = Some(handler))
+    }
+
+    fn map_config(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
         self
     }
 }
@@ -210,7 +229,8 @@ impl<S, K: Clone> Layer<S> for RedlockLayer<K> {
     fn layer(&self, inner: S) -> Self::Service {
         RedlockService {
             inner,
-            layer: self.clone(),
+            key: self.key.clone(),
+            config: Arc::clone(&self.config),
         }
     }
 }

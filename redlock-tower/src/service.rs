@@ -1,5 +1,6 @@
 //! [`RedlockService`]: the middleware itself.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -8,16 +9,18 @@ use redlock_core::Redlock;
 use redlock_core::request::{self, MissingKeyPolicy};
 use tower_service::Service;
 
-use crate::body::RedlockBody;
+use crate::body::LockedBody;
 use crate::future::ResponseFuture;
 use crate::key::KeyExtractor;
-use crate::layer::RedlockLayer;
+use crate::layer::Config;
 
-/// The service [`RedlockLayer`] wraps around the inner one.
+/// The service [`RedlockLayer`](crate::RedlockLayer) wraps around the inner one.
+/// Its clones share one configuration.
 #[derive(Clone, Debug)]
 pub struct RedlockService<S, K> {
     pub(crate) inner: S,
-    pub(crate) layer: RedlockLayer<K>,
+    pub(crate) key: K,
+    pub(crate) config: Arc<Config>,
 }
 
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RedlockService<S, K>
@@ -28,7 +31,7 @@ where
     ReqBody: Send + 'static,
     ResBody: http_body::Body<Data = Bytes>,
 {
-    type Response = Response<RedlockBody<ResBody>>;
+    type Response = Response<LockedBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, ResBody>;
 
@@ -38,26 +41,25 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        let key = self.layer.key.extract(&mut parts);
+        let key = self.key.extract(&mut parts);
         let req = Request::from_parts(parts, body);
-        let policy = self.layer.policy.clone();
-        let on_rejection = self.layer.on_rejection.clone();
+        let config = Arc::clone(&self.config);
 
         // No key and pass-through: no lock, no box.
-        if key.is_none() && policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
-            return ResponseFuture::unlocked(self.inner.call(req), policy, on_rejection);
+        if key.is_none() && config.policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
+            return ResponseFuture::unlocked(self.inner.call(req), config);
         }
-        let redlock = self
-            .layer
+        let redlock = config
             .redlock
             .clone()
             .or_else(|| req.extensions().get::<Redlock>().cloned());
         // The ready service was this one: take it, leave a clone for next time.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let acquire_policy = policy.clone();
-        let acquire =
-            Box::pin(async move { request::acquire(redlock.as_ref(), key, &acquire_policy).await });
-        ResponseFuture::acquiring(acquire, inner, req, policy, on_rejection)
+        let acquire_config = Arc::clone(&config);
+        let acquire = Box::pin(async move {
+            request::acquire(redlock.as_ref(), key, &acquire_config.policy).await
+        });
+        ResponseFuture::acquiring(acquire, inner, req, config)
     }
 }

@@ -474,3 +474,229 @@ async fn one_paused_node_does_not_slow_the_acquire() {
     drop(lock);
     assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(key) == 0));
 }
+
+// ------------------------------------------------- reconnects (issue 10, A)
+
+/// Through three proxies adding `one_way` each direction, a long-lived handle
+/// with the default 50 ms node timeout makes 20 `try_lock` + `unlock` attempts
+/// 100 ms apart. Returns whether the first attempt acquired and how many of the
+/// 19 others did.
+async fn acquired_through_latency(one_way: Duration) -> (bool, usize) {
+    use redlock_tests::proxy::{Direction, FaultProxy};
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        let proxy = FaultProxy::start(i, node.port(), None).await.unwrap();
+        proxy.delay(Direction::Request, one_way, Duration::ZERO);
+        proxy.delay(Direction::Reply, one_way, Duration::ZERO);
+        proxies.push(proxy);
+    }
+    let rl = Redlock::from_urls(proxies.iter().map(|p| p.url())).unwrap();
+    assert_eq!(rl.node_timeout(), ms(50));
+    let mut outcomes = Vec::new();
+    for i in 0..20 {
+        let acquired = match rl
+            .try_lock(&format!("rtt-{i}"), Duration::from_secs(2))
+            .await
+        {
+            Ok(lock) => {
+                let _ = rl.unlock(lock).await;
+                true
+            }
+            Err(e) => {
+                eprintln!("{one_way:?} each way, attempt {i}: {e}");
+                false
+            }
+        };
+        outcomes.push(acquired);
+        tokio::time::sleep(ms(100)).await;
+    }
+    let rest = outcomes[1..].iter().filter(|a| **a).count();
+    (outcomes[0], rest)
+}
+
+/// A connect + handshake (one round trip) plus the `SET` (another) take 60 ms
+/// at 30 ms RTT, longer than the 50 ms node timeout: the first call times out,
+/// but the connection it waited for must stay, so every later call (30 ms)
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_survives_a_handshake_longer_than_the_node_timeout() {
+    let (first_20, rest_20) = acquired_through_latency(ms(10)).await;
+    let (first_30, rest_30) = acquired_through_latency(ms(15)).await;
+    eprintln!(
+        "20 ms RTT: first {first_20}, {rest_20}/19 after; 30 ms RTT: first {first_30}, {rest_30}/19 after"
+    );
+    assert!(rest_20 >= 18, "20 ms RTT: {rest_20} of 19 acquired");
+    assert!(rest_30 >= 18, "30 ms RTT: {rest_30} of 19 acquired");
+}
+
+/// `total_connections_received` on the node (the connection that asks counts).
+fn connections_received(node: &RedisNode) -> i64 {
+    let info: String = node.raw(&["INFO", "stats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .expect("total_connections_received in INFO stats")
+}
+
+/// Concurrent callers on a cold node wait for one connection attempt instead of
+/// each opening its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_on_a_cold_node_open_one_connection() {
+    let node = RedisNode::start();
+    let rl = build(vec![node.url()], ms(500));
+    let before = connections_received(&node);
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (rl, barrier) = (rl.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let lock = rl
+                    .try_lock(&format!("cold-{i}"), Duration::from_secs(5))
+                    .await
+                    .unwrap();
+                rl.unlock(lock).await.unwrap();
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Less the connection that asked the second time.
+    let opened = connections_received(&node) - before - 1;
+    assert_eq!(
+        opened, 1,
+        "16 concurrent callers opened {opened} connections"
+    );
+}
+
+/// A call that fails on an old connection after a newer one replaced it must
+/// not drop the newer one. X and Y are sent on connection 1 into a blackhole;
+/// X times out first and forgets connection 1; X's release opens connection 2
+/// (new connections pass again); then Y times out on connection 1. The next
+/// calls must still use connection 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
+    use redlock_tests::proxy::{DirFault, Direction, FaultProxy};
+    let node = RedisNode::start();
+    let proxy = FaultProxy::start(0, node.port(), None).await.unwrap();
+    let rl = build(vec![proxy.url()], ms(400));
+    let lock = rl
+        .try_lock("warm-up", Duration::from_secs(5))
+        .await
+        .unwrap();
+    rl.unlock(lock).await.unwrap();
+    assert_eq!(proxy.stats().accepted, 1);
+
+    proxy.blackhole();
+    let x = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.try_lock("late-x", Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(ms(200)).await;
+    let y = {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.try_lock("late-y", Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(ms(50)).await;
+    // New connections pass; connection 1 lost bytes, so it stays dead (no reset).
+    proxy.set(Direction::Request, DirFault::default());
+    proxy.set(Direction::Reply, DirFault::default());
+    let x = x.await.unwrap().unwrap_err();
+    assert!(x.report().is_some(), "{x:?}");
+    assert!(
+        wait_for(Duration::from_secs(1), || proxy.stats().accepted == 2),
+        "X's release did not reconnect: {:?}",
+        proxy.stats()
+    );
+    let y = y.await.unwrap().unwrap_err();
+    let report = y.report().unwrap_or_else(|| panic!("{y:?}"));
+    assert!(
+        report
+            .errors()
+            .all(|(_, e)| matches!(e, NodeError::Timeout(_))),
+        "{y}"
+    );
+    tokio::time::sleep(ms(100)).await;
+    let lock = rl.try_lock("after", Duration::from_secs(5)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+    assert_eq!(
+        proxy.stats().accepted,
+        2,
+        "Y's late timeout dropped the newer connection"
+    );
+}
+
+// ------------------------------------- acquire secondary errors (issue 10, B)
+
+/// A user allowed `SET`, the scripts and the handshake, but not `PTTL` or `TYPE`.
+const LOCKER_PASSWORD: &str = "locker-s3cret-pw";
+
+fn add_locker_user(node: &RedisNode) {
+    node.cmd(&[
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        &format!(">{LOCKER_PASSWORD}"),
+        "~*",
+        "+@connection",
+        "+set",
+        "+get",
+        "+del",
+        "+pexpire",
+        "+eval",
+        "+evalsha",
+        "+info",
+        "+ping",
+    ]);
+}
+
+/// `SET` said OK but `PTTL` and `TYPE` were refused: the node holds the key, so
+/// it counts as acquired. When `SET` said nil, it is busy with no known PTTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_judges_by_set_when_pttl_and_type_are_refused() {
+    let cluster = Cluster::start(3);
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            add_locker_user(n);
+            format!("redis://locker:{LOCKER_PASSWORD}@127.0.0.1:{}", n.port())
+        })
+        .collect();
+    let rl = build(urls, ms(300));
+    let key = "acl-no-pttl";
+    let lock = rl
+        .try_lock(key, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("SET said OK on every node: {e}"));
+    let token = lock.token().to_owned();
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+            == 3)
+    );
+
+    let err = rl
+        .try_lock(key, Duration::from_secs(10))
+        .await
+        .expect_err("the key is held");
+    let shown = [
+        format!("{err}"),
+        format!("{err:?}"),
+        format!("{rl:?}"),
+        format!("{lock:?}"),
+    ];
+    match &err {
+        Error::Busy { report, .. } => {
+            assert!(report.busy_count() >= 2, "{report}");
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    for s in &shown {
+        assert!(!s.contains(LOCKER_PASSWORD), "password shown: {s}");
+    }
+    redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+}

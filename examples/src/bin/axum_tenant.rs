@@ -10,15 +10,16 @@
 //! per independent master), or else three local `redis-server` processes started
 //! for the run. Port: `--port N` or `$PORT` (default 3000).
 //!
-//! Two routes take the same per-tenant lock (`redlock:tenant=<id>`):
+//! Two routes take the same per-tenant lock (`redlock:tenant=<id>`: the layer's
+//! namespace `redlock:`, then `tenant=<id>`):
 //!
 //! - `POST /tenants/{tenant}/jobs`: the key is the `tenant` path parameter
 //!   (`RedlockLayer::by_path_param`); a busy tenant's jobs **wait** (up to 30 s)
 //!   for their turn, so they queue;
-//! - `POST /jobs` with `X-Tenant-Id: <tenant>`: the key is the header
-//!   (`RedlockLayer::by_header`, a request without it gets 400); a busy tenant
-//!   answers **409** at once. Its key prefix `redlock:tenant=` makes the header's
-//!   key the same as the path parameter's, so both routes exclude each other.
+//! - `POST /jobs` with `X-Tenant-Id: <tenant>`: the key is the header, named
+//!   like the path parameter (`RedlockLayer::by_header_as(.., "tenant")`, a
+//!   request without it gets 400), so both routes exclude each other; a busy
+//!   tenant answers **409** at once.
 //!
 //! `GET /stats` shows, per tenant, how many jobs ran and the most that ever ran
 //! at once (always 1).
@@ -35,7 +36,7 @@ use futures_util::future::join_all;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use redlock_core::LockHandle;
 use redlock_examples::{Args, BoxError, Checks, Gauge, Nodes, http_client, send, serve};
-use redlock_tower::{MissingKeyPolicy, RedlockLayer};
+use redlock_tower::{Held, MissingKeyPolicy, RedlockLayer};
 
 const JOB_TIME: Duration = Duration::from_secs(1);
 const TENANT_HEADER: HeaderName = HeaderName::from_static("x-tenant-id");
@@ -71,7 +72,7 @@ impl Tenants {
 async fn job_by_path(
     State(tenants): State<Arc<Tenants>>,
     Path(tenant): Path<String>,
-    Extension(lock): Extension<LockHandle>,
+    Held(lock): Held,
 ) -> String {
     tenants.run_job(&tenant, &lock).await
 }
@@ -79,7 +80,7 @@ async fn job_by_path(
 async fn job_by_header(
     State(tenants): State<Arc<Tenants>>,
     headers: HeaderMap,
-    Extension(lock): Extension<LockHandle>,
+    Held(lock): Held,
 ) -> String {
     // The layer only lets requests with the header through.
     let tenant = headers
@@ -113,8 +114,7 @@ fn app(tenants: Arc<Tenants>, redlock: redlock_core::Redlock) -> Router {
     let by_header = Router::new()
         .route("/jobs", post(job_by_header))
         .route_layer(
-            RedlockLayer::by_header(TENANT_HEADER)
-                .key_prefix("redlock:tenant=")
+            RedlockLayer::by_header_as(TENANT_HEADER, "tenant")
                 .on_missing_key(MissingKeyPolicy::Reject),
         );
     Router::new()

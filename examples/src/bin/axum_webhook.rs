@@ -152,7 +152,7 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     let webhooks = Router::new().route("/webhooks", post(receive)).route_layer(
         RedlockLayer::by_header(DELIVERY_HEADER)
-            .key_prefix("redlock:webhook:")
+            .namespace("redlock:webhook:")
             .on_missing_key(MissingKeyPolicy::Reject),
     );
     let app = Router::new()

@@ -426,8 +426,8 @@ fn rand_below(n: u64) -> u64 {
     u64::from_le_bytes(b) % n
 }
 
-/// 4. One node of five paused: lock+unlock pairs, against the same pairs with
-/// every node healthy, in the same run.
+/// Scenario 4, one node of five paused: lock+unlock pairs, against healthy
+/// pairs in the same run.
 async fn paused(setup: &Setup) -> Result<(), BoxError> {
     let Some(cluster) = &setup._cluster else {
         println!("\n(paused: skipped, needs local nodes rather than REDLOCK_NODES)");
@@ -479,7 +479,9 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
         us(l.pct(0.99)),
         us(h.pct(0.99)),
     );
-    println!("(raw waits for every node's answer or timeout; the library decides acquire and release at quorum)");
+    println!(
+        "(raw waits for every node's answer or timeout; the library decides acquire and release at quorum)"
+    );
     Ok(())
 }
 

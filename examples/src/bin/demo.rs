@@ -81,7 +81,13 @@ fn app(accounts: Arc<Accounts>, redlock: redlock_core::Redlock) -> Router {
     let waiting = (0..4)
         .filter(|k| is_wait_mode(*k))
         .fold(Router::new(), route)
-        .route_layer(RedlockLayer::by_path().wait(WAIT));
+        // The handlers take ~10 ms: retry sooner than the handle's default
+        // delays (100 ms + up to 100 ms), so a waiting request follows closely.
+        .route_layer(
+            RedlockLayer::by_path()
+                .wait(WAIT)
+                .retry_delay(Duration::from_millis(25), Duration::from_millis(50)),
+        );
     Router::new()
         .merge(fail_fast)
         .merge(waiting)

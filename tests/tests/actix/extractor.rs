@@ -5,14 +5,11 @@
 //! rejections (400, 500, 503) and fail-open, config lookup, and `HeldLock::run`
 //! stopping the work when the lock is lost.
 
-#[macro_use]
-mod actix_common;
-
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix_common::*;
+use crate::common::*;
 use actix_web::{App, HttpRequest, HttpResponse, test, web};
 use bytes::Bytes;
 use futures_util::future::join;
@@ -218,7 +215,7 @@ async fn rejections_and_config_lookup() {
                 // Scope level config, in web::Data, with its own key and prefix.
                 web::scope("/orders/{order}")
                     .app_data(web::Data::new(
-                        order_config().policy(LockPolicy::default().key_prefix("shop:")),
+                        order_config().policy(LockPolicy::default().namespace("shop:")),
                     ))
                     .route("/settle", web::get().to(settle)),
             )

@@ -4,21 +4,18 @@
 //! without a key (pass through, or 400), and which handle wins when one is bound
 //! on the layer and another sits in the extensions.
 
-mod tower_common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use axum::body::Body;
 use axum::http::Uri;
 use axum::routing::get;
 use axum::{Extension, Router};
-use bytes::Bytes;
 use http::{HeaderName, Request, StatusCode};
 use redlock_core::{LockHandle, Redlock};
 use redlock_tests::Cluster;
 use redlock_tower::{MissingKeyPolicy, RedlockLayer, Rejection};
 use tower::ServiceExt;
-use tower_common::*;
 
 /// Holds the lock for `?hold=<ms>`; answers with the lock's key, or `unlocked`.
 async fn hold(uri: Uri, lock: Option<Extension<LockHandle>>) -> String {
@@ -103,9 +100,9 @@ async fn custom_rejection_handler_builds_the_busy_response() {
     let layer = RedlockLayer::by_path().on_rejection(|rejection: &Rejection| {
         http::Response::builder()
             .status(StatusCode::TOO_MANY_REQUESTS)
-            .header("x-rejection-status", rejection.status().to_string())
+            .header("x-rejection-status", rejection.status().as_str())
             .header("content-type", "text/plain")
-            .body(Bytes::from(format!("custom: {}", rejection.title())))
+            .body(format!("custom: {}", rejection.title()))
             .unwrap()
     });
     let app = Router::new()

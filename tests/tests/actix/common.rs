@@ -56,7 +56,7 @@ macro_rules! serve {
             .bind(("127.0.0.1", 0))
             .unwrap();
         let addr = server.addrs()[0];
-        $crate::actix_common::Server::spawn(addr, server.run())
+        $crate::common::Server::spawn(addr, server.run())
     }};
 }
 
@@ -219,7 +219,7 @@ macro_rules! call {
             let req = ::actix_web::test::TestRequest::get().uri($uri)
                 $(.insert_header($header))*
                 .to_request();
-            $crate::actix_common::Answer::of(::actix_web::test::call_service($app, req).await).await
+            $crate::common::Answer::of(::actix_web::test::call_service($app, req).await).await
         }
     };
 }

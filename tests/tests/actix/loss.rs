@@ -6,15 +6,12 @@
 //! (during the handler or during a streamed body), leave the lock released
 //! within 2 s, far sooner than its TTL.
 
-#[macro_use]
-mod actix_common;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix_common::*;
+use crate::common::*;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{App, HttpResponse, web};

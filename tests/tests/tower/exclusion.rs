@@ -5,12 +5,11 @@
 //! router should key on the full request path (currently ignored: a known bug,
 //! see the test).
 
-mod tower_common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::routing::get;
@@ -20,7 +19,6 @@ use http::StatusCode;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
 use redlock_tower::RedlockLayer;
-use tower_common::*;
 
 /// The state of the critical-section handler: a counter updated without
 /// atomicity (read, sleep, write), and a gauge of the requests inside.
@@ -302,4 +300,52 @@ async fn sequential_requests_never_find_the_previous_request_still_holding_the_l
          (request index, Retry-After s): {busy:?}",
         busy.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_param_route_and_a_named_header_route_share_the_tenant_lock() {
+    // The tenant example's two routes, with no hand-made key prefix:
+    // `by_path_param("tenant")` and `by_header_as(.., "tenant")` both key
+    // `tenant=<id>` under the default namespace.
+    let cluster = Cluster::start(3);
+    let by_path = Router::new()
+        .route("/tenants/{tenant}/jobs", get(hold))
+        .route_layer(RedlockLayer::by_path_param("tenant"));
+    let by_header =
+        Router::new()
+            .route("/jobs", get(hold))
+            .route_layer(RedlockLayer::by_header_as(
+                http::HeaderName::from_static("x-tenant-id"),
+                "tenant",
+            ));
+    let app = Router::new()
+        .merge(by_path)
+        .merge(by_header)
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/tenants/acme/jobs?hold=2000"));
+        async move { http_get(&client, &url).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key("redlock:tenant=acme")
+            == 3)
+        .await,
+        "the path route never took the tenant lock"
+    );
+    let same = http_get_with(&client, &server.url("/jobs"), ("x-tenant-id", "acme")).await;
+    assert_eq!(
+        same.status,
+        StatusCode::CONFLICT,
+        "one lock for both routes"
+    );
+    let other = http_get_with(&client, &server.url("/jobs"), ("x-tenant-id", "globex")).await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.text(), "redlock:tenant=globex");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.text(), "redlock:tenant=acme");
 }

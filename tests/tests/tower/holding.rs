@@ -5,13 +5,12 @@
 //! lost is cut off (default `LostPolicy::Abort`), or streams on
 //! (`LostPolicy::Signal`).
 
-mod tower_common;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
@@ -23,7 +22,6 @@ use http_body_util::BodyExt;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
 use redlock_tower::{LostPolicy, RedlockLayer, ReleasePolicy};
-use tower_common::*;
 
 const TTL: Duration = Duration::from_millis(300);
 const KEY: &str = "redlock:/stream";

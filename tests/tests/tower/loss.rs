@@ -3,11 +3,10 @@
 //! the client gets 503; with `LostPolicy::Signal` the handler sees `is_lost()` and
 //! its own response is sent.
 
-mod tower_common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Extension, Router};
@@ -15,7 +14,6 @@ use http::StatusCode;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
 use redlock_tower::{LostPolicy, RedlockLayer};
-use tower_common::*;
 
 const TTL: Duration = Duration::from_secs(2);
 const KEY: &str = "redlock:/work";

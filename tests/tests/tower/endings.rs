@@ -4,12 +4,11 @@
 //! `ResponseFuture` dropped after it took the lock. A `ResponseFuture` dropped
 //! while it is still acquiring must leave no key behind either.
 
-mod tower_common;
-
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
@@ -22,7 +21,6 @@ use redlock_tower::RedlockLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt};
-use tower_common::*;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -350,7 +348,17 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
         .await
         .unwrap();
     assert!(!whole.body().holds_lock(), "released before the head");
-    assert_eq!(cluster.count_with_key("redlock:/whole"), 0, "no key left");
+    // Released at quorum before the head: at most a minority key is left,
+    // and its delete is already on its way.
+    assert!(
+        cluster.count_with_key("redlock:/whole") <= 1,
+        "a quorum of keys released"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || cluster.count_with_key("redlock:/whole") == 0)
+            .await,
+        "no key left"
+    );
     assert_eq!(
         whole.body().size_hint().exact(),
         Some(5),

@@ -8,15 +8,12 @@
 //! lock is lost is cut off (default `LostPolicy::Abort`), or streams on
 //! (`LostPolicy::Signal`).
 
-#[macro_use]
-mod actix_common;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix_common::*;
+use crate::common::*;
 use actix_web::{App, HttpResponse, web};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -315,7 +312,17 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
     let whole = test::call_service(&app, test::TestRequest::get().uri("/whole").to_request()).await;
     assert_eq!(whole.status(), 200);
     assert!(!holds(whole.response().body()), "released before the head");
-    assert_eq!(cluster.count_with_key("redlock:/whole"), 0, "no key left");
+    // Released at quorum before the head: at most a minority key is left,
+    // and its delete is already on its way.
+    assert!(
+        cluster.count_with_key("redlock:/whole") <= 1,
+        "a quorum of keys released"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || cluster.count_with_key("redlock:/whole") == 0)
+            .await,
+        "no key left"
+    );
     assert_eq!(
         whole.response().body().size(),
         actix_web::body::BodySize::Sized(5)

@@ -1,0 +1,284 @@
+//! The part of a per-request lock that does not depend on the web framework
+//! (the `http` feature).
+//!
+//! `redlock-tower` and `redlock-actix` are thin: they extract a key and map a
+//! [`Rejection`] to their own response type. Everything else lives here once:
+//! the [`LockPolicy`] and its setters (the adapters' builders get the same ones
+//! from one macro), the wait, the hold with auto-extension (a
+//! [`LockGuard`] from [`Redlock::lock_guard`]), the abort on loss, the release,
+//! the tracing span, and the HTTP answer of a refusal (status, `Retry-After`,
+//! `application/problem+json`).
+//!
+//! The Redis key of a request's lock is the handle's key prefix, then the
+//! policy's namespace, then the extracted key: see [`LockPolicy`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redlock_core::Redlock;
+//! use redlock_core::request::{self, LockPolicy};
+//!
+//! # async fn run(redlock: Redlock) {
+//! let policy = LockPolicy::default().wait(Duration::from_secs(2));
+//! match request::acquire(Some(&redlock), Some("tenant:7".into()), &policy).await {
+//!     Ok(Some(held)) => {
+//!         let work = async { /* the handler */ };
+//!         match request::guard(work, Some(&held), &policy).await {
+//!             Ok(()) => {}                     // done: drop `held` when the response ends
+//!             Err(rejection) => { /* lost: answer rejection.status() */ }
+//!         }
+//!     }
+//!     Ok(None) => { /* no lock needed (no key, or fail-open) */ }
+//!     Err(rejection) => { /* answer rejection.status() with rejection.problem_json() */ }
+//! }
+//! # }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use pin_project_lite::pin_project;
+use tracing::Instrument;
+
+use crate::config::LockOptions;
+use crate::error::Error;
+use crate::guard::{LockGuard, LockHandle};
+use crate::redlock::Redlock;
+
+mod policy;
+mod rejection;
+mod setters;
+
+pub use http::StatusCode;
+pub use policy::{
+    BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
+};
+pub use rejection::Rejection;
+
+/// What [`lock_policy_setters!`](crate::lock_policy_setters) expands to. Not
+/// for direct use.
+#[doc(hidden)]
+pub mod __private {
+    pub use super::setters::Setting;
+}
+
+/// A lock held for one request. Dropping it releases the lock in the background
+/// and closes the request's tracing span with the hold time and outcome.
+pub struct RequestLock {
+    guard: Option<LockGuard>,
+    handle: LockHandle,
+    span: tracing::Span,
+    acquired: Instant,
+}
+
+impl std::fmt::Debug for RequestLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestLock")
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl RequestLock {
+    /// The handle to put in the request (extensions or `ReqData`).
+    pub fn handle(&self) -> LockHandle {
+        self.handle.clone()
+    }
+
+    /// A future that completes when the lock is lost (by the renewal task's
+    /// signal or by the clock, see [`LockHandle::lost`]).
+    pub fn lost(&self) -> LostFuture {
+        self.handle.lost()
+    }
+}
+
+/// The future of [`RequestLock::release`].
+pub type ReleaseFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl RequestLock {
+    /// Releases the lock and completes once every node has answered (or timed
+    /// out). Response bodies await this before they end, so a client that has
+    /// the whole response never finds its own request still holding the lock.
+    /// (Dropping a `RequestLock` releases too, but in the background.)
+    pub fn release(mut self) -> ReleaseFuture {
+        Box::pin(async move {
+            if let Some(guard) = self.guard.take()
+                && let Err(error) = guard.release().await
+            {
+                tracing::debug!(parent: &self.span, %error, "release after the response");
+            }
+            // `self` drops here and closes the span with the hold time.
+        })
+    }
+}
+
+impl Drop for RequestLock {
+    fn drop(&mut self) {
+        let lost = self.handle.is_lost();
+        self.span
+            .record("hold_ms", self.acquired.elapsed().as_millis() as u64);
+        self.span.record("extensions", self.handle.extensions());
+        self.span
+            .record("outcome", if lost { "lost" } else { "released" });
+        // Dropping the guard signals its task, which releases (never blocks here).
+        drop(self.guard.take());
+    }
+}
+
+pub use crate::guard::LostFuture;
+
+/// Takes the lock for one request per `policy`, with the handle the adapter found
+/// (bound to the middleware, or registered on the app).
+///
+/// - `Ok(Some(lock))`: held, with auto-extension; keep it until the response ends.
+/// - `Ok(None)`: run the request unlocked (no key and pass-through, or fail-open).
+/// - `Err(rejection)`: answer with the rejection (already logged).
+///
+/// # Errors
+/// A [`Rejection`] for busy, unavailable, missing key, missing handle or
+/// misconfiguration.
+pub async fn acquire(
+    redlock: Option<&Redlock>,
+    key: Option<String>,
+    policy: &LockPolicy,
+) -> Result<Option<RequestLock>, Rejection> {
+    let Some(key) = key else {
+        return match policy.missing_key {
+            MissingKeyPolicy::PassThrough => Ok(None),
+            MissingKeyPolicy::Reject => {
+                let rejection = Rejection::MissingKey;
+                rejection.log();
+                Err(rejection)
+            }
+        };
+    };
+    let Some(redlock) = redlock else {
+        let rejection = Rejection::MissingHandle;
+        rejection.log();
+        return Err(rejection);
+    };
+    let key = policy.resource_for(&key);
+    let span = tracing::info_span!(
+        "redlock.request",
+        key = %key,
+        wait_ms = tracing::field::Empty,
+        hold_ms = tracing::field::Empty,
+        extensions = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let options = LockOptions {
+        retry: Some(policy.retry_for(redlock.retry_policy())),
+        ..policy.options.clone()
+    };
+    let result = redlock
+        .lock_guard(&key, &options)
+        .instrument(span.clone())
+        .await;
+    span.record("wait_ms", started.elapsed().as_millis() as u64);
+    let guard = match result {
+        Ok(guard) => guard,
+        Err(error) => {
+            let key: Arc<str> = key.into();
+            let rejection = match error {
+                Error::Busy { retry_after, .. } => Rejection::Busy {
+                    key,
+                    status: policy.busy_status,
+                    retry_after,
+                },
+                // Some node said another holder has the key: running unlocked
+                // could overlap that holder, so even fail-open answers "busy".
+                Error::NoQuorum { ref report, .. } if report.busy_count() > 0 => Rejection::Busy {
+                    key,
+                    status: policy.busy_status,
+                    retry_after: report.busy_pttls().max(),
+                },
+                e @ (Error::NoQuorum { .. } | Error::NoValidity { .. }) => {
+                    // No node that answered saw another holder (a node still
+                    // pending when the attempt was decided is no evidence either
+                    // way; waiting for it would make every failure as slow as
+                    // the slowest node).
+                    if policy.unavailable == UnavailablePolicy::FailOpen {
+                        span.record("outcome", "fail_open");
+                        tracing::warn!(parent: &span, error = %e, "lock backend unavailable; running unlocked (fail-open)");
+                        return Ok(None);
+                    }
+                    Rejection::Unavailable { key, error: e }
+                }
+                // An input the handle refuses (TTL, loss margin) or no runtime.
+                error => Rejection::Misconfigured { error },
+            };
+            span.record("outcome", rejection.title());
+            span.in_scope(|| rejection.log());
+            return Err(rejection);
+        }
+    };
+    Ok(Some(RequestLock {
+        handle: guard.handle(),
+        guard: Some(guard),
+        span,
+        acquired: Instant::now(),
+    }))
+}
+
+pin_project! {
+    /// The handler's future, raced against the loss of the lock (see [`guard`]).
+    pub struct Guarded<F> {
+        #[pin]
+        inner: F,
+        #[pin]
+        lost: Option<LostFuture>,
+        key: Option<Arc<str>>,
+    }
+}
+
+impl<F: Future> Future for Guarded<F> {
+    type Output = Result<F::Output, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        // Checked before the handler runs again, and again when it finishes: a
+        // handler that blocked its thread past the deadline in its last poll did
+        // not run under the lock, and must not answer as if it had.
+        let Poll::Ready(out) = ({
+            if let Some(lost) = this.lost.as_mut().as_pin_mut()
+                && lost.poll(cx).is_ready()
+            {
+                return Poll::Ready(Err(lost_rejection(this.key)));
+            }
+            this.inner.poll(cx)
+        }) else {
+            return Poll::Pending;
+        };
+        if let Some(lost) = this.lost.as_pin_mut()
+            && lost.poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(lost_rejection(this.key)));
+        }
+        Poll::Ready(Ok(out))
+    }
+}
+
+fn lost_rejection(key: &mut Option<Arc<str>>) -> Rejection {
+    let rejection = Rejection::Lost {
+        key: key.take().unwrap_or_else(|| "".into()),
+    };
+    rejection.log();
+    rejection
+}
+
+/// Runs the handler future `inner` under `lock`: with [`LostPolicy::Abort`] it
+/// resolves to [`Rejection::Lost`] as soon as the lock is lost (checked against
+/// the clock before every poll of `inner`, and once more when `inner` finishes),
+/// and the caller
+/// drops `inner`. With no lock or [`LostPolicy::Signal`], it is `inner` as is.
+pub fn guard<F: Future>(inner: F, lock: Option<&RequestLock>, policy: &LockPolicy) -> Guarded<F> {
+    let watch = lock.filter(|_| policy.lost == LostPolicy::Abort);
+    Guarded {
+        inner,
+        lost: watch.map(RequestLock::lost),
+        key: watch.map(|l| Arc::from(l.handle.key())),
+    }
+}

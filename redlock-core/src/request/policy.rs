@@ -1,0 +1,254 @@
+//! [`LockPolicy`]: what a per-request lock does in each case (busy, no key, no
+//! quorum, lost, release), and the [`LockOptions`] it takes the lock with.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::config::{LockOptions, RetryPolicy};
+
+/// What to do when the lock is held by another request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyPolicy {
+    /// Answer at once (409 by default) with `Retry-After`.
+    FailFast,
+    /// Retry with jittered delays up to this long, then answer as for `FailFast`.
+    Wait(Duration),
+}
+
+/// What to do when the request yields no key (for example, the header is absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingKeyPolicy {
+    /// Run the request without a lock (the default): the key extractor decides
+    /// which requests need one.
+    PassThrough,
+    /// Reject with 400 Bad Request.
+    Reject,
+}
+
+/// What to do when no quorum of Redis nodes answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnavailablePolicy {
+    /// Reject with 503 and `Retry-After` (the default): no exclusion, no service.
+    FailClosed,
+    /// Run the request without a lock. Only for work where a rare duplicate is
+    /// better than an outage.
+    FailOpen,
+}
+
+/// What to do when the lock is lost while the handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostPolicy {
+    /// Drop the handler future and answer 503 (the default), like a timeout layer.
+    Abort,
+    /// Let the handler run; it can watch [`LockHandle::is_lost`](crate::LockHandle::is_lost)
+    /// or [`LockHandle::lost`](crate::LockHandle::lost).
+    Signal,
+}
+
+/// When the lock is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleasePolicy {
+    /// When the response body has been fully sent, or dropped (the default).
+    BodyEnd,
+    /// As soon as the handler has produced the response head.
+    ResponseHead,
+}
+
+/// The settings of a per-request lock, shared by both web adapters.
+///
+/// The lock itself is taken with [`Redlock::lock_guard`](crate::Redlock::lock_guard)
+/// and the policy's [`LockOptions`] (TTL, hold cap, retry, loss margin); the rest
+/// says how a request is answered when it cannot run under the lock.
+///
+/// # The Redis key
+///
+/// A request's lock lives at one Redis key, made of three parts:
+///
+/// ```text
+/// <handle prefix> <namespace> <extracted key>
+/// ""              "redlock:"  "/orders/42"        → redlock:/orders/42
+/// ""              "redlock:"  "tenant=acme"       → redlock:tenant=acme
+/// "app1:"         "redlock:"  "/orders/42"        → app1:redlock:/orders/42
+/// ```
+///
+/// - the handle prefix is the [`Redlock`](crate::Redlock)'s own
+///   [`RedlockBuilder::key_prefix`](crate::RedlockBuilder::key_prefix) (none by
+///   default), which every lock of that handle gets, per request or not;
+/// - the namespace is this policy's [`namespace`](Self::namespace) (default
+///   `"redlock:"`): it keeps HTTP request locks apart from other locks of the
+///   same handle;
+/// - the extracted key comes from the adapter's key extractor (`by_path`,
+///   `by_header`, `by_path_param`, …). Extractors that name their value
+///   (`by_path_param("tenant")`, `by_header_as(.., "tenant")`) key it
+///   `tenant=<value>`, so two routes that find the tenant in different places
+///   share one lock.
+///
+/// [`LockHandle::resource`](crate::LockHandle::resource) is the namespace and
+/// the extracted key; [`LockHandle::key`](crate::LockHandle::key) is the whole key.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_core::{LockOptions, RetryPolicy};
+/// use redlock_core::request::LockPolicy;
+///
+/// let policy = LockPolicy::default()
+///     .options(
+///         LockOptions::new(Duration::from_secs(2))
+///             .retry(RetryPolicy::deadline(Duration::from_secs(5)).with_delay(Duration::from_millis(20))),
+///     )
+///     .namespace("jobs:");
+/// assert_eq!(policy.lock_options().ttl(), Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockPolicy {
+    pub(crate) options: LockOptions,
+    pub(crate) busy: BusyPolicy,
+    pub(crate) busy_status: StatusCode,
+    pub(crate) missing_key: MissingKeyPolicy,
+    pub(crate) unavailable: UnavailablePolicy,
+    pub(crate) lost: LostPolicy,
+    pub(crate) release: ReleasePolicy,
+    pub(crate) namespace: Arc<str>,
+    /// The delay and jitter between attempts in wait mode, when set here.
+    pub(crate) retry_delay: Option<(Duration, Duration)>,
+}
+
+impl Default for LockPolicy {
+    /// TTL 5 s (renewed while the handler runs), fail fast with 409, pass through
+    /// requests with no key, fail closed with 503, abort on loss, release at body
+    /// end, namespace `"redlock:"`.
+    fn default() -> Self {
+        Self {
+            options: LockOptions::new(Duration::from_secs(5)),
+            busy: BusyPolicy::FailFast,
+            busy_status: StatusCode::CONFLICT,
+            missing_key: MissingKeyPolicy::PassThrough,
+            unavailable: UnavailablePolicy::FailClosed,
+            lost: LostPolicy::Abort,
+            release: ReleasePolicy::BodyEnd,
+            namespace: "redlock:".into(),
+            retry_delay: None,
+        }
+    }
+}
+
+impl LockPolicy {
+    crate::lock_policy_setters!(apply = apply_setting, status = http::StatusCode);
+
+    fn apply_setting(self, setting: super::setters::Setting) -> Self {
+        setting.apply(self)
+    }
+
+    /// The busy policy.
+    pub fn busy_policy(&self) -> BusyPolicy {
+        self.busy
+    }
+
+    /// When the lock is released.
+    pub fn release_policy(&self) -> ReleasePolicy {
+        self.release
+    }
+
+    /// What happens on loss.
+    pub fn lost_policy(&self) -> LostPolicy {
+        self.lost
+    }
+
+    /// What happens to a request with no key.
+    pub fn missing_key_policy(&self) -> MissingKeyPolicy {
+        self.missing_key
+    }
+
+    /// The status of the busy answer.
+    pub fn busy_status_code(&self) -> StatusCode {
+        self.busy_status
+    }
+
+    /// The options the lock is taken and held with. Their retry policy is the
+    /// one set here, if any; see [`LockPolicy::retry_for`] for the one used.
+    pub fn lock_options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// The resource name of an extracted key: the namespace, then the key. The
+    /// handle puts its own key prefix before it (see the type's docs).
+    pub fn resource_for(&self, key: &str) -> String {
+        format!("{}{key}", self.namespace)
+    }
+
+    /// The retry policy of one acquire, given the handle's own
+    /// ([`Redlock::retry_policy`](crate::Redlock::retry_policy)):
+    ///
+    /// - failing fast: one attempt;
+    /// - waiting up to `timeout`: the policy's own retry
+    ///   ([`LockOptions::retry`]) if set, else as many attempts as fit in the
+    ///   timeout with the handle's delays; bounded by the timeout either way,
+    ///   and with the delays of [`retry_delay`](Self::retry_delay) if set.
+    pub fn retry_for(&self, handle: &RetryPolicy) -> RetryPolicy {
+        let BusyPolicy::Wait(timeout) = self.busy else {
+            return RetryPolicy::no_retry();
+        };
+        let mut retry = match &self.options.retry {
+            Some(own) => own.clone(),
+            None => RetryPolicy::deadline(timeout)
+                .with_delay(handle.delay)
+                .with_jitter(handle.jitter),
+        };
+        retry.deadline = Some(retry.deadline.map_or(timeout, |d| d.min(timeout)));
+        if let Some((delay, jitter)) = self.retry_delay {
+            retry = retry.with_delay(delay).with_jitter(jitter);
+        }
+        retry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_mode_retries_until_the_deadline_with_the_handle_s_delays() {
+        let handle = RetryPolicy::default().with_delay(Duration::from_millis(7));
+        let p = LockPolicy::default().wait(Duration::from_secs(3));
+        let retry = p.retry_for(&handle);
+        assert_eq!(retry.overall_deadline(), Some(Duration::from_secs(3)));
+        assert_eq!(retry.delay, Duration::from_millis(7));
+        assert_eq!(retry.max_attempts(), u32::MAX);
+        assert_eq!(LockPolicy::default().retry_for(&handle).max_attempts(), 1);
+    }
+
+    #[test]
+    fn the_policy_s_own_retry_wins_and_retry_delay_wins_over_it() {
+        let handle = RetryPolicy::default();
+        let own = RetryPolicy::attempts(4).with_delay(Duration::from_millis(300));
+        let p = LockPolicy::default()
+            .options(LockOptions::new(Duration::from_secs(1)).retry(own))
+            .ttl(Duration::from_secs(2));
+        assert_eq!(p.busy_policy(), BusyPolicy::Wait(Duration::MAX));
+        assert_eq!(p.lock_options().ttl(), Duration::from_secs(2));
+        let retry = p.retry_for(&handle);
+        assert_eq!(retry.max_attempts(), 4);
+        assert_eq!(retry.delay, Duration::from_millis(300));
+        let p = p
+            .wait(Duration::from_secs(1))
+            .retry_delay(Duration::from_millis(5), Duration::ZERO);
+        let retry = p.retry_for(&handle);
+        assert_eq!(retry.overall_deadline(), Some(Duration::from_secs(1)));
+        assert_eq!(
+            (retry.delay, retry.jitter),
+            (Duration::from_millis(5), Duration::ZERO)
+        );
+        assert_eq!(p.fail_fast().retry_for(&handle).max_attempts(), 1);
+    }
+
+    #[test]
+    fn busy_status_and_namespace() {
+        let p = LockPolicy::default()
+            .busy_status(StatusCode::LOCKED)
+            .namespace("jobs:");
+        assert_eq!(p.busy_status_code(), StatusCode::LOCKED);
+        assert_eq!(p.resource_for("7"), "jobs:7");
+    }
+}

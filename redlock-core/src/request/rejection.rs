@@ -1,0 +1,206 @@
+//! [`Rejection`]: why a request was not run under its lock (or was stopped),
+//! and its HTTP answer: a status, `Retry-After`, and an RFC 9457
+//! `application/problem+json` document.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::error::Error;
+
+/// Why a request was not run (or was stopped). Each adapter turns this into its
+/// own response with [`Rejection::status`], [`Rejection::retry_after_secs`] and
+/// [`Rejection::problem_json`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// Another request holds the lock.
+    Busy {
+        /// The resource: the policy's namespace and the extracted key.
+        key: Arc<str>,
+        /// The status to answer with (from the policy's `busy_status`).
+        status: StatusCode,
+        /// When the holder's keys expire, if known.
+        retry_after: Option<Duration>,
+    },
+    /// No quorum of Redis nodes answered.
+    Unavailable {
+        /// The resource: the policy's namespace and the extracted key.
+        key: Arc<str>,
+        /// The error, for logs.
+        error: Error,
+    },
+    /// The request had no key and the policy rejects such requests.
+    MissingKey,
+    /// No [`Redlock`](crate::Redlock) handle was bound to the middleware or
+    /// found in the request.
+    MissingHandle,
+    /// The lock was lost while the handler ran, and the handler was stopped.
+    Lost {
+        /// The Redis key.
+        key: Arc<str>,
+    },
+    /// The lock could not be taken for another reason (for example, a TTL outside
+    /// the handle's bounds). A server-side misconfiguration.
+    Misconfigured {
+        /// The error.
+        error: Error,
+    },
+}
+
+/// Set once the missing handle has been logged at error level: the cause is
+/// the app's setup, so every request would say the same thing.
+static MISSING_HANDLE_LOGGED: AtomicBool = AtomicBool::new(false);
+
+impl Rejection {
+    /// The media type of [`Rejection::problem_json`].
+    pub const CONTENT_TYPE: &'static str = "application/problem+json";
+
+    /// The HTTP status to answer with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Busy { status, .. } => *status,
+            Rejection::Unavailable { .. } | Rejection::Lost { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Rejection::MissingKey => StatusCode::BAD_REQUEST,
+            Rejection::MissingHandle | Rejection::Misconfigured { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// The `Retry-After` value in whole seconds (at least 1), when there is one.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        let d = match self {
+            Rejection::Busy { retry_after, .. } => retry_after.unwrap_or(Duration::from_secs(1)),
+            Rejection::Unavailable { .. } | Rejection::Lost { .. } => Duration::from_secs(1),
+            _ => return None,
+        };
+        Some(d.as_millis().div_ceil(1000).max(1) as u64)
+    }
+
+    /// A short title for the problem.
+    pub fn title(&self) -> &'static str {
+        match self {
+            Rejection::Busy { .. } => "Resource is locked",
+            Rejection::Unavailable { .. } => "Lock service unavailable",
+            Rejection::MissingKey => "Missing lock key",
+            Rejection::MissingHandle => "Lock middleware is not configured",
+            Rejection::Lost { .. } => "Lock lost",
+            Rejection::Misconfigured { .. } => "Lock middleware is misconfigured",
+        }
+    }
+
+    /// The key the rejection is about, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Rejection::Busy { key, .. }
+            | Rejection::Unavailable { key, .. }
+            | Rejection::Lost { key } => Some(key),
+            _ => None,
+        }
+    }
+
+    fn detail(&self) -> &'static str {
+        match self {
+            Rejection::Busy { .. } => {
+                "Another request holds the lock for this resource. Retry after the given delay."
+            }
+            Rejection::Unavailable { .. } => {
+                "Not enough lock nodes answered to take the lock safely."
+            }
+            Rejection::MissingKey => "The request carries no value to lock on.",
+            Rejection::MissingHandle => "The server has no Redlock handle configured.",
+            Rejection::Lost { .. } => {
+                "The lock expired or was taken away while the request ran; the work was stopped."
+            }
+            Rejection::Misconfigured { .. } => "The server's lock settings are invalid.",
+        }
+    }
+
+    /// The body: an RFC 9457 `application/problem+json` document.
+    pub fn problem_json(&self) -> String {
+        let mut doc = serde_json::Map::new();
+        doc.insert("type".into(), "about:blank".into());
+        doc.insert("title".into(), self.title().into());
+        doc.insert("status".into(), self.status().as_u16().into());
+        doc.insert("detail".into(), self.detail().into());
+        if let Some(key) = self.key() {
+            doc.insert("key".into(), key.into());
+        }
+        if let Some(secs) = self.retry_after_secs() {
+            doc.insert("retry_after".into(), secs.into());
+        }
+        serde_json::Value::Object(doc).to_string()
+    }
+
+    /// Logs the rejection at a level that fits it. A missing handle is an error
+    /// in the app's setup, logged at error level once per process (then at
+    /// debug level), not once per request.
+    pub fn log(&self) {
+        match self {
+            Rejection::MissingHandle => {
+                if MISSING_HANDLE_LOGGED.swap(true, Ordering::Relaxed) {
+                    tracing::debug!("no Redlock handle (logged at error level once)");
+                } else {
+                    tracing::error!(
+                        "no Redlock handle: bind one on the middleware, or add it to the request \
+                         (axum: `.layer(Extension(redlock))` outside the lock layer; actix: \
+                         `.app_data(redlock)`). Requests that need a lock get 500. Logged once."
+                    )
+                }
+            }
+            Rejection::Misconfigured { error } => {
+                tracing::error!(%error, "lock middleware misconfigured")
+            }
+            Rejection::Unavailable { key, error } => {
+                tracing::warn!(%key, %error, "lock backend unavailable")
+            }
+            Rejection::Lost { key } => tracing::warn!(%key, "lock lost while the handler ran"),
+            Rejection::Busy {
+                key, retry_after, ..
+            } => tracing::debug!(%key, ?retry_after, "lock busy"),
+            Rejection::MissingKey => tracing::debug!("request has no lock key"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejections_map_to_status_and_retry_after() {
+        let busy = Rejection::Busy {
+            key: "k".into(),
+            status: StatusCode::CONFLICT,
+            retry_after: Some(Duration::from_millis(1200)),
+        };
+        assert_eq!(busy.status(), StatusCode::CONFLICT);
+        assert_eq!(busy.retry_after_secs(), Some(2));
+        let doc: serde_json::Value = serde_json::from_str(&busy.problem_json()).unwrap();
+        assert_eq!(doc["status"], 409);
+        assert_eq!(doc["key"], "k");
+        assert_eq!(doc["retry_after"], 2);
+        let short = Rejection::Busy {
+            key: "k".into(),
+            status: StatusCode::LOCKED,
+            retry_after: Some(Duration::from_millis(10)),
+        };
+        assert_eq!(short.retry_after_secs(), Some(1));
+        assert_eq!(short.status(), StatusCode::LOCKED);
+        assert_eq!(Rejection::MissingKey.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(Rejection::MissingKey.retry_after_secs(), None);
+        assert_eq!(
+            Rejection::MissingHandle.status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(
+            Rejection::Lost { key: "k".into() }.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! The policy's setters, written once: [`LockPolicy`](super::LockPolicy) and the
+//! builders of both web adapters (`RedlockLayer`, `RedlockMiddleware`) get them
+//! from [`lock_policy_setters!`](crate::lock_policy_setters), as tower-http's
+//! services get their accessors from one macro.
+//!
+//! A generated setter turns its arguments into a [`Setting`] and hands it to a
+//! method of the type it is generated in: `LockPolicy` applies it to itself, an
+//! adapter's builder to the policy it holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::policy::{
+    BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
+};
+use crate::config::LockOptions;
+
+/// One change to a [`LockPolicy`], made by a generated setter. Not for direct use.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub enum Setting {
+    Ttl(Duration),
+    Wait(Duration),
+    FailFast,
+    BusyStatus(u16),
+    MissingKey(MissingKeyPolicy),
+    FailOpen,
+    Lost(LostPolicy),
+    Release(ReleasePolicy),
+    MaxHold(Duration),
+    Namespace(Arc<str>),
+    RetryDelay(Duration, Duration),
+    LossMargin(Duration),
+    Options(LockOptions),
+}
+
+impl Setting {
+    /// `policy` with this setting applied.
+    pub fn apply(self, mut policy: LockPolicy) -> LockPolicy {
+        match self {
+            Setting::Ttl(ttl) => policy.options.ttl = ttl,
+            Setting::Wait(timeout) => policy.busy = BusyPolicy::Wait(timeout),
+            Setting::FailFast => policy.busy = BusyPolicy::FailFast,
+            // The setters take a status code and pass its number (actix-web 4
+            // has its own `StatusCode` type), so the number is always valid.
+            Setting::BusyStatus(code) => {
+                policy.busy_status = StatusCode::from_u16(code).unwrap_or(StatusCode::CONFLICT)
+            }
+            Setting::MissingKey(missing) => policy.missing_key = missing,
+            Setting::FailOpen => policy.unavailable = UnavailablePolicy::FailOpen,
+            Setting::Lost(lost) => policy.lost = lost,
+            Setting::Release(release) => policy.release = release,
+            Setting::MaxHold(max_hold) => policy.options.max_hold = Some(max_hold),
+            Setting::Namespace(namespace) => policy.namespace = namespace,
+            Setting::RetryDelay(delay, jitter) => policy.retry_delay = Some((delay, jitter)),
+            Setting::LossMargin(margin) => policy.options.loss_margin = Some(margin),
+            Setting::Options(options) => {
+                if let Some(retry) = &options.retry {
+                    policy.busy = BusyPolicy::Wait(retry.deadline.unwrap_or(Duration::MAX));
+                }
+                policy.options = options;
+            }
+        }
+        policy
+    }
+}
+
+/// Defines the lock policy's setters in an `impl` block: `ttl`, `wait`,
+/// `fail_fast`, `busy_status`, `on_missing_key`, `fail_open`, `on_lost`,
+/// `release_on`, `max_hold`, `namespace`, `retry_delay`, `loss_margin` and
+/// `options`.
+///
+/// `apply` names a method `fn(self, Setting) -> Self` of the type (it applies
+/// the setting to the policy the type holds); `status` is the type of status
+/// code `busy_status` takes (anything with `as_u16()`, so actix-web 4's
+/// `http` 0.2 status works as well as `http` 1's).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! lock_policy_setters {
+    (apply = $apply:ident, status = $status:ty) => {
+        /// The TTL of the lock keys (default 5 s). The lock is renewed while the
+        /// request runs, so this is only how long other replicas wait for a
+        /// key whose holder crashed.
+        pub fn ttl(self, ttl: ::std::time::Duration) -> Self {
+            self.$apply($crate::request::__private::Setting::Ttl(ttl))
+        }
+
+        /// Waits up to `timeout` for a busy lock, then answers busy (default:
+        /// answer at once). Attempts are spaced by the handle's retry delays
+        /// (`RedlockBuilder::retry`), unless this policy sets its own with
+        /// `retry_delay` or `options(LockOptions::new(..).retry(..))`.
+        pub fn wait(self, timeout: ::std::time::Duration) -> Self {
+            self.$apply($crate::request::__private::Setting::Wait(timeout))
+        }
+
+        /// Answers a busy lock at once, after one attempt (the default).
+        pub fn fail_fast(self) -> Self {
+            self.$apply($crate::request::__private::Setting::FailFast)
+        }
+
+        /// The status of the busy answer (default `409 Conflict`; `423 Locked`
+        /// and `429 Too Many Requests` are other common choices).
+        pub fn busy_status(self, status: $status) -> Self {
+            self.$apply($crate::request::__private::Setting::BusyStatus(
+                status.as_u16(),
+            ))
+        }
+
+        /// What to do with a request that yields no key (default: run it
+        /// unlocked; `MissingKeyPolicy::Reject` answers 400).
+        pub fn on_missing_key(self, policy: $crate::request::MissingKeyPolicy) -> Self {
+            self.$apply($crate::request::__private::Setting::MissingKey(policy))
+        }
+
+        /// Runs requests unlocked when no quorum of nodes answers (default:
+        /// 503, fail closed). Never when a node that answered said another
+        /// holder has the key: that request gets the busy answer instead.
+        pub fn fail_open(self) -> Self {
+            self.$apply($crate::request::__private::Setting::FailOpen)
+        }
+
+        /// What to do when the lock is lost while the handler runs (default
+        /// `LostPolicy::Abort`: drop the handler future and answer 503, and cut
+        /// off a streamed body that holds the lock).
+        pub fn on_lost(self, policy: $crate::request::LostPolicy) -> Self {
+            self.$apply($crate::request::__private::Setting::Lost(policy))
+        }
+
+        /// When to release the lock (default `ReleasePolicy::BodyEnd`: once the
+        /// response body has been sent, or dropped).
+        pub fn release_on(self, policy: $crate::request::ReleasePolicy) -> Self {
+            self.$apply($crate::request::__private::Setting::Release(policy))
+        }
+
+        /// Stops renewing once the lock has been held this long (default: no
+        /// cap). The handler is then told (or aborted) when the last validity
+        /// ends.
+        pub fn max_hold(self, max_hold: ::std::time::Duration) -> Self {
+            self.$apply($crate::request::__private::Setting::MaxHold(max_hold))
+        }
+
+        /// The namespace put before every extracted key (default
+        /// `"redlock:"`). The handle's own key prefix, if it has one, comes
+        /// before it: the Redis key is handle prefix + namespace + extracted
+        /// key (see "The Redis key" in `LockPolicy`'s docs).
+        pub fn namespace(
+            self,
+            namespace: impl ::std::convert::Into<::std::sync::Arc<str>>,
+        ) -> Self {
+            self.$apply($crate::request::__private::Setting::Namespace(
+                namespace.into(),
+            ))
+        }
+
+        /// The fixed and random parts of the delay between attempts in wait
+        /// mode (default: those of the policy's own retry, else the handle's).
+        pub fn retry_delay(
+            self,
+            delay: ::std::time::Duration,
+            jitter: ::std::time::Duration,
+        ) -> Self {
+            self.$apply($crate::request::__private::Setting::RetryDelay(
+                delay, jitter,
+            ))
+        }
+
+        /// How long before the end of the lock's confirmed validity the
+        /// handler is told it is lost (default: the handle's loss margin,
+        /// which defaults to its node timeout). Must be shorter than the TTL.
+        pub fn loss_margin(self, margin: ::std::time::Duration) -> Self {
+            self.$apply($crate::request::__private::Setting::LossMargin(margin))
+        }
+
+        /// Takes the lock with these options: TTL, hold cap, retry and loss
+        /// margin all at once. With a retry policy, busy requests wait per it
+        /// (its attempts, deadline and delays), as if `wait` had been called
+        /// with its deadline; `wait`, `fail_fast` and `retry_delay` called
+        /// afterwards still apply.
+        pub fn options(self, options: $crate::LockOptions) -> Self {
+            self.$apply($crate::request::__private::Setting::Options(options))
+        }
+    };
+}

@@ -1,0 +1,114 @@
+//! [`Held`]: the lock a request runs under, as an axum extractor.
+//!
+//! `LockHandle` is a `redlock-core` type and `FromRequestParts` an axum trait,
+//! so neither crate's impl could live here; the newtype keeps axum out of the
+//! core crate.
+
+use std::convert::Infallible;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+use redlock_core::LockHandle;
+
+/// The lock [`RedlockLayer`](crate::RedlockLayer) holds for this request (the
+/// [`LockHandle`] it put in the request extensions): its key, token,
+/// `remaining()`, `is_lost()`, `lost().await`.
+///
+/// A request that runs unlocked (no key under the pass-through policy, or no
+/// quorum under fail-open) has no lock: take `Option<Held>` in handlers that
+/// serve such requests. `Held` alone then answers 500 ([`NotLocked`]).
+///
+/// ```no_run
+/// use axum::{Router, routing::post};
+/// use redlock_core::Redlock;
+/// use redlock_tower::{Held, RedlockLayer};
+///
+/// async fn run(Held(lock): Held) -> String {
+///     format!("ran under {}, {:?} left", lock.key(), lock.remaining())
+/// }
+///
+/// async fn maybe(lock: Option<Held>) -> String {
+///     match lock {
+///         Some(lock) => format!("locked: {}", lock.key()),
+///         None => "ran unlocked (fail-open)".into(),
+///     }
+/// }
+///
+/// # fn app(redlock: Redlock) -> Router {
+/// Router::new()
+///     .route("/jobs/{id}/run", post(run))
+///     .route("/jobs/{id}/peek", post(maybe))
+///     .layer(RedlockLayer::by_path().fail_open().with_redlock(redlock))
+/// # }
+/// ```
+///
+/// `Extension<LockHandle>` reads the same handle.
+#[derive(Debug, Clone)]
+pub struct Held(pub LockHandle);
+
+impl Held {
+    /// The handle.
+    pub fn into_inner(self) -> LockHandle {
+        self.0
+    }
+}
+
+impl Deref for Held {
+    type Target = LockHandle;
+
+    fn deref(&self) -> &LockHandle {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Held {
+    type Rejection = NotLocked;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, NotLocked> {
+        parts
+            .extensions
+            .get::<LockHandle>()
+            .cloned()
+            .map(Held)
+            .ok_or(NotLocked)
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for Held {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Infallible> {
+        Ok(parts.extensions.get::<LockHandle>().cloned().map(Held))
+    }
+}
+
+/// The rejection of [`Held`] for a request that holds no lock: 500, and an
+/// error logged once per process (the cause is the app's code, not the
+/// request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotLocked;
+
+static NOT_LOCKED_LOGGED: AtomicBool = AtomicBool::new(false);
+
+impl IntoResponse for NotLocked {
+    fn into_response(self) -> Response {
+        if NOT_LOCKED_LOGGED.swap(true, Ordering::Relaxed) {
+            tracing::debug!("a handler asked for the lock of an unlocked request");
+        } else {
+            tracing::error!(
+                "a handler takes `Held`, but its request holds no lock: the route is not behind a \
+                 RedlockLayer, or the request ran unlocked (no key, or fail-open); take \
+                 `Option<Held>` there. Logged once."
+            );
+        }
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "this request holds no lock",
+        )
+            .into_response()
+    }
+}

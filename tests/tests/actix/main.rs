@@ -1,0 +1,9 @@
+//! The actix-web adapter (`redlock-actix`) on real `redis-server` processes: one test binary, one module
+//! per concern.
+
+#[macro_use]
+mod common;
+mod extractor;
+mod holding;
+mod loss;
+mod middleware;

@@ -1,0 +1,124 @@
+//! The `tls` feature on real TLS-only `redis-server` nodes (`--port 0
+//! --tls-port`, a password, a certificate from a throwaway CA): `rediss://`
+//! nodes lock and unlock, an unknown CA is a clean per-node error (not a panic
+//! in rustls), and the password never shows in errors or `Debug` output.
+
+use std::time::Duration;
+
+use deadpool_redis::{Manager, Pool, Runtime};
+use redis::{AsyncConnectionConfig, TlsCertificates};
+use redlock_core::{Error, NodeError, Redlock};
+use redlock_tests::{TestCa, TlsRedisNode};
+
+const PASSWORD: &str = "tls-node-s3cret";
+
+fn nodes(ca: &TestCa) -> Vec<TlsRedisNode> {
+    (0..3).map(|_| TlsRedisNode::start(ca, PASSWORD)).collect()
+}
+
+fn url(node: &TlsRedisNode) -> String {
+    format!("rediss://:{PASSWORD}@127.0.0.1:{}", node.port())
+}
+
+fn trust(ca: &TestCa) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca.ca_pem()),
+    }
+}
+
+#[track_caller]
+fn assert_no_password(texts: &[String]) {
+    for t in texts {
+        assert!(!t.contains(PASSWORD), "the password shows in: {t}");
+    }
+}
+
+/// Locks, sees the lock busy, unlocks and locks again over `rl`.
+async fn lock_cycle(rl: &Redlock, key: &str) {
+    let lock = rl
+        .try_lock(key, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("TLS nodes must grant the lock: {e}"));
+    let busy = rl
+        .try_lock(key, Duration::from_secs(10))
+        .await
+        .expect_err("the lock is held");
+    assert!(matches!(busy, Error::Busy { .. }), "{busy:?}");
+    assert_no_password(&[
+        format!("{busy}"),
+        format!("{busy:?}"),
+        format!("{rl:?}"),
+        format!("{lock:?}"),
+    ]);
+    let released = rl.unlock(lock).await.unwrap();
+    redlock_tests::util::assert_released(&released, 3);
+    // The released key is free again at once on the nodes that confirmed it.
+    let again = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    rl.unlock(again).await.unwrap();
+}
+
+/// `RedlockBuilder::tls_url` with the private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_nodes_lock_and_unlock_with_a_private_ca() {
+    let ca = TestCa::generate();
+    let nodes = nodes(&ca);
+    let mut builder = Redlock::builder().node_timeout(Duration::from_millis(500));
+    for n in &nodes {
+        builder = builder.tls_url(url(n), trust(&ca)).unwrap();
+    }
+    assert_no_password(&[format!("{builder:?}")]);
+    let rl = builder.build().unwrap();
+    lock_cycle(&rl, "tls-private-ca").await;
+}
+
+/// Pools the application built itself (redis' `Client::build_with_tls`) work
+/// too: the feature brings a crypto provider rustls can find on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_nodes_lock_and_unlock_through_application_pools() {
+    let ca = TestCa::generate();
+    let nodes = nodes(&ca);
+    let mut builder = Redlock::builder().node_timeout(Duration::from_millis(500));
+    for n in &nodes {
+        let client = redis::Client::build_with_tls(url(n), trust(&ca)).unwrap();
+        let manager = Manager::new_with_config(
+            client.get_connection_info().clone(),
+            AsyncConnectionConfig::new(),
+        )
+        .unwrap();
+        let pool = Pool::builder(manager)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .unwrap();
+        builder = builder.labeled_pool(format!("127.0.0.1:{}", n.port()), pool);
+    }
+    let rl = builder.build().unwrap();
+    lock_cycle(&rl, "tls-app-pools").await;
+}
+
+/// A plain `rediss://` URL checks the server against the system's roots, which
+/// do not hold the throwaway CA: every node fails with a connect error that
+/// says why, and nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_node_with_an_unknown_ca_is_a_connect_error() {
+    let ca = TestCa::generate();
+    let nodes = nodes(&ca);
+    let rl = Redlock::builder()
+        .urls(nodes.iter().map(url))
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let err = rl
+        .try_lock("tls-unknown-ca", Duration::from_secs(10))
+        .await
+        .expect_err("the server's CA is not trusted");
+    let report = err.report().unwrap_or_else(|| panic!("{err:?}"));
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err:?}");
+    for (_, e) in report.errors() {
+        match e {
+            NodeError::Connect(m) => assert!(m.to_lowercase().contains("certificate"), "{m}"),
+            other => panic!("expected a connect error, got {other:?}"),
+        }
+    }
+    assert_no_password(&[format!("{err}"), format!("{err:?}"), format!("{rl:?}")]);
+}

@@ -1,0 +1,239 @@
+//! `redlock-tower`'s axum ergonomics on real `redis-server` processes: the
+//! `Held` extractor (and `Option<Held>` for requests that run unlocked),
+//! `on_rejection` with a closure that returns any `IntoResponse`, and wait mode
+//! spaced by the policy's own retry, else by the handle's.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use axum::body::Body;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::{HeaderName, Request, StatusCode};
+use redlock_core::{LockOptions, Redlock, RetryPolicy};
+use redlock_tests::Cluster;
+use redlock_tower::{Held, RedlockLayer, Rejection};
+use tower::ServiceExt;
+
+async fn held(Held(lock): Held) -> String {
+    format!("held {} lost={}", lock.key(), lock.is_lost())
+}
+
+async fn maybe_held(lock: Option<Held>) -> String {
+    lock.map_or_else(|| "unlocked".to_owned(), |l| l.key().to_owned())
+}
+
+/// Sends a GET to `app` in-process and returns the status and body text.
+async fn get_text(app: &Router, uri: &str, header: Option<(&str, &str)>) -> (StatusCode, String) {
+    let mut req = Request::get(uri);
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    let reply = within(
+        CLIENT_TIMEOUT,
+        "the reply",
+        app.clone().oneshot(req.body(Body::empty()).unwrap()),
+    )
+    .await
+    .unwrap();
+    let status = reply.status();
+    let body = axum::body::to_bytes(reply.into_body(), 1 << 16)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_extractor_gets_the_lock_of_the_request() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route("/job", get(held))
+        .route("/maybe", get(maybe_held))
+        .layer(RedlockLayer::by_path().with_redlock(redlock(&cluster)));
+
+    let (status, text) = get_text(&app, "/job", None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(text, "held redlock:/job lost=false");
+    let (status, text) = get_text(&app, "/maybe", None).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "redlock:/maybe"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_held_is_none_for_a_request_without_a_key_and_held_answers_500() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route("/maybe", get(maybe_held))
+        .route("/job", get(held))
+        .layer(RedlockLayer::by_header(HeaderName::from_static(
+            "x-tenant-id",
+        )))
+        .layer(Extension(redlock(&cluster)));
+
+    let (status, text) = get_text(&app, "/maybe", None).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (StatusCode::OK, "unlocked"),
+        "no key: the handler runs unlocked and sees no lock, without a 500"
+    );
+    let (status, text) = get_text(&app, "/maybe", Some(("x-tenant-id", "acme"))).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "redlock:acme"));
+    let (status, _) = get_text(&app, "/job", None).await;
+    assert_eq!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "a plain `Held` on an unlocked request is a programming error"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_held_is_none_for_a_fail_open_request() {
+    let cluster = Cluster::start(3);
+    let app = Router::new().route("/maybe", get(maybe_held)).layer(
+        RedlockLayer::by_path()
+            .fail_open()
+            .with_redlock(redlock(&cluster)),
+    );
+    let (status, text) = get_text(&app, "/maybe", None).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "redlock:/maybe"));
+
+    cluster.node(1).kill();
+    cluster.node(2).kill();
+    let (status, text) = get_text(&app, "/maybe", None).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (StatusCode::OK, "unlocked"),
+        "no quorum, fail-open: run unlocked, no lock for the extractor, no 500"
+    );
+}
+
+/// Holds the layer's key for `/job` (`redlock:/job`) for `hold`, then releases it.
+async fn hold_job_key(redlock: &Redlock, hold: Duration) -> tokio::task::JoinHandle<()> {
+    let lock = redlock
+        .try_lock("redlock:/job", Duration::from_secs(5))
+        .await
+        .expect("the test takes the key first");
+    let redlock = redlock.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(hold).await;
+        redlock.unlock(lock).await.unwrap();
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rejection_takes_a_closure_returning_status_and_string() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let app = Router::new().route("/job", get(held)).layer(
+        RedlockLayer::by_path()
+            .with_redlock(redlock.clone())
+            .on_rejection(|rejection: &Rejection| {
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "custom {}: {}",
+                        rejection.status().as_u16(),
+                        rejection.key().unwrap_or("-")
+                    ),
+                )
+            }),
+    );
+    let holder = hold_job_key(&redlock, Duration::from_millis(500)).await;
+
+    let (status, text) = get_text(&app, "/job", None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(text, "custom 409: redlock:/job");
+    holder.await.unwrap();
+}
+
+/// How long a waiting request to `/job` takes while the key is held for 300 ms.
+async fn wait_for_busy_key(redlock: &Redlock, layer: RedlockLayer) -> (StatusCode, Duration) {
+    let app = Router::new().route("/job", get(held)).layer(layer);
+    let holder = hold_job_key(redlock, Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (status, text) = get_text(&app, "/job", None).await;
+    let took = started.elapsed();
+    holder.await.unwrap();
+    assert!(
+        status != StatusCode::OK || text == "held redlock:/job lost=false",
+        "{text}"
+    );
+    (status, took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
+    let cluster = Cluster::start(3);
+    let slow = RetryPolicy::default()
+        .with_delay(Duration::from_millis(1500))
+        .with_jitter(Duration::ZERO);
+
+    // The policy's own retry: its 1.5 s delay spaces the attempts, so the
+    // second attempt comes long after the holder left at 300 ms.
+    let plain = redlock(&cluster);
+    let (status, took) = wait_for_busy_key(
+        &plain,
+        RedlockLayer::by_path().with_redlock(plain.clone()).options(
+            LockOptions::new(Duration::from_secs(5))
+                .retry(slow.clone().with_deadline(Duration::from_secs(10))),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "options with a retry wait");
+    assert!(
+        took >= Duration::from_millis(1400),
+        "the policy's delay: {took:?}"
+    );
+
+    // Its attempt cap too: two quick attempts, then busy, while the key is held.
+    let (status, took) = wait_for_busy_key(
+        &plain,
+        RedlockLayer::by_path().with_redlock(plain.clone()).options(
+            LockOptions::new(Duration::from_secs(5)).retry(
+                RetryPolicy::attempts(2)
+                    .with_delay(Duration::from_millis(20))
+                    .with_jitter(Duration::ZERO),
+            ),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "after {took:?}");
+    assert!(
+        took < Duration::from_millis(300),
+        "two attempts, no more: {took:?}"
+    );
+
+    // No retry in the policy: `wait` spaces attempts by the handle's delays...
+    let slow_handle = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .retry(slow)
+        .build()
+        .unwrap();
+    let (status, took) = wait_for_busy_key(
+        &slow_handle,
+        RedlockLayer::by_path()
+            .with_redlock(slow_handle.clone())
+            .wait(Duration::from_secs(10)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        took >= Duration::from_millis(1400),
+        "the handle's delay: {took:?}"
+    );
+
+    // ...unless the policy sets its own.
+    let (status, took) = wait_for_busy_key(
+        &slow_handle,
+        RedlockLayer::by_path()
+            .with_redlock(slow_handle.clone())
+            .wait(Duration::from_secs(10))
+            .retry_delay(Duration::from_millis(20), Duration::ZERO),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        took < Duration::from_millis(1200),
+        "the policy's retry_delay: {took:?}"
+    );
+}

@@ -1,0 +1,10 @@
+//! The tower/axum adapter (`redlock-tower`) on real `redis-server` processes: one test binary, one module
+//! per concern.
+
+mod common;
+mod endings;
+mod exclusion;
+mod extract;
+mod holding;
+mod loss;
+mod responses;
