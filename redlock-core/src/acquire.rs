@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::config::RetryPolicy;
 use crate::error::{Error, NodeStatus, Report};
 use crate::lock::Lock;
 use crate::node::{AcquireReply, Call, parse_acquire};
 use crate::redlock::Redlock;
+use crate::settings::RetryPolicy;
 use crate::steps::{busy_retry_after, instant_after, new_token, retry_delay, validity};
 use crate::stragglers::Late;
 

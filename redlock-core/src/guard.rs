@@ -20,11 +20,11 @@ use rand::Rng;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::config::LockOptions;
 use crate::error::Error;
 use crate::lock::Lock;
 use crate::redlock::Redlock;
 use crate::release::Released;
+use crate::settings::LockOptions;
 
 /// State shared between a [`LockGuard`], its [`LockHandle`]s and its renewal task.
 struct Shared {

@@ -77,7 +77,7 @@
 )]
 
 mod acquire;
-mod config;
+mod builder;
 mod error;
 mod extend;
 mod fan_out;
@@ -89,15 +89,19 @@ mod release;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod request;
+mod settings;
 mod steps;
 mod stragglers;
+mod url;
 
-pub use config::{LockOptions, RedlockBuilder, RetryPolicy};
-pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report, redact_url};
+pub use builder::RedlockBuilder;
+pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
 pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use lock::Lock;
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
+pub use settings::{LockOptions, RetryPolicy};
+pub use url::redact_url;
 
 /// The deadpool-redis crate this one is built on, for building pools.
 pub use deadpool_redis;

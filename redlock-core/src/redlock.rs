@@ -8,10 +8,10 @@ use std::time::Duration;
 use deadpool_redis::Pool;
 use redis::Value;
 
-use crate::config::RedlockBuilder;
-use crate::config::{RetryPolicy, Settings};
+use crate::builder::RedlockBuilder;
 use crate::error::{Error, NodeError};
 use crate::node::Node;
+use crate::settings::{RetryPolicy, Settings};
 use crate::steps::{quorum, whole_millis};
 
 pub(crate) struct Inner {

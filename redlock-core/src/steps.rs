@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use crate::config::{RetryPolicy, Settings};
 use crate::error::Error;
+use crate::settings::{RetryPolicy, Settings};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
 pub(crate) fn quorum(n: usize) -> usize {

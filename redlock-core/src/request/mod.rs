@@ -42,10 +42,10 @@ use std::time::Instant;
 use pin_project_lite::pin_project;
 use tracing::Instrument;
 
-use crate::config::LockOptions;
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle};
 use crate::redlock::Redlock;
+use crate::settings::LockOptions;
 
 mod policy;
 mod rejection;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::config::{LockOptions, RetryPolicy};
+use crate::settings::{LockOptions, RetryPolicy};
 
 /// What to do when the lock is held by another request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

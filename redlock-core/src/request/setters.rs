@@ -15,7 +15,7 @@ use http::StatusCode;
 use super::policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
 };
-use crate::config::LockOptions;
+use crate::settings::LockOptions;
 
 /// One change to a [`LockPolicy`], made by a generated setter. Not for direct use.
 #[doc(hidden)]

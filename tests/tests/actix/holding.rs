@@ -319,8 +319,10 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
         "a quorum of keys released"
     );
     assert!(
-        eventually(Duration::from_secs(2), || cluster.count_with_key("redlock:/whole") == 0)
-            .await,
+        eventually(Duration::from_secs(2), || cluster
+            .count_with_key("redlock:/whole")
+            == 0)
+        .await,
         "no key left"
     );
     assert_eq!(

@@ -1,4 +1,5 @@
-//! The builder, the retry policy and the per-lock options.
+//! Builds a [`Redlock`]: one node per independent master, from a deadpool-redis
+//! pool or a URL, and the settings checked once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,200 +7,11 @@ use std::time::Duration;
 use deadpool_redis::{Pool, Runtime};
 use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
 
-use crate::error::{Error, redact_url};
+use crate::error::Error;
 use crate::node::Node;
 use crate::redlock::{Inner, Redlock};
-
-/// How [`Redlock::lock`] retries a failed attempt.
-///
-/// Every failed attempt is released on all nodes, then the next one starts after
-/// `delay + random(0..=jitter)`. The random part keeps competing clients from
-/// retrying in lockstep (the distlock page's "split brain" advice). Retries stop
-/// after `max_attempts`, or when the next attempt could not finish before the
-/// `deadline`, whichever comes first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryPolicy {
-    pub(crate) max_attempts: u32,
-    pub(crate) deadline: Option<Duration>,
-    pub(crate) delay: Duration,
-    pub(crate) jitter: Duration,
-}
-
-impl Default for RetryPolicy {
-    /// 10 attempts, 100 ms apart plus up to 100 ms of jitter: about 1.5 s of waiting.
-    fn default() -> Self {
-        Self {
-            max_attempts: 10,
-            deadline: None,
-            delay: Duration::from_millis(100),
-            jitter: Duration::from_millis(100),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// One attempt, no retry (what [`Redlock::try_lock`] does).
-    pub fn no_retry() -> Self {
-        Self {
-            max_attempts: 1,
-            ..Self::default()
-        }
-    }
-
-    /// Up to `n` attempts in all (at least one).
-    pub fn attempts(n: u32) -> Self {
-        Self {
-            max_attempts: n.max(1),
-            ..Self::default()
-        }
-    }
-
-    /// As many attempts as fit in `deadline`, counted from the first attempt.
-    pub fn deadline(deadline: Duration) -> Self {
-        Self {
-            max_attempts: u32::MAX,
-            deadline: Some(deadline),
-            ..Self::default()
-        }
-    }
-
-    /// Sets the fixed part of the delay between attempts.
-    pub fn with_delay(mut self, delay: Duration) -> Self {
-        self.delay = delay;
-        self
-    }
-
-    /// Sets the random part of the delay between attempts (uniform in `0..=jitter`).
-    pub fn with_jitter(mut self, jitter: Duration) -> Self {
-        self.jitter = jitter;
-        self
-    }
-
-    /// Caps the number of attempts (at least one).
-    pub fn with_max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n.max(1);
-        self
-    }
-
-    /// Caps the total time spent, counted from the first attempt.
-    pub fn with_deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = Some(deadline);
-        self
-    }
-
-    /// The largest number of attempts this policy makes.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// The overall deadline, if any.
-    pub fn overall_deadline(&self) -> Option<Duration> {
-        self.deadline
-    }
-}
-
-/// Options for a lock held with auto-extension ([`Redlock::lock_guard`] and
-/// [`Redlock::with_lock`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockOptions {
-    pub(crate) ttl: Duration,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) retry: Option<RetryPolicy>,
-    pub(crate) loss_margin: Option<Duration>,
-    pub(crate) check_deadline: bool,
-}
-
-impl LockOptions {
-    /// Holds the lock with keys of this TTL, renewed while the work runs.
-    ///
-    /// The TTL is how long other clients wait if this process dies while it holds
-    /// the lock; renewal keeps it alive for as long as the work takes.
-    pub fn new(ttl: Duration) -> Self {
-        Self {
-            ttl,
-            max_hold: None,
-            retry: None,
-            loss_margin: None,
-            check_deadline: true,
-        }
-    }
-
-    /// Stops renewing once the lock has been held this long. The holder is told
-    /// the lock is lost when its last validity runs out.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// Acquires with this retry policy instead of the handle's default.
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = Some(retry);
-        self
-    }
-
-    /// How long before the end of the confirmed validity the holder is told the
-    /// lock is lost (default: the handle's [`RedlockBuilder::loss_margin`], which
-    /// defaults to the node timeout). Must be shorter than the TTL.
-    ///
-    /// What it buys: work that checks [`LockHandle::is_lost`](crate::LockHandle::is_lost)
-    /// and then starts a write has at least this long for the write to land
-    /// before another client can take the lock, and the clock check is made
-    /// this much earlier than the keys can expire. What no client-side check can
-    /// buy: a holder paused *between* its check and its write (a GC pause, a
-    /// stopped process, a slow network) still writes late. Only the protected
-    /// resource can refuse such a write, by a fencing token.
-    pub fn loss_margin(mut self, margin: Duration) -> Self {
-        self.loss_margin = Some(margin);
-        self
-    }
-
-    /// Test-only: the holder's view ignores the clock and trusts the renewal
-    /// task alone, as before the deadline check existed. The fault suite's
-    /// negative control uses it to show the checker catches what the deadline
-    /// check prevents. Never use it elsewhere.
-    #[cfg(feature = "test-hooks")]
-    #[doc(hidden)]
-    pub fn without_deadline_check_for_tests(mut self) -> Self {
-        self.check_deadline = false;
-        self
-    }
-
-    /// The TTL of each key.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-}
-
-/// Settings shared by every call on one [`Redlock`].
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) node_timeout: Duration,
-    pub(crate) drift_factor: f64,
-    pub(crate) fixed_drift: Duration,
-    pub(crate) retry: RetryPolicy,
-    pub(crate) key_prefix: String,
-    pub(crate) min_ttl: Duration,
-    pub(crate) max_ttl: Duration,
-    pub(crate) max_extensions: Option<u32>,
-    /// `None`: the node timeout.
-    pub(crate) loss_margin: Option<Duration>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            node_timeout: Duration::from_millis(50),
-            drift_factor: 0.01,
-            fixed_drift: Duration::from_millis(2),
-            retry: RetryPolicy::default(),
-            key_prefix: String::new(),
-            min_ttl: Duration::from_millis(10),
-            max_ttl: Duration::from_secs(24 * 3600),
-            max_extensions: None,
-            loss_margin: None,
-        }
-    }
-}
+use crate::settings::{RetryPolicy, Settings};
+use crate::url::{redact_url, scrub_password, valid_host};
 
 enum NodeSource {
     Pool { label: Option<String>, pool: Pool },
@@ -357,7 +169,7 @@ impl RedlockBuilder {
     }
 
     /// Caps how many times one lock may be extended (default: no cap; use
-    /// [`LockOptions::max_hold`] to cap by time).
+    /// [`LockOptions::max_hold`](crate::LockOptions::max_hold) to cap by time).
     pub fn max_extensions(mut self, n: u32) -> Self {
         self.settings.max_extensions = Some(n);
         self
@@ -365,7 +177,7 @@ impl RedlockBuilder {
 
     /// How long before the end of a [`LockGuard`](crate::LockGuard)'s confirmed
     /// validity its holder is told the lock is lost (default: the node timeout).
-    /// See [`LockOptions::loss_margin`], which overrides it per lock.
+    /// See [`LockOptions::loss_margin`](crate::LockOptions::loss_margin), which overrides it per lock.
     pub fn loss_margin(mut self, margin: Duration) -> Self {
         self.settings.loss_margin = Some(margin);
         self
@@ -557,38 +369,6 @@ fn pool_from_info(url: &str, info: redis::ConnectionInfo) -> Result<(String, Str
         .map_err(|e| invalid(e.to_string()))?;
     // Two databases of one server are one failure domain: compare the address only.
     Ok((label, address, pool))
-}
-
-/// A DNS name or an IP address (brackets already removed).
-fn valid_host(host: &str) -> bool {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.parse::<std::net::IpAddr>().is_ok()
-        || (!host.is_empty()
-            && host.len() <= 253
-            && host.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            }))
-}
-
-/// Removes the URL's password from a message that may quote the URL.
-fn scrub_password(url: &str, message: String) -> String {
-    let Some(rest) = url.split_once("://").map(|(_, r)| r) else {
-        return message;
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let Some((userinfo, _)) = authority.rsplit_once('@') else {
-        return message;
-    };
-    let password = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
-    if password.is_empty() {
-        message
-    } else {
-        message.replace(password, "***")
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,195 @@
+//! The settings of a handle, the retry policy (spec step 5's "retry after a
+//! random delay") and the per-lock options. A leaf module: plain data.
+
+use std::time::Duration;
+
+/// How [`Redlock::lock`](crate::Redlock::lock) retries a failed attempt.
+///
+/// Every failed attempt is released on all nodes, then the next one starts after
+/// `delay + random(0..=jitter)`. The random part keeps competing clients from
+/// retrying in lockstep (the distlock page's "split brain" advice). Retries stop
+/// after `max_attempts`, or when the next attempt could not finish before the
+/// `deadline`, whichever comes first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) delay: Duration,
+    pub(crate) jitter: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 10 attempts, 100 ms apart plus up to 100 ms of jitter: about 1.5 s of waiting.
+    fn default() -> Self {
+        Self {
+            max_attempts: 10,
+            deadline: None,
+            delay: Duration::from_millis(100),
+            jitter: Duration::from_millis(100),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retry (what [`Redlock::try_lock`](crate::Redlock::try_lock) does).
+    pub fn no_retry() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Up to `n` attempts in all (at least one).
+    pub fn attempts(n: u32) -> Self {
+        Self {
+            max_attempts: n.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// As many attempts as fit in `deadline`, counted from the first attempt.
+    pub fn deadline(deadline: Duration) -> Self {
+        Self {
+            max_attempts: u32::MAX,
+            deadline: Some(deadline),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the fixed part of the delay between attempts.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Sets the random part of the delay between attempts (uniform in `0..=jitter`).
+    pub fn with_jitter(mut self, jitter: Duration) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Caps the number of attempts (at least one).
+    pub fn with_max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Caps the total time spent, counted from the first attempt.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// The largest number of attempts this policy makes.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The overall deadline, if any.
+    pub fn overall_deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+}
+
+/// Options for a lock held with auto-extension ([`Redlock::lock_guard`](crate::Redlock::lock_guard) and
+/// [`Redlock::with_lock`](crate::Redlock::with_lock)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) loss_margin: Option<Duration>,
+    pub(crate) check_deadline: bool,
+}
+
+impl LockOptions {
+    /// Holds the lock with keys of this TTL, renewed while the work runs.
+    ///
+    /// The TTL is how long other clients wait if this process dies while it holds
+    /// the lock; renewal keeps it alive for as long as the work takes.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            max_hold: None,
+            retry: None,
+            loss_margin: None,
+            check_deadline: true,
+        }
+    }
+
+    /// Stops renewing once the lock has been held this long. The holder is told
+    /// the lock is lost when its last validity runs out.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Acquires with this retry policy instead of the handle's default.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// How long before the end of the confirmed validity the holder is told the
+    /// lock is lost (default: the handle's [`RedlockBuilder::loss_margin`](crate::RedlockBuilder::loss_margin), which
+    /// defaults to the node timeout). Must be shorter than the TTL.
+    ///
+    /// What it buys: work that checks [`LockHandle::is_lost`](crate::LockHandle::is_lost)
+    /// and then starts a write has at least this long for the write to land
+    /// before another client can take the lock, and the clock check is made
+    /// this much earlier than the keys can expire. What no client-side check can
+    /// buy: a holder paused *between* its check and its write (a GC pause, a
+    /// stopped process, a slow network) still writes late. Only the protected
+    /// resource can refuse such a write, by a fencing token.
+    pub fn loss_margin(mut self, margin: Duration) -> Self {
+        self.loss_margin = Some(margin);
+        self
+    }
+
+    /// Test-only: the holder's view ignores the clock and trusts the renewal
+    /// task alone, as before the deadline check existed. The fault suite's
+    /// negative control uses it to show the checker catches what the deadline
+    /// check prevents. Never use it elsewhere.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn without_deadline_check_for_tests(mut self) -> Self {
+        self.check_deadline = false;
+        self
+    }
+
+    /// The TTL of each key.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+/// Settings shared by every call on one [`Redlock`](crate::Redlock).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) fixed_drift: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) key_prefix: String,
+    pub(crate) min_ttl: Duration,
+    pub(crate) max_ttl: Duration,
+    pub(crate) max_extensions: Option<u32>,
+    /// `None`: the node timeout.
+    pub(crate) loss_margin: Option<Duration>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            fixed_drift: Duration::from_millis(2),
+            retry: RetryPolicy::default(),
+            key_prefix: String::new(),
+            min_ttl: Duration::from_millis(10),
+            max_ttl: Duration::from_secs(24 * 3600),
+            max_extensions: None,
+            loss_margin: None,
+        }
+    }
+}
