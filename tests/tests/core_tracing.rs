@@ -4,7 +4,10 @@
 //! by `Debug`.
 //!
 //! The test runs on a current-thread runtime so that the thread-local capturing
-//! subscriber also sees what spawned tasks log.
+//! subscriber also sees what spawned tasks log, and in a binary of its own:
+//! tracing caches each callsite's interest process-wide, so other tests hitting
+//! the same callsites from other threads at once can hide events from a
+//! thread-scoped subscriber.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -27,7 +27,8 @@ async fn lock_busy_extend_unlock() {
         c.nodes().iter().all(|n| n.pttl("smoke") > 5000)
     }));
     redlock_tests::util::assert_released(&a.unlock(lock).await.unwrap(), 3);
-    assert_eq!(cluster.count_with_key("smoke"), 0);
+    // Decided at quorum: the last node may finish in the background.
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("smoke") == 0));
     let lock = b.try_lock("smoke", ttl).await.unwrap();
     drop(lock);
     assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("smoke") == 0));

@@ -1,0 +1,12 @@
+//! `redlock-core` on real `redis-server` processes: one test binary, one module
+//! per concern (the algorithm's steps, node faults, inputs, the guard and the
+//! holder's view, mutual exclusion, TLS, tracing, and the harness itself).
+
+mod algorithm;
+mod faults;
+mod guard;
+mod holder;
+mod inputs;
+mod safety;
+mod smoke;
+mod tls;
