@@ -435,35 +435,42 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
     };
     let lib = redlock(setup)?;
     let raw = Raw::new(&setup.pools).await?;
-    let n = if setup.quick { 100 } else { 1000 };
-    let mut healthy = Vec::new();
-    for i in 0..n {
-        let key = format!("bench:healthy:{i}");
-        let start = Instant::now();
-        let lock = lib.try_lock(&key, TTL).await?;
-        lib.unlock(lock).await?;
-        healthy.push(start.elapsed());
-    }
-    cluster.node(4).pause();
-    let (mut l, mut r) = (Vec::new(), Vec::new());
+    // Alternating blocks of healthy and paused pairs, so the machine's load
+    // drifts alike for both; the resumed node gets a moment to answer what was
+    // queued while it was stopped.
+    let (blocks, per_block) = if setup.quick { (2, 50) } else { (10, 100) };
+    let (mut healthy, mut l, mut r) = (Vec::new(), Vec::new(), Vec::new());
     let mut failed = 0;
-    for i in 0..n {
-        let key = format!("bench:paused:{i}");
-        let start = Instant::now();
-        let ok = match lib.try_lock(&key, TTL).await {
-            Ok(lock) => lib.unlock(lock).await.is_ok(),
-            Err(_) => false,
-        };
-        l.push(start.elapsed());
-        failed += usize::from(!ok);
-        let tok = Raw::token();
-        let rkey = format!("bench:rpaused:{i}");
-        let start = Instant::now();
-        raw.lock(&rkey, &tok).await;
-        raw.unlock(&rkey, &tok).await;
-        r.push(start.elapsed());
+    for b in 0..blocks {
+        for i in 0..per_block {
+            let key = format!("bench:healthy:{b}:{i}");
+            let start = Instant::now();
+            let lock = lib.try_lock(&key, TTL).await?;
+            lib.unlock(lock).await?;
+            healthy.push(start.elapsed());
+        }
+        cluster.node(4).pause();
+        for i in 0..per_block {
+            let key = format!("bench:paused:{b}:{i}");
+            let start = Instant::now();
+            let ok = match lib.try_lock(&key, TTL).await {
+                Ok(lock) => lib.unlock(lock).await.is_ok(),
+                Err(_) => false,
+            };
+            l.push(start.elapsed());
+            failed += usize::from(!ok);
+            if i % 10 == 0 {
+                let tok = Raw::token();
+                let rkey = format!("bench:rpaused:{b}:{i}");
+                let start = Instant::now();
+                raw.lock(&rkey, &tok).await;
+                raw.unlock(&rkey, &tok).await;
+                r.push(start.elapsed());
+            }
+        }
+        cluster.node(4).resume();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    cluster.node(4).resume();
     let (h, l, r) = (Stats::new(healthy), Stats::new(l), Stats::new(r));
     header(&format!(
         "4. one node of five SIGSTOPped: lock+unlock pairs, node_timeout {NODE_TIMEOUT:?}"
