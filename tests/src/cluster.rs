@@ -1,0 +1,390 @@
+//! Plain `redis-server` nodes on free loopback ports, each in its own temp dir,
+//! killed on drop (on panic too), and clusters of them.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redis::Value;
+
+pub(crate) const INSTALL_HINT: &str = "redis-server (>= 6.2) was not found. Install it with \
+`sudo apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis` (macOS), \
+or set REDIS_SERVER=/path/to/redis-server.";
+
+/// The `redis-server` binary: `$REDIS_SERVER`, else the first on `PATH`.
+///
+/// # Panics
+/// With the install command when there is none.
+pub fn redis_server_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("REDIS_SERVER") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "REDIS_SERVER={} is not a file. {INSTALL_HINT}",
+            p.display()
+        );
+        return p;
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("redis-server"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("{INSTALL_HINT}"))
+}
+
+pub(crate) fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One `redis-server` process on 127.0.0.1, in its own temp dir.
+pub struct RedisNode {
+    port: u16,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+    child: Mutex<Option<Child>>,
+}
+
+impl std::fmt::Debug for RedisNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisNode")
+            .field("port", &self.port)
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+impl RedisNode {
+    /// Starts a node with `--save "" --appendonly no`.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a node with extra `redis-server` arguments (each `--name value`).
+    pub fn start_with(extra_args: &[&str]) -> Self {
+        let bin = redis_server_binary();
+        let mut last_err = String::new();
+        for _ in 0..10 {
+            let node = Self {
+                port: free_port(),
+                dir: tempfile::Builder::new()
+                    .prefix("redlock-node-")
+                    .tempdir()
+                    .expect("create a temp dir for redis-server"),
+                extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
+                child: Mutex::new(None),
+            };
+            match node.spawn(&bin) {
+                Ok(()) => return node,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("could not start redis-server: {last_err}");
+    }
+
+    fn spawn(&self, bin: &PathBuf) -> Result<(), String> {
+        let mut cmd = Command::new(bin);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--daemonize")
+            .arg("no")
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}. {INSTALL_HINT}", bin.display()))?;
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+                return Err(format!("redis-server exited with {status}: {log}"));
+            }
+            match self.info_pid() {
+                Ok(Some(p)) if p == pid => break,
+                Ok(Some(p)) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "port {} is served by pid {p}, not ours ({pid})",
+                        self.port
+                    ));
+                }
+                _ if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("redis-server on port {} did not answer", self.port));
+                }
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        *self.lock_child() = Some(child);
+        Ok(())
+    }
+
+    fn info_pid(&self) -> redis::RedisResult<Option<u32>> {
+        let info: String = self.raw(&["INFO", "server"])?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok()))
+    }
+
+    fn lock_child(&self) -> MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The node's TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The node's temp dir (its `dump.rdb` lives here).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// The running process id, if the node is up.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock_child().as_ref().map(Child::id)
+    }
+
+    /// Whether the process is running (it may be paused).
+    pub fn is_running(&self) -> bool {
+        self.pid().is_some()
+    }
+
+    /// `kill -9` and reap. The node's data is gone (no persistence).
+    pub fn kill(&self) {
+        if let Some(mut child) = self.lock_child().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the node again on the same port and dir (empty, unless the test
+    /// saved an RDB there).
+    pub fn restart(&self) {
+        self.kill();
+        let bin = redis_server_binary();
+        let mut last = String::new();
+        for _ in 0..50 {
+            match self.spawn(&bin) {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "could not restart redis-server on port {}: {last}",
+            self.port
+        );
+    }
+
+    /// Restarts the node after `delay`, from a background thread.
+    pub fn restart_after(self: &Arc<Self>, delay: Duration) -> JoinHandle<()> {
+        let node = Arc::clone(self);
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            node.restart();
+        })
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.pid() {
+            let pid = i32::try_from(pid).expect("pid fits i32");
+            kill(Pid::from_raw(pid), sig).expect("signal redis-server");
+        }
+    }
+
+    /// `SIGSTOP`: the node keeps its sockets but answers nothing.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// `SIGCONT` after [`RedisNode::pause`].
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// Runs one raw command on a fresh connection (2 s timeouts).
+    pub fn raw<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+        conn.set_write_timeout(Some(Duration::from_secs(2)))?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut conn)
+    }
+
+    /// Runs one raw command and panics on error.
+    pub fn cmd(&self, args: &[&str]) -> Value {
+        self.raw(args)
+            .unwrap_or_else(|e| panic!("{:?} on port {}: {e}", args, self.port))
+    }
+
+    /// The string value at `key`, if any.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.raw(&["GET", key]).expect("GET")
+    }
+
+    /// `PTTL key` in milliseconds (-2: no key, -1: no expiry).
+    pub fn pttl(&self, key: &str) -> i64 {
+        self.raw(&["PTTL", key]).expect("PTTL")
+    }
+
+    /// All keys on the node.
+    pub fn keys(&self) -> Vec<String> {
+        self.raw(&["KEYS", "*"]).expect("KEYS")
+    }
+
+    /// Opens `MONITOR` on the node and records every command it sees until the
+    /// returned recorder is stopped.
+    pub fn monitor(&self) -> crate::monitor::Monitor {
+        crate::monitor::Monitor::start(self.port)
+    }
+
+    /// Connects a plain TCP stream to the node (for raw protocol tests).
+    pub fn tcp(&self) -> TcpStream {
+        TcpStream::connect(("127.0.0.1", self.port)).expect("connect")
+    }
+}
+
+impl Drop for RedisNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// N independent nodes.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: Vec<Arc<RedisNode>>,
+}
+
+impl Cluster {
+    /// Starts `n` nodes.
+    pub fn start(n: usize) -> Self {
+        Self::start_with(n, &[])
+    }
+
+    /// Starts `n` nodes with the same extra arguments.
+    pub fn start_with(n: usize, extra_args: &[&str]) -> Self {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let args: Vec<String> = extra_args.iter().map(|s| (*s).to_owned()).collect();
+                std::thread::spawn(move || {
+                    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                    RedisNode::start_with(&refs)
+                })
+            })
+            .collect();
+        let nodes = handles
+            .into_iter()
+            .map(|h| Arc::new(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))))
+            .collect();
+        Self { nodes }
+    }
+
+    /// The nodes' URLs, in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> &Arc<RedisNode> {
+        &self.nodes[i]
+    }
+
+    /// All nodes.
+    pub fn nodes(&self) -> &[Arc<RedisNode>] {
+        &self.nodes
+    }
+
+    /// How many nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// How many running nodes hold `key` with value `token`.
+    pub fn count_holding(&self, key: &str, token: &str) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running() && n.get(key).as_deref() == Some(token))
+            .count()
+    }
+
+    /// How many running nodes have `key` at all.
+    pub fn count_with_key(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running() && n.raw::<i64>(&["EXISTS", key]).unwrap_or(0) == 1)
+            .count()
+    }
+
+    /// Waits until `f` holds, up to `timeout`; returns whether it did.
+    pub fn wait_until(&self, timeout: Duration, mut f: impl FnMut(&Self) -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            if f(self) {
+                return true;
+            }
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Reads a RESP line from a raw stream (used by [`monitor`]).
+pub(crate) fn read_line(r: &mut BufReader<TcpStream>) -> Option<String> {
+    let mut line = String::new();
+    match r.read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim_end().to_owned()),
+    }
+}
+
+/// Writes a RESP command to a raw stream.
+pub(crate) fn write_command(s: &mut TcpStream, args: &[&str]) -> std::io::Result<()> {
+    let mut buf = format!("*{}\r\n", args.len());
+    for a in args {
+        buf.push_str(&format!("${}\r\n{}\r\n", a.len(), a));
+    }
+    s.write_all(buf.as_bytes())
+}
