@@ -12,7 +12,11 @@ async fn lock_busy_extend_unlock() {
     let b = Redlock::from_urls(cluster.urls()).unwrap();
     let ttl = Duration::from_secs(2);
     let mut lock = a.try_lock("smoke", ttl).await.unwrap();
-    assert_eq!(cluster.count_holding("smoke", lock.token()), 3);
+    // Acquire returns at quorum; the third SET lands a moment later.
+    assert!(cluster.wait_until(
+        Duration::from_secs(2),
+        |c| c.count_holding("smoke", lock.token()) == 3
+    ));
     let err = b.try_lock("smoke", ttl).await.unwrap_err();
     match &err {
         Error::Busy { retry_after, .. } => {
