@@ -163,6 +163,7 @@ impl HeldLockConfig {
 /// lock is lost: watch [`HeldLock::is_lost`], or run the work through
 /// [`HeldLock::run`], which stops it (per the policy's
 /// [`LostPolicy`](crate::LostPolicy)).
+#[must_use = "dropping a HeldLock releases the lock"]
 pub struct HeldLock {
     lock: Option<RequestLock>,
     policy: Arc<LockPolicy>,

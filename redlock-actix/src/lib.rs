@@ -129,5 +129,5 @@ pub use middleware::{RedlockMiddleware, RedlockService};
 pub use redlock_core::request::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, Rejection, ReleasePolicy,
 };
-pub use redlock_core::{LockHandle, LockOptions, Redlock, RetryPolicy};
+pub use redlock_core::{FencingToken, LockHandle, LockOptions, Redlock, RetryPolicy};
 pub use rejection::LockRejection;

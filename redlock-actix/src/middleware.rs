@@ -76,6 +76,7 @@ use crate::rejection::{LockRejection, registered_redlock};
 /// [`ReleasePolicy::ResponseHead`]. Handlers read it with
 /// `web::ReqData<LockHandle>`.
 #[derive(Clone)]
+#[must_use = "a middleware does nothing until it wraps an App, Scope or Resource"]
 pub struct RedlockMiddleware {
     key: KeySource,
     redlock: Option<Redlock>,
@@ -260,7 +261,11 @@ where
             return Ok(req.into_response(answer).map_into_right_body());
         }
     };
+    let fencing_token = lock.as_ref().and_then(|l| l.handle().fencing_token());
     if let Some(lock) = &lock {
+        if let Some(token) = fencing_token {
+            req.extensions_mut().insert(token);
+        }
         req.extensions_mut().insert(lock.handle());
     }
 
@@ -279,7 +284,15 @@ where
     // still holding the lock: at once with `ResponseHead`, and with `BodyEnd` when
     // the body is already in memory (it is complete, so the release does not wait
     // for anything, and head and body then go out together).
-    let (req, response) = response.into_parts();
+    let (req, mut response) = response.into_parts();
+    if let (Some(name), Some(token)) = (config.policy.fencing_header_name(), fencing_token)
+        && let Ok(name) = actix_web::http::header::HeaderName::from_bytes(name.as_bytes())
+    {
+        response.headers_mut().insert(
+            name,
+            actix_web::http::header::HeaderValue::from(token.get()),
+        );
+    }
     let (response, body) = response.into_parts();
     let body = match config.policy.release_policy() {
         ReleasePolicy::ResponseHead => {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::error::{Error, NodeStatus, Report};
+use crate::fencing::fence_key;
 use crate::lock::Lock;
 use crate::node::{AcquireReply, Call, parse_acquire};
 use crate::redlock::Redlock;
@@ -91,7 +92,7 @@ impl Redlock {
     }
 
     /// One acquire attempt: spec steps 1 to 4.
-    async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
@@ -109,7 +110,10 @@ impl Redlock {
         );
         async {
             let token = new_token()?;
-            let call = Arc::new(Call::acquire(key, &token, ttl.as_millis()));
+            let call = Arc::new(match self.inner.settings.fencing {
+                None => Call::acquire(key, &token, ttl.as_millis()),
+                Some(_) => Call::fenced_acquire(key, &token, ttl.as_millis(), &fence_key(key)),
+            });
             let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
             let start = Instant::now();
             let mut pending = self.fan_out(&call, parse_acquire, 0..n);
@@ -122,7 +126,7 @@ impl Redlock {
             let (mut ok, mut not_ok) = (0, 0);
             let settled = self
                 .settle(&mut pending, |s| {
-                    if matches!(s.result, Ok(AcquireReply::Acquired)) {
+                    if matches!(s.result, Ok(AcquireReply::Acquired { .. })) {
                         ok += 1;
                     } else {
                         not_ok += 1;
@@ -130,14 +134,27 @@ impl Redlock {
                     ok >= q || n - not_ok < q
                 })
                 .await;
-            let elapsed = start.elapsed();
-            let validity = validity(ttl, elapsed, &self.inner.settings);
+            let mut elapsed = start.elapsed();
+            let mut validity = validity(ttl, elapsed, &self.inner.settings);
+            // A fencing lock counts as held only once its token is fenced on a
+            // quorum within the validity: one more round trip.
+            let mut fencing = Ok(None);
+            if let (true, Some(_), Some(mode)) = (ok >= q, validity, self.inner.settings.fencing) {
+                fencing = self
+                    .fence_phase(resource, key, &token, mode, &settled, start, ttl)
+                    .await
+                    .map(|f| {
+                        elapsed = f.elapsed;
+                        validity = Some(f.validity);
+                        Some(f.token)
+                    });
+            }
             let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
             let span = tracing::Span::current();
             span.record("elapsed_us", elapsed.as_micros() as u64);
             span.record("ok", ok);
 
-            if let (true, Some(validity)) = (ok >= q, validity) {
+            if let (true, Some(validity), Ok(fencing_token)) = (ok >= q, validity, &fencing) {
                 span.record("validity_ms", validity.as_millis() as u64);
                 tracing::debug!(report = %self.report(&settled, acquire_status), "acquired");
                 // From here the `Lock` (and its `Drop`) owns the release.
@@ -154,6 +171,7 @@ impl Redlock {
                     extensions: 0,
                     late,
                     released: false,
+                    fencing_token: *fencing_token,
                 });
             }
 
@@ -167,7 +185,10 @@ impl Redlock {
             self.unlock_all(key, &token, Some(&report)).await;
             cleanup.armed = false;
             tracing::debug!(report = %report, "attempt failed");
-            Err(self.acquire_error(resource, ok, elapsed, ttl, report))
+            Err(match fencing {
+                Err(e) => e,
+                Ok(_) => self.acquire_error(resource, ok, elapsed, ttl, report),
+            })
         }
         .instrument(span)
         .await
@@ -238,7 +259,7 @@ impl Drop for ReleaseOnDrop<'_> {
 
 fn acquire_status(r: &AcquireReply) -> NodeStatus {
     match r {
-        AcquireReply::Acquired => NodeStatus::Ok,
+        AcquireReply::Acquired { .. } => NodeStatus::Ok,
         AcquireReply::Busy { pttl_ms } => NodeStatus::Busy {
             pttl: u64::try_from(*pttl_ms).ok().map(Duration::from_millis),
         },

@@ -317,6 +317,24 @@ pub enum Error {
         /// The TTL asked for.
         ttl: Duration,
     },
+    /// A fencing lock's quorum said OK, but its token was then applied on fewer
+    /// than a quorum of nodes (the keys were gone, or the nodes failed): the
+    /// token could be one a later holder also reads, so the attempt failed and
+    /// was released.
+    #[error(
+        "fencing token for {resource:?} applied on {applied} of {quorum} needed nodes: {report}"
+    )]
+    NoFenceQuorum {
+        /// The resource asked for.
+        resource: Arc<str>,
+        /// How many nodes applied the token.
+        applied: usize,
+        /// How many were needed.
+        quorum: usize,
+        /// Every node's outcome in the fence phase (`NotHeld`: the key no
+        /// longer held this attempt's token there).
+        report: Report,
+    },
     /// An extension found the lock gone from so many nodes that no quorum holds it.
     #[error("lock on {resource:?} is no longer held: {report}")]
     NotHeld {
@@ -371,7 +389,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Busy { .. } | Error::NoQuorum { .. } | Error::NoValidity { .. }
+            Error::Busy { .. }
+                | Error::NoQuorum { .. }
+                | Error::NoValidity { .. }
+                | Error::NoFenceQuorum { .. }
         )
     }
 
@@ -380,6 +401,7 @@ impl Error {
         match self {
             Error::Busy { report, .. }
             | Error::NoQuorum { report, .. }
+            | Error::NoFenceQuorum { report, .. }
             | Error::NotHeld { report, .. }
             | Error::ReleaseIncomplete { report, .. } => Some(report),
             _ => None,

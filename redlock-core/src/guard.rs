@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::Error;
+use crate::fencing::FencingToken;
 use crate::lock::Lock;
 use crate::redlock::Redlock;
 use crate::release::Released;
@@ -40,6 +41,7 @@ struct Shared {
     /// Off only in the fault suite's negative control.
     check_deadline: bool,
     extensions: AtomicU32,
+    fencing_token: Option<FencingToken>,
     /// Sticky: once cancelled, the lock stays lost for its holder even if a
     /// renewal that was in flight succeeds afterwards.
     lost: CancellationToken,
@@ -150,6 +152,13 @@ impl LockHandle {
     /// How many times the lock has been extended.
     pub fn extensions(&self) -> u32 {
         self.shared.extensions.load(Ordering::Relaxed)
+    }
+
+    /// This holder's fencing token (see [`Lock::fencing_token`]); `None` when
+    /// the handle was built without [`fencing`](crate::RedlockBuilder::fencing).
+    /// Fixed for the life of the lock: renewals keep it.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.shared.fencing_token
     }
 
     /// Whether the lock was lost: a renewal found it gone, the renewal task
@@ -323,6 +332,7 @@ impl LockGuard {
             margin,
             check_deadline: options.check_deadline,
             extensions: AtomicU32::new(0),
+            fencing_token: lock.fencing_token(),
             lost: CancellationToken::new(),
         });
         shared.set_valid_until(lock.valid_until());
@@ -365,6 +375,11 @@ impl LockGuard {
     /// Whether the lock was lost (see [`LockHandle::is_lost`]).
     pub fn is_lost(&self) -> bool {
         self.handle.is_lost()
+    }
+
+    /// This holder's fencing token (see [`LockHandle::fencing_token`]).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.handle.fencing_token()
     }
 
     /// Completes when the lock is lost (see [`LockHandle::lost`]).

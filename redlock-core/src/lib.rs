@@ -16,7 +16,8 @@
 //! On top of that: compare-and-pexpire extension that counts only with a quorum
 //! inside the current validity, a [`LockGuard`] that renews the lock while work runs
 //! and says when it is lost, and [`Redlock::with_lock`], which drops the work if the
-//! lock is lost.
+//! lock is lost. Opt-in fencing tokens ([`RedlockBuilder::fencing`]) let the
+//! protected resource refuse late writes (see [Safety](#safety) and [`fence`]).
 //!
 //! # Example
 //!
@@ -47,25 +48,55 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Safety notes
+//! # Safety
 //!
-//! Redlock assumes the nodes are independent masters (no replication between them)
-//! and that a restarted node stays down longer than the largest TTL, or persists
-//! with `appendfsync always`.
+//! **What Redlock guarantees.** While its assumptions hold, at most one client
+//! at a time holds a lock on a resource *within the validity it was told*
+//! ([`Lock::remaining`], [`Lock::valid_until`]). The assumptions: the nodes are
+//! independent masters (no replication between them, no two on one server); a
+//! node that restarts either stays down longer than the largest TTL in use or
+//! persists every write before answering (`appendonly yes`, `appendfsync
+//! always`); and the clocks of clients and nodes run at nearly the same rate
+//! (the drift allowance, 1 % of the TTL plus 2 ms by default). The lock says
+//! nothing about what happens after its validity: a key can expire while its
+//! holder still works.
 //!
-//! What a [`LockHandle`] tells the code under the lock is computed from the local
+//! **What the holder is told.** A [`LockHandle`] answers from the local
 //! monotonic clock at each call, against the last validity the nodes confirmed
 //! less a loss margin (default: the node timeout, see
-//! [`LockOptions::loss_margin`]). It does not wait for the renewal task: a holder
-//! whose thread blocked past its validity is told `is_lost() == true` the moment
-//! it looks, and [`Redlock::with_lock`] and the web adapters never poll the work
-//! again once the deadline has passed. A renewal task that dies (a panic, its
-//! runtime shut down) fires the loss too.
+//! [`LockOptions::loss_margin`]). It does not wait for the renewal task: a
+//! holder whose thread blocked past its validity is told `is_lost() == true`
+//! the moment it looks, and [`Redlock::with_lock`] and the web adapters never
+//! poll the work again once the deadline has passed. A renewal task that dies
+//! (a panic, its runtime shut down) fires the loss too. What no client-side
+//! check can do: a holder that checks, is then paused (GC, `SIGSTOP`, swap, a
+//! slow network) past its validity, and only then writes, writes late.
 //!
-//! What no client-side check can do: a holder that checks, is then paused (GC,
-//! `SIGSTOP`, swap, a slow network) past its validity, and only then writes,
-//! writes late. Only the protected resource can refuse that write, by a fencing
-//! token.
+//! **What fencing adds.** With [`RedlockBuilder::fencing`], every lock carries
+//! a [`FencingToken`] larger than the token of every earlier holder of the
+//! resource, and the protected resource can refuse a write whose token is
+//! smaller than one it already accepted ([`fence`]). That turns the late write
+//! above into a refused one, *if the resource checks*; a resource that does
+//! not check gains nothing. Tokens cost one more round trip per acquire (a
+//! fence phase decided at quorum). They are monotone because a later holder's
+//! acquire quorum meets the earlier holder's fence quorum on a node that
+//! remembers the earlier counter, which needs one of:
+//!
+//! - [`FencingMode::Durable`]: every node persists its counters before
+//!   answering (`appendonly yes`, `appendfsync always`);
+//! - [`FencingMode::Hybrid`]: tokens also take the nodes' clocks (`TIME`, in
+//!   µs); a node that restarts without its data must stay down longer than the
+//!   clock skew between the nodes, and no node's wall clock may step backwards
+//!   (a backward NTP step or a manual clock change can hand out a smaller
+//!   token after a restart).
+//!
+//! [`Redlock::check_nodes`] reads each node's persistence and says whether the
+//! chosen mode is sound there ([`FencingCheck`]). The counters are keys that
+//! never expire, one per fenced resource (the byte `0xFF`, `fence:`, then the
+//! lock key: no UTF-8 key collides with them); deleting one, or a `FLUSHALL`,
+//! is a restart without data for that node. Tokens order holders; they do not
+//! make a holder's validity longer, and they do not protect a resource from a
+//! client that writes without a lock.
 //!
 //! [deadpool-redis]: https://docs.rs/deadpool-redis
 
@@ -81,6 +112,8 @@ mod builder;
 mod error;
 mod extend;
 mod fan_out;
+pub mod fence;
+mod fencing;
 mod guard;
 mod lock;
 mod node;
@@ -96,6 +129,7 @@ mod url;
 
 pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
+pub use fencing::{FencingCheck, FencingMode, FencingToken};
 pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use lock::Lock;
 pub use redlock::{NodeInfo, Redlock};

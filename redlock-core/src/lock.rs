@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::fencing::FencingToken;
 use crate::redlock::Redlock;
 use crate::release::Released;
 use crate::stragglers::Late;
@@ -13,6 +14,7 @@ use crate::stragglers::Late;
 ///
 /// Dropping a `Lock` without [`Lock::unlock`] spawns the release in the background
 /// (when inside a Tokio runtime; otherwise the keys expire with their TTL).
+#[must_use = "dropping a Lock releases it in the background; use Redlock::unlock to know the outcome"]
 pub struct Lock {
     pub(crate) redlock: Redlock,
     pub(crate) resource: Arc<str>,
@@ -24,6 +26,7 @@ pub struct Lock {
     pub(crate) extensions: u32,
     pub(crate) late: Option<Arc<Late>>,
     pub(crate) released: bool,
+    pub(crate) fencing_token: Option<FencingToken>,
 }
 
 impl std::fmt::Debug for Lock {
@@ -35,6 +38,7 @@ impl std::fmt::Debug for Lock {
             .field("remaining", &self.remaining())
             .field("ttl", &self.ttl)
             .field("extensions", &self.extensions)
+            .field("fencing_token", &self.fencing_token)
             .finish()
     }
 }
@@ -83,6 +87,16 @@ impl Lock {
     /// How many times the lock has been extended.
     pub fn extensions(&self) -> u32 {
         self.extensions
+    }
+
+    /// This holder's fencing token, when the handle was built with
+    /// [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing): larger than
+    /// the token of every earlier holder of the resource (under the
+    /// [`FencingMode`](crate::FencingMode)'s assumptions). Send it with every
+    /// write to the protected resource, which refuses smaller ones (see
+    /// [`crate::fence`]). `None` without fencing.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.fencing_token
     }
 
     /// Marks the lock released for the straggler task, before the release is sent.

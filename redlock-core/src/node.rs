@@ -1,5 +1,6 @@
-//! One Redis master: its pool, its cached multiplexed connection, and the three
-//! Lua scripts run on it.
+//! One Redis master: its pool, its one cached multiplexed connection (and the
+//! single reconnect shared by its callers), the acquire pipeline and the Lua
+//! scripts run on it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
@@ -11,6 +12,7 @@ use redis::{Cmd, Pipeline, Value};
 use tokio::sync::watch;
 
 use crate::error::NodeError;
+use crate::fencing::{FenceRead, bad_read};
 
 /// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
 const EXTEND_LUA: &str = r#"
@@ -21,7 +23,7 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-const RELEASE_LUA: &str = r#"
+pub(crate) const RELEASE_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -41,6 +43,24 @@ impl LuaScript {
     }
 }
 
+/// Fencing step 3: raises the key's fence counter (`KEYS[2]`) to the token
+/// `ARGV[2]`, never lowers it, and only while the lock key (`KEYS[1]`) still
+/// holds this attempt's token `ARGV[1]`: a fence that lands after the key
+/// expired (and another holder may have read the counter) must not count.
+/// Counters are decimal strings compared by length, then digits, so that the
+/// whole `u64` range compares right (Lua numbers are doubles).
+const FENCE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local c = redis.call('GET', KEYS[2])
+if not c or #c < #ARGV[2] or (#c == #ARGV[2] and c < ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+"#;
+
+pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
 
@@ -59,6 +79,9 @@ pub(crate) enum Call {
     /// Plain commands cost the node less than a script; the answers to `PTTL` and
     /// `TYPE` only matter when `SET` refused.
     Acquire { pipeline: Pipeline },
+    /// A Lua script over several keys (the fence: the lock key and its
+    /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
+    Keys { evalsha: Cmd, eval: Cmd },
 }
 
 impl Call {
@@ -76,20 +99,50 @@ impl Call {
 
     /// The acquire pipeline for `key`, `token` and `ttl_ms`.
     pub(crate) fn acquire(key: &str, token: &str, ttl_ms: u128) -> Self {
-        let mut pipeline = redis::pipe();
-        pipeline
-            .cmd("SET")
-            .arg(key)
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms.to_string())
-            .cmd("PTTL")
-            .arg(key)
-            .cmd("TYPE")
-            .arg(key);
+        Call::Acquire {
+            pipeline: acquire_pipeline(key, token, ttl_ms),
+        }
+    }
+
+    /// The acquire pipeline of a fencing lock: the same `SET`, `PTTL` and
+    /// `TYPE`, then (fencing step 1) the key's fence counter and the node's
+    /// `TIME`. Read after the `SET` on the same connection, so after any fence
+    /// of an earlier holder whose key the `SET` found gone.
+    pub(crate) fn fenced_acquire(key: &str, token: &str, ttl_ms: u128, fence_key: &[u8]) -> Self {
+        let mut pipeline = acquire_pipeline(key, token, ttl_ms);
+        pipeline.cmd("GET").arg(fence_key).cmd("TIME");
         Call::Acquire { pipeline }
     }
+
+    /// `EVALSHA sha <keys> keys.. args..`, and its `EVAL` fallback.
+    pub(crate) fn keys(script: &'static LuaScript, keys: &[&[u8]], args: &[&[u8]]) -> Self {
+        let build = |name: &str, first: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(first).arg(keys.len()).arg(keys).arg(args);
+            cmd
+        };
+        Call::Keys {
+            evalsha: build("EVALSHA", &script.sha),
+            eval: build("EVAL", script.body),
+        }
+    }
+}
+
+/// Spec step 2's `SET key token NX PX ttl`, then `PTTL` and `TYPE` of the key.
+fn acquire_pipeline(key: &str, token: &str, ttl_ms: u128) -> Pipeline {
+    let mut pipeline = redis::pipe();
+    pipeline
+        .cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms.to_string())
+        .cmd("PTTL")
+        .arg(key)
+        .cmd("TYPE")
+        .arg(key);
+    pipeline
 }
 
 /// `EVAL body 1 key args..`: the fallback after `NOSCRIPT` (a restarted or flushed
@@ -363,7 +416,7 @@ impl Node {
                 // Error replies stay in the array: `parse_acquire` judges by the
                 // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
                 // a `SET` that ran.
-                let replies = conn.send_packed_commands(pipeline, 0, 3).await;
+                let replies = conn.send_packed_commands(pipeline, 0, pipeline.len()).await;
                 if replies
                     .as_ref()
                     .map_or_else(|e| e.code().is_some(), |_| true)
@@ -373,6 +426,15 @@ impl Node {
                 return replies
                     .map(Value::Array)
                     .map_err(|e| NodeError::from_redis(&e));
+            }
+            Call::Keys { evalsha, eval } => {
+                return match self.send(generation, &mut conn, evalsha).await {
+                    Ok(v) => Ok(v),
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        Box::pin(self.eval_fallback(generation, conn, eval)).await
+                    }
+                    Err(e) => Err(NodeError::from_redis(&e)),
+                };
             }
             Call::Script {
                 script,
@@ -387,7 +449,7 @@ impl Node {
             // Rare (a restarted or flushed node): boxed, so its state does not
             // enlarge every call's future.
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                Box::pin(self.eval_fallback(generation, conn, script, key, args)).await
+                Box::pin(self.eval_fallback(generation, conn, &eval(script, key, args))).await
             }
             Err(e) => Err(NodeError::from_redis(&e)),
         }
@@ -398,11 +460,9 @@ impl Node {
         &self,
         generation: u64,
         mut conn: MultiplexedConnection,
-        script: &LuaScript,
-        key: &str,
-        args: &[String],
+        eval: &Cmd,
     ) -> Result<Value, NodeError> {
-        self.send(generation, &mut conn, &eval(script, key, args))
+        self.send(generation, &mut conn, eval)
             .await
             .map_err(|e| match NodeError::from_redis(&e) {
                 NodeError::Server { code, message } => NodeError::NoScript(format!(
@@ -461,24 +521,45 @@ async fn connect(pool: &Pool) -> Result<MultiplexedConnection, NodeError> {
 /// The acquire script's answer on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    Acquired,
-    Busy { pttl_ms: i64 },
+    /// `fence`: what a fenced acquire read (fencing step 1); `None` unfenced.
+    Acquired {
+        fence: Option<FenceRead>,
+    },
+    Busy {
+        pttl_ms: i64,
+    },
 }
 
 /// Judges the acquire pipeline by its `SET` reply: `OK` is acquired whatever
 /// `PTTL` and `TYPE` said (the key is set; a user not allowed those commands
 /// must still be able to lock), an error is the node's error, and nil is busy.
 /// Only then do `PTTL` and `TYPE` describe the holder; a refused one leaves that
-/// part unknown.
+/// part unknown. A fenced acquire's two more replies (counter and `TIME`) must
+/// be readable when `SET` said OK: a token picked without them could be too
+/// small, so the node then counts as failed (and is released).
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
-    let Value::Array(items) = v else {
+    let Value::Array(mut items) = v else {
         return Err(NodeError::Protocol(format!("acquire reply {v:?}")));
+    };
+    let fenced = match items.len() {
+        5 => items.split_off(3),
+        _ => Vec::new(),
     };
     let [set, pttl, ty] = <[Value; 3]>::try_from(items)
         .map_err(|items| NodeError::Protocol(format!("acquire reply of {} items", items.len())))?;
+    let acquired = || -> Result<AcquireReply, NodeError> {
+        let fence = match <[Value; 2]>::try_from(fenced) {
+            Ok([counter, time]) => Some(FenceRead {
+                counter: parse_counter(counter)?,
+                time_us: parse_time_us(time)?,
+            }),
+            Err(_) => None,
+        };
+        Ok(AcquireReply::Acquired { fence })
+    };
     match set {
-        Value::Okay => return Ok(AcquireReply::Acquired),
-        Value::SimpleString(s) if s == "OK" => return Ok(AcquireReply::Acquired),
+        Value::Okay => return acquired(),
+        Value::SimpleString(s) if s == "OK" => return acquired(),
         Value::Nil => {}
         Value::ServerError(e) => return Err(NodeError::from_redis(&e.into())),
         other => return Err(NodeError::Protocol(format!("SET reply {other:?}"))),
@@ -507,6 +588,45 @@ pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
             pttl_ms,
         }),
     }
+}
+
+/// A fence counter as `GET` returns it: none yet is 0. `u64::MAX` is refused,
+/// so that `max + 1` can never overflow.
+fn parse_counter(v: Value) -> Result<u64, NodeError> {
+    let n = match &v {
+        Value::Nil => return Ok(0),
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+        Value::SimpleString(s) => s.parse().ok(),
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::ServerError(e) => return Err(NodeError::from_redis(&e.clone().into())),
+        _ => None,
+    };
+    n.filter(|&n| n < u64::MAX)
+        .ok_or_else(|| bad_read("fence counter", &v))
+}
+
+/// The node's `TIME` (seconds, microseconds) in microseconds since the epoch.
+fn parse_time_us(v: Value) -> Result<u64, NodeError> {
+    let part = |p: &Value| -> Option<u64> {
+        match p {
+            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+            Value::SimpleString(s) => s.parse().ok(),
+            Value::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    };
+    let us = match &v {
+        Value::Array(parts) => match parts.as_slice() {
+            [secs, micros] => part(secs)
+                .zip(part(micros))
+                .and_then(|(s, m)| s.checked_mul(1_000_000)?.checked_add(m)),
+            _ => None,
+        },
+        Value::ServerError(e) => return Err(NodeError::from_redis(&e.clone().into())),
+        _ => None,
+    };
+    us.filter(|&us| us < u64::MAX)
+        .ok_or_else(|| bad_read("TIME", &v))
 }
 
 /// The extend and release scripts answer 1 (done) or 0 (token not there).
@@ -551,9 +671,51 @@ mod tests {
         );
         assert_eq!(
             parse_acquire(reply(Value::Okay, 1000, "string")),
-            Ok(AcquireReply::Acquired)
+            Ok(AcquireReply::Acquired { fence: None })
         );
         assert!(parse_acquire(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn parses_fenced_acquire_reads() {
+        let time = Value::Array(vec![
+            Value::BulkString(b"1700000000".to_vec()),
+            Value::BulkString(b"123456".to_vec()),
+        ]);
+        let reply = |set: Value, counter: Value| {
+            Value::Array(vec![
+                set,
+                Value::Int(900),
+                Value::SimpleString("string".into()),
+                counter,
+                time.clone(),
+            ])
+        };
+        let read = |counter| {
+            Ok(AcquireReply::Acquired {
+                fence: Some(FenceRead {
+                    counter,
+                    time_us: 1_700_000_000_123_456,
+                }),
+            })
+        };
+        assert_eq!(parse_acquire(reply(Value::Okay, Value::Nil)), read(0));
+        assert_eq!(
+            parse_acquire(reply(Value::Okay, Value::BulkString(b"41".to_vec()))),
+            read(41)
+        );
+        let max = u64::MAX.to_string().into_bytes();
+        for bad in [b"x".to_vec(), max] {
+            assert!(matches!(
+                parse_acquire(reply(Value::Okay, Value::BulkString(bad))),
+                Err(NodeError::Protocol(_))
+            ));
+        }
+        // Busy: the reads do not matter.
+        assert_eq!(
+            parse_acquire(reply(Value::Nil, Value::BulkString(b"x".to_vec()))),
+            Ok(AcquireReply::Busy { pttl_ms: 900 })
+        );
     }
 
     #[test]
@@ -566,7 +728,7 @@ mod tests {
         let reply = |set: Value| Value::Array(vec![set, refused(), refused()]);
         assert_eq!(
             parse_acquire(reply(Value::Okay)),
-            Ok(AcquireReply::Acquired)
+            Ok(AcquireReply::Acquired { fence: None })
         );
         assert_eq!(
             parse_acquire(reply(Value::Nil)),

@@ -10,6 +10,7 @@ use redis::Value;
 
 use crate::builder::RedlockBuilder;
 use crate::error::{Error, NodeError};
+use crate::fencing::{FencingCheck, check_persistence};
 use crate::node::Node;
 use crate::settings::{RetryPolicy, Settings};
 use crate::steps::{quorum, whole_millis};
@@ -74,6 +75,14 @@ pub struct NodeInfo {
     pub version: Option<String>,
     /// The error, if the node did not answer.
     pub error: Option<NodeError>,
+    /// Whether the append-only file is on (`aof_enabled` in `INFO persistence`).
+    pub aof_enabled: Option<bool>,
+    /// The `appendfsync` policy (`always`, `everysec`, `no`), when `CONFIG GET`
+    /// is allowed.
+    pub appendfsync: Option<String>,
+    /// With [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing): whether
+    /// the mode keeps tokens monotone on this node. `None` without fencing.
+    pub fencing: Option<FencingCheck>,
 }
 
 impl Redlock {
@@ -155,6 +164,11 @@ impl Redlock {
     /// listed twice (same `run_id`). Nodes that do not answer are reported, not
     /// refused: Redlock is built to run with a minority down.
     ///
+    /// Also reads each node's persistence (`INFO persistence`, `CONFIG GET
+    /// appendfsync`) and, with fencing on, judges whether the
+    /// [`FencingMode`](crate::FencingMode) is sound there ([`NodeInfo::fencing`]);
+    /// a node where it is not is logged at warn level.
+    ///
     /// # Errors
     /// [`Error::DuplicateNode`] with `by: "run_id"`.
     pub async fn check_nodes(&self) -> Result<Vec<NodeInfo>, Error> {
@@ -177,6 +191,9 @@ impl Redlock {
                         run_id: None,
                         version: None,
                         error: None,
+                        aof_enabled: None,
+                        appendfsync: None,
+                        fencing: None,
                     };
                     match node.query(cmd, timeout).await {
                         Ok(v) => {
@@ -195,6 +212,9 @@ impl Redlock {
                         }
                         Err(e) => info.error = Some(e),
                     }
+                    if info.error.is_none() {
+                        self.read_persistence(node, timeout, &mut info).await;
+                    }
                     info
                 }
             }))
@@ -212,6 +232,35 @@ impl Redlock {
             }
         }
         Ok(infos)
+    }
+
+    /// Fills `info`'s persistence fields from `node`, and judges the fencing
+    /// mode on it. A refused `CONFIG` (managed services often rename it) leaves
+    /// `appendfsync` unknown.
+    async fn read_persistence(&self, node: &Node, timeout: Duration, info: &mut NodeInfo) {
+        let mut persistence = redis::cmd("INFO");
+        persistence.arg("persistence");
+        let mut fsync = redis::cmd("CONFIG");
+        fsync.arg("GET").arg("appendfsync");
+        let (persistence, fsync) = futures_util::future::join(
+            node.query(&persistence, timeout),
+            node.query(&fsync, timeout),
+        )
+        .await;
+        if let Ok(v) = persistence {
+            info.aof_enabled = info_field(&reply_text(v), "aof_enabled").map(|v| v == "1");
+        }
+        if let Ok(v) = fsync {
+            info.appendfsync = config_value(v);
+        }
+        let Some(mode) = self.inner.settings.fencing else {
+            return;
+        };
+        let check = check_persistence(mode, info.aof_enabled, info.appendfsync.as_deref());
+        if !matches!(check, FencingCheck::Durable) {
+            tracing::warn!(node = %node.label, ?mode, check = ?check, "fencing tokens are not backed by durable counters on this node");
+        }
+        info.fencing = Some(check);
     }
 
     pub(crate) fn check_resource(resource: &str) -> Result<(), Error> {
@@ -239,5 +288,36 @@ impl Redlock {
             });
         }
         Ok(())
+    }
+}
+
+/// The text of an `INFO` reply.
+fn reply_text(v: Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        Value::VerbatimString { text, .. } => text,
+        other => format!("{other:?}"),
+    }
+}
+
+/// One `name:value` field of an `INFO` reply.
+fn info_field(text: &str, name: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// The value of a one-parameter `CONFIG GET` reply (a pair in RESP2, a map in
+/// RESP3); `None` when the parameter is unknown or the reply is empty.
+fn config_value(v: Value) -> Option<String> {
+    let value = match v {
+        Value::Array(items) => items.into_iter().nth(1)?,
+        Value::Map(pairs) => pairs.into_iter().next()?.1,
+        _ => return None,
+    };
+    match value {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
     }
 }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::fencing::FencingMode;
+
 /// How [`Redlock::lock`](crate::Redlock::lock) retries a failed attempt.
 ///
 /// Every failed attempt is released on all nodes, then the next one starts after
@@ -11,6 +13,7 @@ use std::time::Duration;
 /// after `max_attempts`, or when the next attempt could not finish before the
 /// `deadline`, whichever comes first.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub struct RetryPolicy {
     pub(crate) max_attempts: u32,
     pub(crate) deadline: Option<Duration>,
@@ -94,6 +97,7 @@ impl RetryPolicy {
 /// Options for a lock held with auto-extension ([`Redlock::lock_guard`](crate::Redlock::lock_guard) and
 /// [`Redlock::with_lock`](crate::Redlock::with_lock)).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
 pub struct LockOptions {
     pub(crate) ttl: Duration,
     pub(crate) max_hold: Option<Duration>,
@@ -176,6 +180,8 @@ pub(crate) struct Settings {
     pub(crate) max_extensions: Option<u32>,
     /// `None`: the node timeout.
     pub(crate) loss_margin: Option<Duration>,
+    /// `None`: no fencing tokens, no fence round trip.
+    pub(crate) fencing: Option<FencingMode>,
 }
 
 impl Default for Settings {
@@ -190,6 +196,7 @@ impl Default for Settings {
             max_ttl: Duration::from_secs(24 * 3600),
             max_extensions: None,
             loss_margin: None,
+            fencing: None,
         }
     }
 }

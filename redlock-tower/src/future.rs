@@ -117,7 +117,11 @@ where
                     match acquired {
                         Ok(lock) => {
                             if let Some(lock) = &lock {
-                                request.extensions_mut().insert(lock.handle());
+                                let handle = lock.handle();
+                                if let Some(token) = handle.fencing_token() {
+                                    request.extensions_mut().insert(token);
+                                }
+                                request.extensions_mut().insert(handle);
                             }
                             let future = request::guard(
                                 service.call(request),
@@ -132,7 +136,16 @@ where
                     }
                 }
                 StateProj::Running { future, lock } => match ready!(future.poll(cx)) {
-                    Ok(Ok(response)) => {
+                    Ok(Ok(mut response)) => {
+                        if let (Some(name), Some(token)) = (
+                            this.config.policy.fencing_header_name(),
+                            lock.as_ref().and_then(|l| l.handle().fencing_token()),
+                        ) && let Ok(name) = http::HeaderName::from_bytes(name.as_bytes())
+                        {
+                            response
+                                .headers_mut()
+                                .insert(name, http::HeaderValue::from(token.get()));
+                        }
                         let held = lock.take();
                         let (release, held) = match (this.config.policy.release_policy(), held) {
                             (ReleasePolicy::ResponseHead, Some(held)) => {

@@ -77,6 +77,7 @@ impl std::fmt::Debug for Config {
 /// The policy setters are those of [`LockPolicy`]; [`policy`](Self::policy)
 /// sets them all at once.
 #[derive(Clone)]
+#[must_use = "a layer does nothing until it wraps a service"]
 pub struct RedlockLayer<K = ByPath> {
     pub(crate) key: K,
     pub(crate) config: Arc<Config>,

@@ -75,5 +75,5 @@ pub use layer::RedlockLayer;
 pub use redlock_core::request::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, Rejection, ReleasePolicy,
 };
-pub use redlock_core::{LockHandle, LockOptions, Redlock, RetryPolicy};
+pub use redlock_core::{FencingToken, LockHandle, LockOptions, Redlock, RetryPolicy};
 pub use service::RedlockService;

@@ -102,6 +102,7 @@ pub enum ReleasePolicy {
 /// assert_eq!(policy.lock_options().ttl(), Duration::from_secs(2));
 /// ```
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct LockPolicy {
     pub(crate) options: LockOptions,
     pub(crate) busy: BusyPolicy,
@@ -113,6 +114,8 @@ pub struct LockPolicy {
     pub(crate) namespace: Arc<str>,
     /// The delay and jitter between attempts in wait mode, when set here.
     pub(crate) retry_delay: Option<(Duration, Duration)>,
+    /// The response header that carries the lock's fencing token, if any.
+    pub(crate) fencing_header: Option<&'static str>,
 }
 
 impl Default for LockPolicy {
@@ -130,6 +133,7 @@ impl Default for LockPolicy {
             release: ReleasePolicy::BodyEnd,
             namespace: "redlock:".into(),
             retry_delay: None,
+            fencing_header: None,
         }
     }
 }
@@ -149,6 +153,12 @@ impl LockPolicy {
     /// When the lock is released.
     pub fn release_policy(&self) -> ReleasePolicy {
         self.release
+    }
+
+    /// The response header that carries the fencing token, when one is set
+    /// (see `fencing_header`).
+    pub fn fencing_header_name(&self) -> Option<&'static str> {
+        self.fencing_header
     }
 
     /// What happens on loss.

@@ -34,6 +34,7 @@ pub enum Setting {
     RetryDelay(Duration, Duration),
     LossMargin(Duration),
     Options(LockOptions),
+    FencingHeader(&'static str),
 }
 
 impl Setting {
@@ -56,6 +57,7 @@ impl Setting {
             Setting::Namespace(namespace) => policy.namespace = namespace,
             Setting::RetryDelay(delay, jitter) => policy.retry_delay = Some((delay, jitter)),
             Setting::LossMargin(margin) => policy.options.loss_margin = Some(margin),
+            Setting::FencingHeader(name) => policy.fencing_header = Some(name),
             Setting::Options(options) => {
                 if let Some(retry) = &options.retry {
                     policy.busy = BusyPolicy::Wait(retry.deadline.unwrap_or(Duration::MAX));
@@ -69,8 +71,8 @@ impl Setting {
 
 /// Defines the lock policy's setters in an `impl` block: `ttl`, `wait`,
 /// `fail_fast`, `busy_status`, `on_missing_key`, `fail_open`, `on_lost`,
-/// `release_on`, `max_hold`, `namespace`, `retry_delay`, `loss_margin` and
-/// `options`.
+/// `release_on`, `max_hold`, `namespace`, `retry_delay`, `loss_margin`,
+/// `options` and `fencing_header`.
 ///
 /// `apply` names a method `fn(self, Setting) -> Self` of the type (it applies
 /// the setting to the policy the type holds); `status` is the type of status
@@ -180,6 +182,16 @@ macro_rules! lock_policy_setters {
         /// afterwards still apply.
         pub fn options(self, options: $crate::LockOptions) -> Self {
             self.$apply($crate::request::__private::Setting::Options(options))
+        }
+
+        /// Also sends the lock's fencing token (a handle built with
+        /// `RedlockBuilder::fencing`) in this response header, e.g.
+        /// `"x-fencing-token"`, so a client can carry it to a store that checks
+        /// it. The handler always finds the token in the request, as a
+        /// `FencingToken` extension. A name that is not a valid header name is
+        /// ignored.
+        pub fn fencing_header(self, name: &'static str) -> Self {
+            self.$apply($crate::request::__private::Setting::FencingHeader(name))
         }
     };
 }

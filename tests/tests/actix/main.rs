@@ -4,6 +4,7 @@
 #[macro_use]
 mod common;
 mod extractor;
+mod fencing;
 mod holding;
 mod loss;
 mod middleware;

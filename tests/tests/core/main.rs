@@ -4,6 +4,7 @@
 
 mod algorithm;
 mod faults;
+mod fencing;
 mod guard;
 mod holder;
 mod inputs;

@@ -5,6 +5,7 @@ mod common;
 mod endings;
 mod exclusion;
 mod extract;
+mod fencing;
 mod holding;
 mod loss;
 mod responses;

@@ -1,0 +1,378 @@
+//! Fencing tokens, the client side: a number handed out with every lock that
+//! grows from one holder of a resource to the next, so that the protected
+//! resource can refuse a write from a holder that was paused past its validity
+//! (see [`crate::fence`] for the store side).
+//!
+//! The protocol is two-phase, on top of the distlock acquire:
+//!
+//! 1. **read** (in the acquire round trip): the acquire pipeline also returns the
+//!    node's counter for the key (`GET`) and its clock (`TIME`);
+//! 2. **pick**: `T = max(..) + 1` over the nodes that said OK ([`pick_token`]);
+//! 3. **fence** (one more round trip): on every node that may hold the key, a
+//!    script raises the counter to `max(counter, T)`, only while the key still
+//!    holds this attempt's token. The lock is handed out, with `T`, only once a
+//!    quorum applied it within the validity ([`Redlock::fence_phase`]).
+//!
+//! Why it is monotone: a later holder's acquire quorum and an earlier holder's
+//! fence quorum share a node. There the earlier fence ran while the earlier key
+//! was still present, so before the later `SET NX` succeeded, so before the later
+//! `GET` of the counter: the later holder reads at least the earlier `T`. That
+//! holds as long as that shared node did not lose its counter, which is what the
+//! [`FencingMode`] is about.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use crate::error::{Error, NodeError, NodeStatus};
+use crate::fan_out::Settled;
+use crate::node::{AcquireReply, Call, FENCE, parse_flag};
+use crate::redlock::Redlock;
+use crate::steps::validity;
+
+/// How fencing tokens stay monotone when a node loses its counters.
+///
+/// Set with [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing); off by
+/// default. Either mode costs a fenced lock one extra round trip at acquire;
+/// extend and release are unchanged. [`Redlock::check_nodes`] says, per node,
+/// whether the mode is sound there ([`FencingCheck`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FencingMode {
+    /// `T = max(counter) + 1`. Monotone as long as no node loses a counter
+    /// write it acknowledged: every node must run with `appendonly yes` and
+    /// `appendfsync always`. On a node that restarts without its data, tokens
+    /// can repeat or go backwards.
+    Durable,
+    /// `T = max(counter, TIME in µs) + 1`, from the nodes' own clocks (never the
+    /// client's). Monotone without persistence if a restarted node stays down
+    /// longer than the clock skew between the nodes, and no node's wall clock
+    /// ever steps backwards (an NTP step, a manual `date`): a backward step can
+    /// hand out a smaller token after a restart. Tokens are then microsecond
+    /// timestamps, not small integers.
+    Hybrid,
+}
+
+/// A fencing token: a number that grows from each holder of a resource to the
+/// next. Hand it to the protected resource with every write, and let the
+/// resource refuse a write whose token is smaller than the last it accepted
+/// (see [`crate::fence`]).
+///
+/// ```
+/// use redlock_core::FencingToken;
+///
+/// let (a, b) = (FencingToken::new(41), FencingToken::new(42));
+/// assert!(a < b);
+/// assert_eq!(b.to_string(), "42");
+/// assert_eq!(b.get(), 42);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// A token with this value: for the store side, which receives the number
+    /// over the wire. Only a lock hands out tokens with the ordering promise.
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<FencingToken> for u64 {
+    fn from(t: FencingToken) -> u64 {
+        t.0
+    }
+}
+
+/// Whether a node keeps fencing tokens monotone in the handle's
+/// [`FencingMode`], as [`Redlock::check_nodes`] judged from its persistence
+/// settings (`INFO persistence`, `CONFIG GET appendfsync`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FencingCheck {
+    /// The node writes every counter to its append-only file and fsyncs it
+    /// before answering (`appendonly yes`, `appendfsync always`): its counters
+    /// survive a crash. Sound in both modes.
+    Durable,
+    /// [`FencingMode::Hybrid`] on a node that may lose its counters: sound only
+    /// if a restarted node stays down longer than the clock skew between the
+    /// nodes and no node's clock steps backwards.
+    ClockBound {
+        /// What the node may lose, and why.
+        reason: String,
+    },
+    /// [`FencingMode::Durable`] on a node that may lose its counters: a
+    /// restart can make tokens repeat or go backwards.
+    Unsound {
+        /// What the node may lose, and why.
+        reason: String,
+    },
+    /// The persistence settings could not be read (the node is down, or `INFO`
+    /// / `CONFIG` is refused to this user).
+    Unknown {
+        /// Why they could not be read.
+        reason: String,
+    },
+}
+
+impl FencingCheck {
+    /// Whether the mode is sound on the node: [`Durable`](Self::Durable), or
+    /// [`ClockBound`](Self::ClockBound) under the assumptions it names.
+    pub fn is_sound(&self) -> bool {
+        matches!(self, Self::Durable | Self::ClockBound { .. })
+    }
+}
+
+/// What a fenced acquire read on one node that said OK: its counter for the key
+/// and its clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FenceRead {
+    pub(crate) counter: u64,
+    pub(crate) time_us: u64,
+}
+
+/// The counter key of lock key `key`: the byte `0xFF`, `fence:`, then `key`.
+///
+/// `0xFF` never occurs in UTF-8, and every key this library locks is a Rust
+/// string, so no lock key can ever be a counter key, whatever the resource
+/// names. The counter has no expiry: it must outlive every holder.
+pub(crate) fn fence_key(key: &str) -> Vec<u8> {
+    const PREFIX: &[u8] = b"\xfffence:";
+    let mut k = Vec::with_capacity(PREFIX.len() + key.len());
+    k.extend_from_slice(PREFIX);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// Fencing step 2: the token for an attempt whose quorum read `reads`, one
+/// per node that said OK. `max + 1` over the counters ([`FencingMode::Durable`]),
+/// or over counters and clocks ([`FencingMode::Hybrid`]). `None` with no reads.
+/// Cannot overflow: the reads are below `u64::MAX` (see `parse_acquire`).
+pub(crate) fn pick_token(
+    mode: FencingMode,
+    reads: impl IntoIterator<Item = FenceRead>,
+) -> Option<FencingToken> {
+    reads
+        .into_iter()
+        .map(|r| match mode {
+            FencingMode::Durable => r.counter,
+            FencingMode::Hybrid => r.counter.max(r.time_us),
+        })
+        .max()
+        .and_then(|m| m.checked_add(1))
+        .map(FencingToken)
+}
+
+/// Judges a node's persistence for `mode`: `aof` from `INFO persistence`
+/// (`aof_enabled`), `fsync` from `CONFIG GET appendfsync`.
+pub(crate) fn check_persistence(
+    mode: FencingMode,
+    aof: Option<bool>,
+    fsync: Option<&str>,
+) -> FencingCheck {
+    let lost = match (aof, fsync) {
+        (Some(true), Some(f)) if f.eq_ignore_ascii_case("always") => return FencingCheck::Durable,
+        (Some(false), _) => {
+            "appendonly is off: a restart empties the node's fence counters".to_owned()
+        }
+        (Some(true), Some(f)) => format!(
+            "appendfsync is {f}, not always: an OS crash or power loss can drop counter writes \
+             the node acknowledged"
+        ),
+        (None, _) => {
+            return FencingCheck::Unknown {
+                reason: "INFO persistence did not say whether appendonly is on".into(),
+            };
+        }
+        (Some(true), None) => {
+            return FencingCheck::Unknown {
+                reason: "CONFIG GET appendfsync was refused or empty".into(),
+            };
+        }
+    };
+    match mode {
+        FencingMode::Durable => FencingCheck::Unsound { reason: lost },
+        FencingMode::Hybrid => FencingCheck::ClockBound { reason: lost },
+    }
+}
+
+/// The outcome of a fence phase that reached its quorum in time.
+pub(crate) struct Fenced {
+    pub(crate) token: FencingToken,
+    /// Since the acquire was sent.
+    pub(crate) elapsed: Duration,
+    pub(crate) validity: Duration,
+}
+
+impl Redlock {
+    /// Fencing steps 2 and 3, after an acquire quorum: picks the token from the
+    /// counters the OK nodes returned, then raises the counter to it on every
+    /// node that may hold the key (the OK nodes and those that have not
+    /// answered yet; the script checks the token first). Decided at quorum
+    /// within the validity counted from `start`; the other nodes' answers are
+    /// driven in the background, as extend does.
+    ///
+    /// # Errors
+    /// [`Error::NoFenceQuorum`] when fewer than a quorum applied it,
+    /// [`Error::NoValidity`] when the quorum came too late.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn fence_phase(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        token: &str,
+        mode: FencingMode,
+        acquired: &[Option<Settled<AcquireReply>>],
+        start: Instant,
+        ttl: Duration,
+    ) -> Result<Fenced, Error> {
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        let reads = acquired.iter().flatten().filter_map(|s| match s.result {
+            Ok(AcquireReply::Acquired { fence }) => fence,
+            _ => None,
+        });
+        let Some(fencing_token) = pick_token(mode, reads) else {
+            return Err(Error::NoFenceQuorum {
+                resource: Arc::clone(resource),
+                applied: 0,
+                quorum: q,
+                report: self.report(acquired, |_| NodeStatus::NotHeld),
+            });
+        };
+        let targets: Vec<usize> = (0..n)
+            .filter(|&i| match acquired.get(i) {
+                Some(Some(s)) => matches!(s.result, Ok(AcquireReply::Acquired { .. })),
+                _ => true,
+            })
+            .collect();
+        let call = Arc::new(Call::keys(
+            &FENCE,
+            &[key.as_bytes(), &fence_key(key)],
+            &[token.as_bytes(), fencing_token.get().to_string().as_bytes()],
+        ));
+        let sent = targets.len();
+        let (mut applied, mut refused) = (0, 0);
+        let mut pending = self.fan_out(&call, parse_flag, targets.into_iter());
+        let settled = self
+            .settle(&mut pending, |s| {
+                if matches!(s.result, Ok(true)) {
+                    applied += 1;
+                } else {
+                    refused += 1;
+                }
+                applied >= q || sent - refused < q
+            })
+            .await;
+        // The other nodes still get their fence: dropping their calls could
+        // cancel them unsent, leaving those counters behind this token.
+        if !pending.is_empty()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move { while pending.next().await.is_some() {} });
+        }
+        let elapsed = start.elapsed();
+        let report = self.report(&settled, |&b| {
+            if b {
+                NodeStatus::Ok
+            } else {
+                NodeStatus::NotHeld
+            }
+        });
+        tracing::debug!(token = fencing_token.get(), applied, report = %report, "fence");
+        if applied < q {
+            return Err(Error::NoFenceQuorum {
+                resource: Arc::clone(resource),
+                applied,
+                quorum: q,
+                report,
+            });
+        }
+        match validity(ttl, elapsed, &self.inner.settings) {
+            Some(validity) => Ok(Fenced {
+                token: fencing_token,
+                elapsed,
+                validity,
+            }),
+            None => Err(Error::NoValidity {
+                resource: Arc::clone(resource),
+                elapsed,
+                ttl,
+            }),
+        }
+    }
+}
+
+/// A node error that names a bad fence read.
+pub(crate) fn bad_read(what: &str, v: &redis::Value) -> NodeError {
+    NodeError::Protocol(format!("fenced acquire: {what} reply {v:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(counter: u64, time_us: u64) -> FenceRead {
+        FenceRead { counter, time_us }
+    }
+
+    #[test]
+    fn token_is_one_past_the_largest_read() {
+        let reads = [read(5, 100), read(7, 90), read(6, 200)];
+        assert_eq!(
+            pick_token(FencingMode::Durable, reads),
+            Some(FencingToken(8))
+        );
+        assert_eq!(
+            pick_token(FencingMode::Hybrid, reads),
+            Some(FencingToken(201))
+        );
+        assert_eq!(pick_token(FencingMode::Durable, []), None);
+    }
+
+    #[test]
+    fn counter_keys_cannot_be_lock_keys() {
+        let k = fence_key("x:fence");
+        assert_eq!(k[0], 0xff);
+        assert!(std::str::from_utf8(&k).is_err());
+        assert_ne!(fence_key("a"), fence_key("b"));
+    }
+
+    #[test]
+    fn persistence_judged_per_mode() {
+        use FencingMode::*;
+        assert_eq!(
+            check_persistence(Durable, Some(true), Some("always")),
+            FencingCheck::Durable
+        );
+        assert!(matches!(
+            check_persistence(Durable, Some(false), Some("always")),
+            FencingCheck::Unsound { .. }
+        ));
+        assert!(matches!(
+            check_persistence(Durable, Some(true), Some("everysec")),
+            FencingCheck::Unsound { .. }
+        ));
+        assert!(matches!(
+            check_persistence(Hybrid, Some(false), None),
+            FencingCheck::ClockBound { .. }
+        ));
+        assert!(matches!(
+            check_persistence(Hybrid, None, None),
+            FencingCheck::Unknown { .. }
+        ));
+        assert!(check_persistence(Hybrid, Some(false), None).is_sound());
+        assert!(!check_persistence(Durable, Some(false), None).is_sound());
+    }
+}

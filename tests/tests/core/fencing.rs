@@ -1,0 +1,409 @@
+//! Fencing tokens (issue 12) on real `redis-server` processes: tokens grow from
+//! holder to holder, survive restarts with durable counters, stay monotone in
+//! hybrid mode where a node restarts empty (and durable mode, flagged unsound
+//! there by `check_nodes`, does not), a failed fence phase fails and releases
+//! the attempt, the store helper refuses stale tokens, and fencing off costs no
+//! extra command.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlock_core::{
+    Error, FencingCheck, FencingMode, FencingToken, LockOptions, Redlock, RetryPolicy, fence,
+};
+use redlock_tests::proxy::{Direction, FaultProxy};
+use redlock_tests::{Cluster, RedisNode};
+
+const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn fenced(urls: Vec<String>, mode: FencingMode) -> Redlock {
+    Redlock::builder()
+        .urls(urls)
+        .node_timeout(ms(200))
+        .fencing(mode)
+        .build()
+        .unwrap()
+}
+
+/// The node's fence counter for lock key `key`, read past the library.
+fn counter(node: &RedisNode, key: &str) -> Option<u64> {
+    let client = redis::Client::open(node.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut k = b"\xfffence:".to_vec();
+    k.extend_from_slice(key.as_bytes());
+    let v: Option<String> = redis::cmd("GET").arg(k).query(&mut conn).unwrap();
+    v.map(|s| s.parse().unwrap())
+}
+
+/// Restarts node `i` (`kill -9`, then the same port and dir) and waits until
+/// it has loaded its dataset: `INFO` answers during `LOADING`, commands do not.
+fn restart(cluster: &Cluster, i: usize) {
+    let node = cluster.node(i);
+    node.kill();
+    node.restart();
+    let loaded = cluster.wait_until(Duration::from_secs(10), |_| {
+        node.raw::<Option<String>>(&["GET", "probe"]).is_ok()
+    });
+    assert!(loaded, "node {i} did not finish loading");
+}
+
+/// Puts a value this library did not write at `key` on node `i`, so that the
+/// next acquire gets its quorum from the other nodes.
+fn occupy(cluster: &Cluster, i: usize, key: &str) {
+    cluster.node(i).cmd(&["SET", key, "foreign", "PX", "30000"]);
+}
+
+fn free(cluster: &Cluster, i: usize, key: &str) {
+    cluster.node(i).cmd(&["DEL", key]);
+}
+
+/// Takes `key` with nodes `busy` occupied, and returns its token (released).
+async fn token_with_busy(cluster: &Cluster, mode: FencingMode, key: &str, busy: usize) -> u64 {
+    occupy(cluster, busy, key);
+    // A fresh handle: a node restarted since the last one broke its connection.
+    let rl = fenced(cluster.urls(), mode);
+    let lock = rl.try_lock(key, Duration::from_secs(5)).await.unwrap();
+    let token = lock.fencing_token().expect("fencing is on").get();
+    rl.unlock(lock).await.unwrap();
+    free(cluster, busy, key);
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+    token
+}
+
+async fn successive_holders_get_increasing_tokens(mode: FencingMode) {
+    let cluster = Cluster::start(3);
+    let seen: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for client in 0..4 {
+        let rl = fenced(cluster.urls(), mode);
+        let seen = Arc::clone(&seen);
+        tasks.push(tokio::spawn(async move {
+            let retry = RetryPolicy::attempts(2000)
+                .with_delay(ms(1))
+                .with_jitter(ms(5));
+            for _ in 0..25 {
+                let lock = rl
+                    .lock_with("fenced:counter", Duration::from_secs(2), &retry)
+                    .await
+                    .unwrap();
+                // Recorded while held: holders are mutually exclusive, so the
+                // order of this list is the order of the holders.
+                let token = lock.fencing_token().expect("fencing is on");
+                seen.lock().unwrap().push((client, token));
+                rl.unlock(lock).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 100);
+    for pair in seen.windows(2) {
+        assert!(pair[0].1 < pair[1].1, "{mode:?}: not increasing: {pair:?}");
+    }
+    let clients: std::collections::HashSet<usize> = seen.iter().map(|(c, _)| *c).collect();
+    assert_eq!(clients.len(), 4, "every client held the lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_tokens_strictly_increase_across_holders() {
+    successive_holders_get_increasing_tokens(FencingMode::Durable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_tokens_strictly_increase_across_holders() {
+    successive_holders_get_increasing_tokens(FencingMode::Hybrid).await;
+}
+
+/// With `appendfsync always`, every node in turn is killed (`-9`) and
+/// restarted between holders: the counters come back from the AOF and the
+/// tokens keep growing; so does the issue's counterexample (holder 1 on
+/// {A, B}, A restarts, holder 2 on {A, C}).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_tokens_survive_restarts_with_aof_always() {
+    let cluster = Cluster::start_with(3, AOF_ALWAYS);
+    let rl = fenced(cluster.urls(), FencingMode::Durable);
+    for info in rl.check_nodes().await.unwrap() {
+        assert_eq!(info.aof_enabled, Some(true), "{info:?}");
+        assert_eq!(info.appendfsync.as_deref(), Some("always"), "{info:?}");
+        assert_eq!(info.fencing, Some(FencingCheck::Durable), "{info:?}");
+    }
+    let key = "fenced:aof";
+    let mut last = 0;
+    for i in 0..3 {
+        let t = token_with_busy(&cluster, FencingMode::Durable, key, (i + 2) % 3).await;
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        restart(&cluster, i);
+        assert_eq!(
+            counter(cluster.node(i), key),
+            Some(t),
+            "node {i} after restart"
+        );
+    }
+    let t1 = token_with_busy(&cluster, FencingMode::Durable, key, 2).await;
+    restart(&cluster, 0);
+    let t2 = token_with_busy(&cluster, FencingMode::Durable, key, 1).await;
+    assert!(last < t1 && t1 < t2, "{last} {t1} {t2}");
+}
+
+/// The issue's counterexample without persistence: holder 1 takes {A, B} (C
+/// busy), A restarts empty, holder 2 takes {A, C} (B busy). No node of holder
+/// 2's quorum remembers holder 1's counter: durable mode hands out a token that
+/// is not larger (and `check_nodes` says durable mode is unsound on these
+/// nodes), hybrid mode's node clocks keep it growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_restart_in_the_intersection() {
+    let cluster = Cluster::start(3);
+    for (mode, key) in [
+        (FencingMode::Durable, "fenced:naive:durable"),
+        (FencingMode::Hybrid, "fenced:naive:hybrid"),
+    ] {
+        let infos = fenced(cluster.urls(), mode).check_nodes().await.unwrap();
+        for info in &infos {
+            assert_eq!(info.aof_enabled, Some(false), "{info:?}");
+            match (mode, &info.fencing) {
+                (FencingMode::Durable, Some(FencingCheck::Unsound { reason })) => {
+                    assert!(reason.contains("appendonly"), "{reason}");
+                }
+                (FencingMode::Hybrid, Some(c @ FencingCheck::ClockBound { .. })) => {
+                    assert!(c.is_sound());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let t1 = token_with_busy(&cluster, mode, key, 2).await;
+        restart(&cluster, 0);
+        let t2 = token_with_busy(&cluster, mode, key, 1).await;
+        match mode {
+            // The scenario bites: the intersection {A} forgot holder 1's fence.
+            FencingMode::Durable => assert!(t2 <= t1, "durable: {t1} then {t2}"),
+            _ => assert!(t2 > t1, "hybrid: {t1} then {t2}"),
+        }
+    }
+}
+
+/// Three proxies whose replies can be held: the `SET`s run on the nodes, the
+/// client does not know yet, and the test changes the nodes before the fence.
+async fn held_acquire(
+    cluster: &Cluster,
+    key: &str,
+    ttl: Duration,
+    between: impl FnOnce(&Cluster),
+) -> (Vec<FaultProxy>, Error) {
+    let mut proxies = Vec::new();
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        proxies.push(FaultProxy::start(i, node.port(), None).await.unwrap());
+    }
+    let rl = Redlock::builder()
+        .urls(proxies.iter().map(|p| p.url()))
+        .node_timeout(ms(800))
+        .fencing(FencingMode::Hybrid)
+        .build()
+        .unwrap();
+    rl.check_nodes().await.unwrap();
+    for p in &proxies {
+        p.hold(Direction::Reply);
+    }
+    let attempt = {
+        let rl = rl.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move { rl.try_lock(&key, ttl).await })
+    };
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 3));
+    between(cluster);
+    for p in &proxies {
+        p.flush();
+    }
+    let err = attempt.await.unwrap().unwrap_err();
+    (proxies, err)
+}
+
+/// Every node is free of `key` within a few seconds (the failed attempt was
+/// released), well before its 10 s TTL.
+fn assert_released(cluster: &Cluster, key: &str) {
+    assert!(
+        cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(key) == 0),
+        "the failed attempt left keys behind"
+    );
+}
+
+/// Keys deleted on two of three nodes between the `SET` and the fence: the
+/// fence applies on one node at most, the attempt fails with `NoFenceQuorum`
+/// and is released on the node that kept the key (after its fence: same
+/// connection, so its counter is raised, which is harmless).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_refused_by_a_quorum_fails_and_releases() {
+    let cluster = Cluster::start(3);
+    let key = "fenced:deleted";
+    let (_proxies, err) = held_acquire(&cluster, key, Duration::from_secs(10), |c| {
+        c.node(0).cmd(&["DEL", key]);
+        c.node(1).cmd(&["DEL", key]);
+    })
+    .await;
+    assert_released(&cluster, key);
+    match &err {
+        Error::NoFenceQuorum {
+            applied, quorum, ..
+            // Decided as soon as two refusals made a quorum impossible; the
+            // third node's fence may still be on its way.
+        } => assert!(*applied <= 1 && *quorum == 2, "{err}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(err.is_retryable());
+    assert_eq!(counter(cluster.node(0), key), None);
+    assert_eq!(counter(cluster.node(1), key), None);
+    assert!(counter(cluster.node(2), key).is_some());
+    // Free again for the next client.
+    let rl = fenced(cluster.urls(), FencingMode::Hybrid);
+    let lock = rl.try_lock(key, Duration::from_secs(2)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+}
+
+/// Two nodes paused between the `SET` and the fence: the fence times out
+/// there, the attempt fails and is released at once on the node that answers;
+/// the paused nodes' keys (their release timed out too) expire with the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_timing_out_on_a_quorum_fails_and_releases() {
+    let cluster = Cluster::start(3);
+    let key = "fenced:paused";
+    let (_proxies, err) = held_acquire(&cluster, key, Duration::from_secs(3), |c| {
+        c.node(0).pause();
+        c.node(1).pause();
+    })
+    .await;
+    assert!(
+        matches!(err, Error::NoFenceQuorum { applied: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(cluster.node(2).raw::<i64>(&["EXISTS", key]).unwrap(), 0);
+    cluster.node(0).resume();
+    cluster.node(1).resume();
+    assert_released(&cluster, key);
+}
+
+/// The store refuses a write from a holder whose lock expired while it was
+/// paused, once the next holder wrote; the same holder may write twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_refuses_a_stale_token() {
+    let cluster = Cluster::start(3);
+    let store_node = RedisNode::start();
+    let store = deadpool_redis::Config::from_url(store_node.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let mut conn = store.get().await.unwrap();
+    let (record, data) = ("{order:42}:fence", "{order:42}:state");
+    let rl = fenced(cluster.urls(), FencingMode::Durable);
+
+    let first = rl.try_lock("order:42", ms(300)).await.unwrap();
+    let t1 = first.fencing_token().unwrap();
+    // The first holder "pauses" past its validity; the second takes over.
+    tokio::time::sleep(ms(400)).await;
+    let second = rl
+        .try_lock("order:42", Duration::from_secs(2))
+        .await
+        .unwrap();
+    let t2 = second.fencing_token().unwrap();
+    assert!(t2 > t1);
+    for value in ["paid", "shipped"] {
+        assert_eq!(
+            fence::set_if_fresh(&mut conn, record, t2, data, value)
+                .await
+                .unwrap(),
+            fence::Outcome::Applied
+        );
+    }
+    // The first holder wakes up and writes.
+    assert_eq!(
+        fence::set_if_fresh(&mut conn, record, t1, data, "cancelled")
+            .await
+            .unwrap(),
+        fence::Outcome::Stale { last: t2 }
+    );
+    assert_eq!(store_node.get(data).as_deref(), Some("shipped"));
+    // Across digit counts (string compare would put 10 before 9).
+    let big = FencingToken::new(t2.get() * 10);
+    assert_eq!(
+        fence::set_if_fresh(&mut conn, record, big, data, "x")
+            .await
+            .unwrap(),
+        fence::Outcome::Applied
+    );
+    assert_eq!(
+        fence::set_if_fresh(&mut conn, record, t2, data, "y")
+            .await
+            .unwrap(),
+        fence::Outcome::Stale { last: big }
+    );
+    drop(first);
+    rl.unlock(second).await.unwrap();
+}
+
+fn commands(monitor: redlock_tests::monitor::Monitor) -> Vec<Vec<String>> {
+    monitor
+        .stop()
+        .iter()
+        .filter(|l| !l.contains(" lua]"))
+        .filter_map(|l| redlock_tests::monitor::parse_monitor_line(l))
+        .collect()
+}
+
+/// Fencing off: no token, and the node sees exactly the unfenced acquire
+/// (`SET`, `PTTL`, `TYPE`) and the release, nothing of the fence. Fencing on:
+/// the counter `GET`, `TIME`, and the two-key fence script, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_off_costs_nothing_and_on_costs_one_script() {
+    let cluster = Cluster::start(3);
+    for mode in [None, Some(FencingMode::Hybrid)] {
+        let mut b = Redlock::builder()
+            .urls(cluster.urls())
+            .node_timeout(ms(200));
+        if let Some(m) = mode {
+            b = b.fencing(m);
+        }
+        let rl = b.build().unwrap();
+        // Connect and load the scripts first.
+        let lock = rl.try_lock("warm", Duration::from_secs(2)).await.unwrap();
+        rl.unlock(lock).await.unwrap();
+        tokio::time::sleep(ms(100)).await;
+
+        let monitor = cluster.node(0).monitor();
+        let lock = rl
+            .try_lock("fenced:mon", Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(lock.fencing_token().is_some(), mode.is_some());
+        let guard =
+            redlock_core::LockGuard::new(lock, &LockOptions::new(Duration::from_secs(2))).unwrap();
+        assert_eq!(guard.handle().fencing_token().is_some(), mode.is_some());
+        guard.release().await.unwrap();
+        tokio::time::sleep(ms(100)).await;
+        let cmds = commands(monitor);
+        let names: Vec<String> = cmds.iter().map(|c| c[0].to_ascii_uppercase()).collect();
+        let fence_script = cmds
+            .iter()
+            .filter(|c| c[0].eq_ignore_ascii_case("EVALSHA") && c[2] == "2")
+            .count();
+        let touches_counter = cmds.iter().flatten().any(|a| a.contains("fence:"));
+        match mode {
+            None => {
+                assert_eq!(names, ["SET", "PTTL", "TYPE", "EVALSHA"], "{cmds:?}");
+                assert!(!touches_counter);
+            }
+            Some(_) => {
+                assert_eq!(
+                    names,
+                    ["SET", "PTTL", "TYPE", "GET", "TIME", "EVALSHA", "EVALSHA"],
+                    "{cmds:?}"
+                );
+                assert_eq!(fence_script, 1, "{cmds:?}");
+                assert!(touches_counter);
+            }
+        }
+    }
+}
