@@ -112,6 +112,7 @@
 //! [`redlock_core::request`] and is shared with `redlock-tower`.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
