@@ -14,6 +14,15 @@
 //! accepted is refused. The check and the write must be one atomic step in the
 //! store, as they are below.
 //!
+//! **Fence the read of a read-modify-write too.** A holder stalled just before
+//! the next holder wrote is still not older than the last token the store
+//! saw, so its late write is accepted, and the next holder then overwrites it
+//! from a value it read earlier. Claim the record with the token before
+//! reading (a `set_if_fresh` of a marker, or `UPDATE … SET fence = $t WHERE
+//! fence <= $t` in the same transaction as the read): the claim raises the
+//! store's last token first, and the stalled write is refused.
+//! `tests/tests/fault_fenced.rs` checks exactly this under stalls and restarts.
+//!
 //! # Redis as the store
 //!
 //! [`set_if_fresh`] runs one Lua script: compare with the record, then set the
