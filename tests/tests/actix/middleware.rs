@@ -54,6 +54,12 @@ fn critical_server(
 async fn fail_fast_admits_one_request_per_path_and_rejects_the_rest_with_409() {
     let cluster = Cluster::start(3);
     let (server, state) = critical_server(&cluster, RedlockMiddleware::by_path());
+    // Connections first: on a cold handle, 50 first attempts that all wait for
+    // the same three connects are sent in a different order on each node, and
+    // fail-fast requests can then split the nodes so that none wins (a cold
+    // start split vote; wait mode retries through it).
+    let warm = get(&client(), &server.url("/warm-up")).await;
+    assert_eq!(warm.status, 404);
 
     let statuses = burst(&client(), &server.url("/accounts/7/settle"), 50).await;
     let (ok, busy) = (count(&statuses, 200), count(&statuses, 409));
