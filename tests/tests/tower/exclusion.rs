@@ -63,11 +63,21 @@ async fn burst(server: &Server, path: &str, n: usize) -> Vec<StatusCode> {
 async fn fail_fast_admits_one_request_per_path_and_rejects_the_rest_with_409() {
     let cluster = Cluster::start(3);
     let state = Arc::new(Critical::default());
+    let redlock = burst_redlock(&cluster);
+    // Connections first: on a cold handle, 50 first attempts that all wait for
+    // the same three connects are sent in a different order on each node, and
+    // fail-fast requests can then split the nodes so that none wins (a cold
+    // start split vote; wait mode retries through it).
+    let warm = redlock
+        .try_lock("warm-up", Duration::from_secs(5))
+        .await
+        .unwrap();
+    redlock.unlock(warm).await.unwrap();
     let app = Router::new()
         .route("/accounts/7/settle", get(critical))
         .with_state(state.clone())
         .layer(RedlockLayer::by_path())
-        .layer(Extension(burst_redlock(&cluster)));
+        .layer(Extension(redlock));
     let server = Server::start(app).await;
 
     let statuses = burst(&server, "/accounts/7/settle", 50).await;
