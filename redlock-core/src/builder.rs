@@ -4,15 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::{Pool, Runtime};
-use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
+use deadpool_redis::Pool;
 
 use crate::error::Error;
 use crate::fencing::FencingMode;
 use crate::node::Node;
 use crate::redlock::{Inner, Redlock};
 use crate::settings::{RetryPolicy, Settings};
-use crate::url::{redact_url, scrub_password, valid_host};
+use crate::url::redact_url;
 
 enum NodeSource {
     Pool { label: Option<String>, pool: Pool },
@@ -192,34 +191,10 @@ impl RedlockBuilder {
     /// [`Error::NoNodes`], [`Error::InvalidUrl`], [`Error::DuplicateNode`] (by
     /// address) or [`Error::InvalidConfig`].
     pub fn build(self) -> Result<Redlock, Error> {
-        let s = &self.settings;
         if self.sources.is_empty() {
             return Err(Error::NoNodes);
         }
-        if !(0.0..0.5).contains(&s.drift_factor) {
-            return Err(Error::InvalidConfig(format!(
-                "drift_factor {} must be in 0.0..0.5",
-                s.drift_factor
-            )));
-        }
-        if s.node_timeout.is_zero() {
-            return Err(Error::InvalidConfig(
-                "node_timeout must be above zero".into(),
-            ));
-        }
-        // Keys are set in whole milliseconds, and `PEXPIRE 0` deletes a key.
-        if s.min_ttl < Duration::from_millis(1) || s.min_ttl > s.max_ttl {
-            return Err(Error::InvalidConfig(format!(
-                "ttl bounds {:?}..={:?} are empty or start under 1 ms",
-                s.min_ttl, s.max_ttl
-            )));
-        }
-        if s.node_timeout >= s.max_ttl {
-            return Err(Error::NodeTimeoutTooLong {
-                node_timeout: s.node_timeout,
-                ttl: s.max_ttl,
-            });
-        }
+        self.settings.check()?;
 
         let mut nodes: Vec<Node> = Vec::with_capacity(self.sources.len());
         for (i, source) in self.sources.into_iter().enumerate() {
@@ -229,7 +204,7 @@ impl RedlockBuilder {
                     let label: Arc<str> = label.unwrap_or_else(|| format!("node{i}")).into();
                     Node::new(label, address, pool)
                 }
-                NodeSource::Url(url) => node_from_url(&url)?,
+                NodeSource::Url(url) => Node::from_url(&url)?,
             };
             if let Some(addr) = &node.address
                 && let Some(first) = nodes.iter().find(|n| n.address.as_ref() == Some(addr))
@@ -283,8 +258,9 @@ impl RedlockBuilder {
     ) -> Result<Self, Error> {
         let url = url.into();
         let client = redis::Client::build_with_tls(url.as_str(), certs)
-            .map_err(|e| invalid_url(&url, e.to_string()))?;
-        let (label, _, pool) = pool_from_info(&url, client.get_connection_info().clone())?;
+            .map_err(|e| crate::node::invalid_url(&url, e.to_string()))?;
+        let (label, _, pool) =
+            crate::node::pool_from_info(&url, client.get_connection_info().clone())?;
         self.sources.push(NodeSource::Pool {
             label: Some(label),
             pool,
@@ -331,83 +307,35 @@ impl RedlockBuilder {
     }
 }
 
-/// Parses a node URL into a pool, its label and its address (no password kept).
-fn node_from_url(url: &str) -> Result<Node, Error> {
-    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
-        return Err(invalid_url(
-            url,
-            "rediss:// needs the `tls` feature of redlock-core".into(),
-        ));
+impl Redlock {
+    /// A handle over these pools, one per independent Redis master, with the
+    /// default settings. Use [`Redlock::builder`] for the rest.
+    ///
+    /// # Errors
+    /// [`Error::NoNodes`] for an empty list.
+    pub fn new(pools: impl IntoIterator<Item = Pool>) -> Result<Self, Error> {
+        pools
+            .into_iter()
+            .fold(RedlockBuilder::new(), RedlockBuilder::pool)
+            .build()
     }
-    let info = url
-        .into_connection_info()
-        .map_err(|e| invalid_url(url, e.to_string()))?;
-    let (label, address, pool) = pool_from_info(url, info)?;
-    Ok(Node::new(label.into(), Some(address), pool))
-}
 
-/// [`Error::InvalidUrl`] for `url`, with its password kept out of both fields.
-fn invalid_url(url: &str, reason: String) -> Error {
-    Error::InvalidUrl {
-        url: redact_url(url),
-        reason: scrub_password(url, reason),
+    /// A handle over these node URLs with the default settings.
+    ///
+    /// # Errors
+    /// See [`RedlockBuilder::build`].
+    pub fn from_urls<I, S>(urls: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedlockBuilder::new().urls(urls).build()
     }
-}
 
-/// The label, the address and the pool of the node `url` (parsed into `info`).
-fn pool_from_info(url: &str, info: redis::ConnectionInfo) -> Result<(String, String, Pool), Error> {
-    let invalid = |reason: String| invalid_url(url, reason);
-    let address = match info.addr() {
-        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-            if !valid_host(host) {
-                return Err(invalid(format!(
-                    "{host:?} is not a host name or IP address"
-                )));
-            }
-            let host = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_ascii_lowercase();
-            let host = if host == "localhost" {
-                "127.0.0.1".to_owned()
-            } else {
-                host
-            };
-            format!("{host}:{port}")
-        }
-        ConnectionAddr::Unix(path) => format!("unix:{}", path.display()),
-        _ => redact_url(url),
-    };
-    #[cfg(feature = "tls")]
-    if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-        crate::node::ensure_crypto_provider();
+    /// A builder for the nodes and the settings.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::new()
     }
-    let db = info.redis_settings().db();
-    let label = if db == 0 {
-        address.clone()
-    } else {
-        format!("{address}/{db}")
-    };
-    // Calls are small and pipelined on one connection: with Nagle's algorithm on
-    // (redis' default), a command sent while an earlier one is unacknowledged
-    // waits for the peer's delayed ACK, up to 40 ms on Linux.
-    let tcp = info.tcp_settings().clone().set_nodelay(true);
-    let info = info.set_tcp_settings(tcp);
-    // No response or connect timeout in the connection itself: every call is
-    // bounded by `node_timeout`, which may be longer than redis' defaults.
-    let manager = deadpool_redis::Manager::new_with_config(
-        info,
-        AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(None),
-    )
-    .map_err(|e| invalid(e.to_string()))?;
-    let pool = Pool::builder(manager)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| invalid(e.to_string()))?;
-    // Two databases of one server are one failure domain: compare the address only.
-    Ok((label, address, pool))
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::redlock::Redlock;
-use crate::release::Released;
 use crate::stragglers::Late;
 
 /// A held Redlock lock: the resource, this holder's token, and how long it is valid.
@@ -130,15 +129,6 @@ impl Lock {
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let redlock = self.redlock.clone();
         redlock.extend(self, ttl).await
-    }
-
-    /// The same as [`Redlock::unlock`] on this lock's handle.
-    ///
-    /// # Errors
-    /// See [`Redlock::unlock`].
-    pub async fn unlock(self) -> Result<Released, Error> {
-        let redlock = self.redlock.clone();
-        redlock.unlock(self).await
     }
 }
 

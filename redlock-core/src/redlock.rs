@@ -5,10 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use redis::Value;
 
-use crate::builder::RedlockBuilder;
 use crate::error::{Error, NodeError};
 use crate::fencing::{FencingCheck, check_persistence};
 use crate::node::Node;
@@ -86,35 +84,6 @@ pub struct NodeInfo {
 }
 
 impl Redlock {
-    /// A handle over these pools, one per independent Redis master, with the
-    /// default settings. Use [`Redlock::builder`] for the rest.
-    ///
-    /// # Errors
-    /// [`Error::NoNodes`] for an empty list.
-    pub fn new(pools: impl IntoIterator<Item = Pool>) -> Result<Self, Error> {
-        pools
-            .into_iter()
-            .fold(RedlockBuilder::new(), RedlockBuilder::pool)
-            .build()
-    }
-
-    /// A handle over these node URLs with the default settings.
-    ///
-    /// # Errors
-    /// See [`RedlockBuilder::build`].
-    pub fn from_urls<I, S>(urls: I) -> Result<Self, Error>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        RedlockBuilder::new().urls(urls).build()
-    }
-
-    /// A builder for the nodes and the settings.
-    pub fn builder() -> RedlockBuilder {
-        RedlockBuilder::new()
-    }
-
     pub(crate) fn from_inner(inner: Inner) -> Self {
         Self {
             inner: Arc::new(inner),

@@ -26,6 +26,17 @@ pub struct Released {
     pub report: Report,
 }
 
+impl Lock {
+    /// The same as [`Redlock::unlock`] on this lock's handle.
+    ///
+    /// # Errors
+    /// See [`Redlock::unlock`].
+    pub async fn unlock(self) -> Result<Released, Error> {
+        let redlock = self.redlock.clone();
+        redlock.unlock(self).await
+    }
+}
+
 impl Redlock {
     /// Spec step 5 ("release the lock"): compare-and-delete on every node at once.
     /// With a `report` from a failed acquire, nodes that answered "busy" are

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::fencing::FencingMode;
 
 /// How [`Redlock::lock`](crate::Redlock::lock) retries a failed attempt.
@@ -198,5 +199,37 @@ impl Default for Settings {
             loss_margin: None,
             fencing: None,
         }
+    }
+}
+
+impl Settings {
+    /// Refuses settings no lock could be taken with.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let s = self;
+        if !(0.0..0.5).contains(&s.drift_factor) {
+            return Err(Error::InvalidConfig(format!(
+                "drift_factor {} must be in 0.0..0.5",
+                s.drift_factor
+            )));
+        }
+        if s.node_timeout.is_zero() {
+            return Err(Error::InvalidConfig(
+                "node_timeout must be above zero".into(),
+            ));
+        }
+        // Keys are set in whole milliseconds, and `PEXPIRE 0` deletes a key.
+        if s.min_ttl < Duration::from_millis(1) || s.min_ttl > s.max_ttl {
+            return Err(Error::InvalidConfig(format!(
+                "ttl bounds {:?}..={:?} are empty or start under 1 ms",
+                s.min_ttl, s.max_ttl
+            )));
+        }
+        if s.node_timeout >= s.max_ttl {
+            return Err(Error::NodeTimeoutTooLong {
+                node_timeout: s.node_timeout,
+                ttl: s.max_ttl,
+            });
+        }
+        Ok(())
     }
 }

@@ -13,7 +13,7 @@ use redlock_core::request::{self, Guarded, Rejection, ReleaseFuture, ReleasePoli
 use tower_service::Service;
 
 use crate::body::LockedBody;
-use crate::layer::Config;
+use crate::config::Config;
 
 type Acquire = Pin<Box<dyn Future<Output = Result<Option<RequestLock>, Rejection>> + Send>>;
 

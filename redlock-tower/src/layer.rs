@@ -7,30 +7,12 @@ use redlock_core::Redlock;
 use redlock_core::request::{__private::Setting, LockPolicy, Rejection};
 use tower_layer::Layer;
 
+use crate::config::Config;
 use crate::key::{ByHeader, ByPath, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::key::{ByMatchedPath, ByPathParam};
 use crate::rejection::RejectionHandler;
 use crate::service::RedlockService;
-
-/// What a [`RedlockService`] needs besides its key extractor: shared by every
-/// clone of the service, and by the response futures.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) redlock: Option<Redlock>,
-    pub(crate) policy: LockPolicy,
-    pub(crate) on_rejection: Option<RejectionHandler>,
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("redlock", &self.redlock)
-            .field("policy", &self.policy)
-            .field("on_rejection", &self.on_rejection.is_some())
-            .finish()
-    }
-}
 
 /// A tower [`Layer`] that runs each request under a Redlock quorum lock on a key
 /// taken from the request.

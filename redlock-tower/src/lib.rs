@@ -57,6 +57,7 @@
 )]
 
 mod body;
+mod config;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;

@@ -10,9 +10,9 @@ use redlock_core::request::{self, MissingKeyPolicy};
 use tower_service::Service;
 
 use crate::body::LockedBody;
+use crate::config::Config;
 use crate::future::ResponseFuture;
 use crate::key::KeyExtractor;
-use crate::layer::Config;
 
 /// The service [`RedlockLayer`](crate::RedlockLayer) wraps around the inner one.
 /// Its clones share one configuration.

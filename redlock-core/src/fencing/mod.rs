@@ -11,7 +11,7 @@
 //! 3. **fence** (one more round trip): on every node that may hold the key, a
 //!    script raises the counter to `max(counter, T)`, only while the key still
 //!    holds this attempt's token. The lock is handed out, with `T`, only once a
-//!    quorum applied it within the validity ([`Redlock::fence_phase`]).
+//!    quorum applied it within the validity (`Redlock::fence_phase`).
 //!
 //! Why it is monotone: a later holder's acquire quorum and an earlier holder's
 //! fence quorum share a node. There the earlier fence ran while the earlier key
@@ -20,23 +20,16 @@
 //! holds as long as that shared node did not lose its counter, which is what the
 //! [`FencingMode`] is about.
 
+use crate::error::NodeError;
 use std::fmt;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-
-use crate::error::{Error, NodeError, NodeStatus};
-use crate::fan_out::Settled;
-use crate::node::{AcquireReply, Call, FENCE, parse_flag};
-use crate::redlock::Redlock;
-use crate::steps::validity;
+mod phase;
 
 /// How fencing tokens stay monotone when a node loses its counters.
 ///
 /// Set with [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing); off by
 /// default. Either mode costs a fenced lock one extra round trip at acquire;
-/// extend and release are unchanged. [`Redlock::check_nodes`] says, per node,
+/// extend and release are unchanged. [`Redlock::check_nodes`](crate::Redlock::check_nodes) says, per node,
 /// whether the mode is sound there ([`FencingCheck`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -97,7 +90,7 @@ impl From<FencingToken> for u64 {
 }
 
 /// Whether a node keeps fencing tokens monotone in the handle's
-/// [`FencingMode`], as [`Redlock::check_nodes`] judged from its persistence
+/// [`FencingMode`], as [`Redlock::check_nodes`](crate::Redlock::check_nodes) judged from its persistence
 /// settings (`INFO persistence`, `CONFIG GET appendfsync`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -205,112 +198,6 @@ pub(crate) fn check_persistence(
     match mode {
         FencingMode::Durable => FencingCheck::Unsound { reason: lost },
         FencingMode::Hybrid => FencingCheck::ClockBound { reason: lost },
-    }
-}
-
-/// The outcome of a fence phase that reached its quorum in time.
-pub(crate) struct Fenced {
-    pub(crate) token: FencingToken,
-    /// Since the acquire was sent.
-    pub(crate) elapsed: Duration,
-    pub(crate) validity: Duration,
-}
-
-impl Redlock {
-    /// Fencing steps 2 and 3, after an acquire quorum: picks the token from the
-    /// counters the OK nodes returned, then raises the counter to it on every
-    /// node that may hold the key (the OK nodes and those that have not
-    /// answered yet; the script checks the token first). Decided at quorum
-    /// within the validity counted from `start`; the other nodes' answers are
-    /// driven in the background, as extend does.
-    ///
-    /// # Errors
-    /// [`Error::NoFenceQuorum`] when fewer than a quorum applied it,
-    /// [`Error::NoValidity`] when the quorum came too late.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn fence_phase(
-        &self,
-        resource: &Arc<str>,
-        key: &Arc<str>,
-        token: &str,
-        mode: FencingMode,
-        acquired: &[Option<Settled<AcquireReply>>],
-        start: Instant,
-        ttl: Duration,
-    ) -> Result<Fenced, Error> {
-        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
-        let reads = acquired.iter().flatten().filter_map(|s| match s.result {
-            Ok(AcquireReply::Acquired { fence }) => fence,
-            _ => None,
-        });
-        let Some(fencing_token) = pick_token(mode, reads) else {
-            return Err(Error::NoFenceQuorum {
-                resource: Arc::clone(resource),
-                applied: 0,
-                quorum: q,
-                report: self.report(acquired, |_| NodeStatus::NotHeld),
-            });
-        };
-        let targets: Vec<usize> = (0..n)
-            .filter(|&i| match acquired.get(i) {
-                Some(Some(s)) => matches!(s.result, Ok(AcquireReply::Acquired { .. })),
-                _ => true,
-            })
-            .collect();
-        let call = Arc::new(Call::keys(
-            &FENCE,
-            &[key.as_bytes(), &fence_key(key)],
-            &[token.as_bytes(), fencing_token.get().to_string().as_bytes()],
-        ));
-        let sent = targets.len();
-        let (mut applied, mut refused) = (0, 0);
-        let mut pending = self.fan_out(&call, parse_flag, targets.into_iter());
-        let settled = self
-            .settle(&mut pending, |s| {
-                if matches!(s.result, Ok(true)) {
-                    applied += 1;
-                } else {
-                    refused += 1;
-                }
-                applied >= q || sent - refused < q
-            })
-            .await;
-        // The other nodes still get their fence: dropping their calls could
-        // cancel them unsent, leaving those counters behind this token.
-        if !pending.is_empty()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(async move { while pending.next().await.is_some() {} });
-        }
-        let elapsed = start.elapsed();
-        let report = self.report(&settled, |&b| {
-            if b {
-                NodeStatus::Ok
-            } else {
-                NodeStatus::NotHeld
-            }
-        });
-        tracing::debug!(token = fencing_token.get(), applied, report = %report, "fence");
-        if applied < q {
-            return Err(Error::NoFenceQuorum {
-                resource: Arc::clone(resource),
-                applied,
-                quorum: q,
-                report,
-            });
-        }
-        match validity(ttl, elapsed, &self.inner.settings) {
-            Some(validity) => Ok(Fenced {
-                token: fencing_token,
-                elapsed,
-                validity,
-            }),
-            None => Err(Error::NoValidity {
-                resource: Arc::clone(resource),
-                elapsed,
-                ttl,
-            }),
-        }
     }
 }
 

@@ -1,0 +1,273 @@
+//! A lock held with auto-extension ([`LockGuard`]), and the ways to take one:
+//! [`Redlock::lock_guard`] and [`Redlock::with_lock`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::fencing::FencingToken;
+use crate::lock::Lock;
+use crate::redlock::Redlock;
+use crate::release::Released;
+use crate::settings::LockOptions;
+use handle::Shared;
+pub use handle::{LockHandle, LostFuture};
+use renew::{LostOnExit, keep_alive};
+
+mod handle;
+mod renew;
+
+/// A lock held with auto-extension.
+///
+/// A background task renews the keys before the validity runs low, by the
+/// validity left rather than on a fixed tick. It stops at [`LockGuard::release`],
+/// at drop, or once [`LockOptions::max_hold`] has passed. If a renewal finds the
+/// lock gone, the validity ends first, or the task stops for any other reason
+/// (a panic, its runtime shutting down), [`LockGuard::lost`] completes. The
+/// holder's view is also checked against the clock on every call, so it is
+/// right even while the renewal task cannot run.
+///
+/// Drop never blocks: it signals the task, which finishes any renewal in flight and
+/// then releases the keys. Outside a Tokio runtime nothing runs and the keys expire
+/// with their TTL.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_core::{LockOptions, Redlock};
+///
+/// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+/// let guard = redlock.lock_guard("report:daily", &LockOptions::new(Duration::from_secs(2))).await?;
+/// tokio::select! {
+///     _ = guard.lost() => eprintln!("lock lost, stopping"),
+///     _ = tokio::time::sleep(Duration::from_secs(10)) => {}, // work longer than the TTL
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a LockGuard releases the lock"]
+pub struct LockGuard {
+    handle: LockHandle,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Result<Released, Error>>>,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// Starts auto-extension of `lock` with `options`.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a Tokio runtime (the renewal task needs
+    /// one), or [`Error::InvalidConfig`] when the loss margin is not shorter than the TTL.
+    pub fn new(lock: Lock, options: &LockOptions) -> Result<Self, Error> {
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::NoRuntime("a LockGuard's renewal task"))?;
+        let margin = options
+            .loss_margin
+            .unwrap_or_else(|| lock.redlock().loss_margin());
+        if margin >= options.ttl {
+            return Err(Error::InvalidConfig(format!(
+                "loss margin {margin:?} must be shorter than the TTL {:?}",
+                options.ttl
+            )));
+        }
+        let shared = Arc::new(Shared {
+            resource: Arc::clone(lock.shared_resource()),
+            key: Arc::clone(lock.shared_key()),
+            token: Arc::clone(lock.shared_token()),
+            epoch: lock.started_at(),
+            valid_until_ns: AtomicU64::new(0),
+            margin,
+            check_deadline: options.check_deadline,
+            extensions: AtomicU32::new(0),
+            fencing_token: lock.fencing_token(),
+            lost: CancellationToken::new(),
+        });
+        shared.set_valid_until(lock.valid_until());
+        let stop = CancellationToken::new();
+        // Moved into the task's future now, so that even a task dropped before
+        // its first poll (its runtime shut down) fires `lost`.
+        let exit = LostOnExit {
+            lost: shared.lost.clone(),
+            armed: true,
+        };
+        let task = rt.spawn(keep_alive(
+            lock,
+            Arc::clone(&shared),
+            stop.clone(),
+            options.clone(),
+            exit,
+        ));
+        Ok(Self {
+            handle: LockHandle { shared },
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// A clonable view of the lock for the code that runs under it.
+    pub fn handle(&self) -> LockHandle {
+        self.handle.clone()
+    }
+
+    /// The resource name.
+    pub fn resource(&self) -> &str {
+        self.handle.resource()
+    }
+
+    /// The time left before the holder must stop (see [`LockHandle::remaining`]).
+    pub fn remaining(&self) -> Duration {
+        self.handle.remaining()
+    }
+
+    /// Whether the lock was lost (see [`LockHandle::is_lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.handle.is_lost()
+    }
+
+    /// This holder's fencing token (see [`LockHandle::fencing_token`]).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.handle.fencing_token()
+    }
+
+    /// Completes when the lock is lost (see [`LockHandle::lost`]).
+    pub fn lost(&self) -> LostFuture {
+        self.handle.lost()
+    }
+
+    /// Stops renewal, waits for a renewal in flight, then releases (decided at
+    /// quorum, see [`Redlock::unlock`]).
+    ///
+    /// # Errors
+    /// [`Error::ReleaseIncomplete`] when the release could not be confirmed on a
+    /// quorum (the keys expire by TTL), or [`Error::Lost`] if the renewal task
+    /// panicked.
+    pub async fn release(mut self) -> Result<Released, Error> {
+        self.stop.cancel();
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or_else(|_| {
+                Err(Error::Lost {
+                    resource: Arc::clone(&self.handle.shared.resource),
+                })
+            }),
+            None => Err(Error::Lost {
+                resource: Arc::clone(&self.handle.shared.resource),
+            }),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        // The renewal task sees this, finishes any renewal in flight, then releases
+        // (spawned work: nothing here blocks).
+        self.stop.cancel();
+    }
+}
+
+impl Redlock {
+    /// Takes the lock (retrying per `options` or the handle's policy) and holds it
+    /// with auto-extension until the guard is released or dropped.
+    ///
+    /// # Errors
+    /// See [`Redlock::lock`]; [`Error::InvalidConfig`] when the loss margin is not
+    /// shorter than the TTL.
+    pub async fn lock_guard(
+        &self,
+        resource: &str,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error> {
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let lock = self.lock_with(resource, options.ttl, retry).await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// Runs the future `f` makes while holding the lock, with auto-extension.
+    ///
+    /// Before each poll of the work, the lock is checked against the clock (see
+    /// [`LockHandle::is_lost`]): once it is lost, the work is not polled again, it
+    /// is dropped, and [`Error::Lost`] is returned. Work that finishes in a poll
+    /// during which the lock was lost (it blocked its thread past the deadline)
+    /// also returns [`Error::Lost`]: it did not run entirely under the lock. The
+    /// lock is released when the work ends.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_core::{LockOptions, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+    /// let total = redlock
+    ///     .with_lock("tenant:7", &LockOptions::new(Duration::from_secs(1)), |lock| async move {
+    ///         // lock.remaining(), lock.is_lost() are there if the work wants them
+    ///         tokio::time::sleep(Duration::from_secs(3)).await; // renewed meanwhile
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(total, 42);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// An acquire error (see [`Redlock::lock_guard`]) or [`Error::Lost`].
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        resource: &str,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock_guard(resource, options).await?;
+        let handle = guard.handle();
+        let outcome = Watched {
+            work: f(guard.handle()),
+            lost: handle.lost(),
+        }
+        .await
+        .filter(|_| !handle.is_lost());
+        let resource: Arc<str> = Arc::clone(&handle.shared.resource);
+        if let Err(e) = guard.release().await {
+            tracing::debug!(resource = %resource, error = %e, "release after with_lock");
+        }
+        outcome.ok_or(Error::Lost { resource })
+    }
+}
+
+pin_project! {
+    /// Work raced against the loss of its lock: the loss is checked first at every
+    /// poll, so work is never polled once the lock is lost.
+    struct Watched<W> {
+        #[pin]
+        work: W,
+        #[pin]
+        lost: LostFuture,
+    }
+}
+
+impl<W: Future> Future for Watched<W> {
+    type Output = Option<W::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.lost.poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        this.work.poll(cx).map(Some)
+    }
+}

@@ -1,0 +1,237 @@
+//! A node's one cached multiplexed connection, and the single background
+//! connection attempt shared by all its callers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::Pool;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::watch;
+
+use super::Node;
+use crate::error::NodeError;
+
+/// The shortest and the longest a background connection attempt may take (it
+/// gets ten node timeouts within these bounds): long enough for a handshake over
+/// a slow link that no single call could wait for, short enough that a node
+/// which accepts connections but never answers is tried again soon.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a background connection attempt started by a call with `timeout`
+/// may take.
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout
+        .saturating_mul(10)
+        .min(MAX_CONNECT_TIMEOUT.max(timeout))
+        .max(MIN_CONNECT_TIMEOUT)
+}
+
+/// A connection attempt's outcome, as its waiters see it: the connection and its
+/// generation, or why it could not be made. `None` while it runs.
+type Attempt = Option<Result<(u64, MultiplexedConnection), NodeError>>;
+
+/// The connection calls use.
+struct Cached {
+    generation: u64,
+    conn: MultiplexedConnection,
+    /// When the node last answered anything on this connection (the handshake
+    /// counts). A call that timed out with nothing answered since it started
+    /// says the connection is dead; one that timed out while answers kept
+    /// arriving says only that this call was slow (waiting for the reconnect or
+    /// an `EVAL` fallback used up its time), and dropping the connection then
+    /// would make the next call pay the handshake again.
+    answered_at: Instant,
+}
+
+/// The node's connection state, shared with the background connection attempt.
+#[derive(Default)]
+struct Slot {
+    cached: Option<Cached>,
+    /// The attempt under way, if any: its number, and where its outcome appears.
+    connecting: Option<(u64, watch::Receiver<Attempt>)>,
+    /// The number of the next attempt.
+    next_attempt: u64,
+}
+
+/// What a node's callers and its background connection attempt share.
+pub(super) struct Shared {
+    slot: Mutex<Slot>,
+    /// Bumped each time a new connection replaces the cached one. Two calls with
+    /// the same generation went over the same socket, so the node ran them in the
+    /// order they were sent.
+    generation: AtomicU64,
+}
+
+impl Shared {
+    pub(super) fn new() -> Self {
+        Self {
+            slot: Mutex::new(Slot::default()),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Node {
+    /// The cached connection, else the outcome of the connection attempt under
+    /// way (starting one if there is none), with its generation, which is also
+    /// put in `used` so that it is known after a timeout.
+    pub(super) async fn connection(
+        &self,
+        timeout: Duration,
+        used: &mut Option<u64>,
+    ) -> Result<(u64, MultiplexedConnection), NodeError> {
+        let mut rx = {
+            let mut slot = self.shared.slot();
+            if let Some(c) = &slot.cached {
+                *used = Some(c.generation);
+                return Ok((c.generation, c.conn.clone()));
+            }
+            match &slot.connecting {
+                // A closed channel is an attempt whose task ended without an
+                // outcome (a panic, or its runtime shut down): start another.
+                Some((_, rx)) if rx.has_changed().is_ok() => rx.clone(),
+                _ => self.start_connect(&mut slot, timeout)?,
+            }
+        };
+        let outcome = match rx.wait_for(Option::is_some).await {
+            Ok(outcome) => outcome.clone(),
+            Err(_) => None,
+        };
+        match outcome {
+            Some(Ok((generation, conn))) => {
+                *used = Some(generation);
+                Ok((generation, conn))
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(NodeError::Connect(
+                "the connection attempt ended without an outcome (its task panicked, or its \
+                 Tokio runtime shut down)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Spawns a connection attempt on the current Tokio runtime and records it in
+    /// `slot`. It caches its connection when done, whether or not anyone still
+    /// waits for it.
+    fn start_connect(
+        &self,
+        slot: &mut Slot,
+        timeout: Duration,
+    ) -> Result<watch::Receiver<Attempt>, NodeError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            NodeError::Connect("no Tokio runtime to run the connection attempt on".into())
+        })?;
+        let id = slot.next_attempt;
+        slot.next_attempt = slot.next_attempt.wrapping_add(1);
+        let (tx, rx) = watch::channel(None);
+        slot.connecting = Some((id, rx.clone()));
+        let pool = self.pool.clone();
+        let shared = Arc::clone(&self.shared);
+        let limit = connect_timeout(timeout);
+        runtime.spawn(async move {
+            let result = match tokio::time::timeout(limit, connect(&pool)).await {
+                Ok(r) => r,
+                Err(_) => Err(NodeError::Connect(format!(
+                    "no connection within {limit:?}"
+                ))),
+            };
+            let outcome = {
+                let mut slot = shared.slot();
+                if slot.connecting.as_ref().is_some_and(|(i, _)| *i == id) {
+                    slot.connecting = None;
+                }
+                result.map(|conn| {
+                    let generation = shared
+                        .generation
+                        .fetch_add(1, Ordering::SeqCst)
+                        .wrapping_add(1);
+                    slot.cached = Some(Cached {
+                        generation,
+                        conn: conn.clone(),
+                        answered_at: Instant::now(),
+                    });
+                    (generation, conn)
+                })
+            };
+            // Nobody may be waiting any more; the connection is cached anyway.
+            let _ = tx.send(Some(outcome));
+        });
+        Ok(rx)
+    }
+
+    /// The current connection generation.
+    pub(crate) fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::SeqCst)
+    }
+
+    /// The node answered on connection `generation`.
+    pub(super) fn answered(&self, generation: u64) {
+        let mut slot = self.shared.slot();
+        if let Some(c) = slot.cached.as_mut()
+            && c.generation == generation
+        {
+            c.answered_at = Instant::now();
+        }
+    }
+
+    /// After a call that started at `started` failed with `error` on connection
+    /// `generation`: drops that connection if the error says it is broken, and
+    /// only that one, never a newer connection that replaced it meanwhile. A
+    /// timeout says it is broken only if the node has answered nothing on it
+    /// since the call started.
+    pub(super) fn forget_connection(
+        &self,
+        error: &NodeError,
+        generation: Option<u64>,
+        started: Instant,
+    ) {
+        let Some(generation) = generation else {
+            return;
+        };
+        let mut slot = self.shared.slot();
+        let Some(c) = &slot.cached else {
+            return;
+        };
+        if c.generation != generation {
+            return;
+        }
+        let broken = match error {
+            NodeError::Timeout(_) => c.answered_at < started,
+            other => other.breaks_connection(),
+        };
+        if broken {
+            slot.cached = None;
+        }
+    }
+}
+
+/// Gives rustls a process-level crypto provider before the first TLS handshake:
+/// redis builds its TLS configuration with `ClientConfig::builder()`, which
+/// panics when no provider was installed and the crate features do not name
+/// exactly one. An application that installed its own keeps it.
+#[cfg(feature = "tls")]
+pub(crate) fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one first; any installed provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Takes a new connection out of the pool.
+async fn connect(pool: &Pool) -> Result<MultiplexedConnection, NodeError> {
+    let conn = pool.get().await.map_err(|e| match e {
+        deadpool_redis::PoolError::Backend(err) => match NodeError::from_redis(&err) {
+            NodeError::Io(m) | NodeError::Protocol(m) => NodeError::Connect(m),
+            other => other,
+        },
+        other => NodeError::Connect(other.to_string()),
+    })?;
+    Ok(deadpool_redis::Connection::take(conn))
+}

@@ -1,0 +1,178 @@
+//! One Redis master: its pool and its connection (`connection`), the commands
+//! and scripts run on it (`scripts`), the reading of their replies (`parse`),
+//! and the bounded send of one call.
+
+mod connection;
+mod from_url;
+mod parse;
+mod scripts;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_redis::Pool;
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, Value};
+
+use crate::error::NodeError;
+use connection::Shared;
+#[cfg(feature = "tls")]
+pub(crate) use connection::ensure_crypto_provider;
+#[cfg(feature = "tls")]
+pub(crate) use from_url::{invalid_url, pool_from_info};
+pub(crate) use parse::{AcquireReply, parse_acquire, parse_flag};
+use scripts::eval;
+pub(crate) use scripts::{Call, EXTEND, FENCE, RELEASE};
+
+/// One independent Redis master.
+pub(crate) struct Node {
+    pub(crate) label: Arc<str>,
+    /// The address the node was configured with (no password), when known; used
+    /// to refuse the same server listed twice.
+    pub(crate) address: Option<String>,
+    /// redis' multiplexed connection pipelines concurrent calls over one socket, so
+    /// one connection per node is the fastest path. The pool creates it (and creates
+    /// it again after a failure); taking it out of the pool skips the `PING` that
+    /// deadpool-redis sends to recycle a connection on every checkout.
+    pool: Pool,
+    /// The cached connection and the connection attempt under way. Attempts run
+    /// one at a time in a task of their own, so a call that gives up does not
+    /// cancel the handshake the next call needs, and concurrent calls on a cold
+    /// node share one connection instead of each opening their own.
+    shared: Arc<Shared>,
+}
+
+impl Node {
+    pub(crate) fn new(label: Arc<str>, address: Option<String>, pool: Pool) -> Self {
+        Self {
+            label,
+            address,
+            pool,
+            shared: Arc::new(Shared::new()),
+        }
+    }
+
+    /// Sends one command on connection `generation`, noting any answer.
+    async fn send(
+        &self,
+        generation: u64,
+        conn: &mut MultiplexedConnection,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<Value> {
+        let reply = conn.send_packed_command(cmd).await;
+        // A server error is an answer too: the connection works.
+        if reply.is_ok() {
+            self.answered(generation);
+        }
+        reply.and_then(Value::extract_error)
+    }
+
+    /// Runs `call` by `EVALSHA`, falling back to `EVAL` on `NOSCRIPT`, all under
+    /// `timeout`. Returns the reply and the time it took.
+    pub(crate) async fn run(
+        &self,
+        call: &Call,
+        timeout: Duration,
+    ) -> (Result<Value, NodeError>, Duration) {
+        let start = Instant::now();
+        let mut used = None;
+        let result =
+            match tokio::time::timeout(timeout, self.run_inner(call, timeout, &mut used)).await {
+                Ok(r) => r,
+                Err(_) => Err(NodeError::Timeout(timeout)),
+            };
+        if let Err(e) = &result {
+            self.forget_connection(e, used, start);
+        }
+        (result, start.elapsed())
+    }
+
+    async fn run_inner(
+        &self,
+        call: &Call,
+        timeout: Duration,
+        used: &mut Option<u64>,
+    ) -> Result<Value, NodeError> {
+        let (generation, mut conn) = self.connection(timeout, used).await?;
+        let (script, evalsha, key, args) = match call {
+            Call::Acquire { pipeline } => {
+                // Error replies stay in the array: `parse_acquire` judges by the
+                // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
+                // a `SET` that ran.
+                let replies = conn.send_packed_commands(pipeline, 0, pipeline.len()).await;
+                if replies
+                    .as_ref()
+                    .map_or_else(|e| e.code().is_some(), |_| true)
+                {
+                    self.answered(generation);
+                }
+                return replies
+                    .map(Value::Array)
+                    .map_err(|e| NodeError::from_redis(&e));
+            }
+            Call::Keys { evalsha, eval } => {
+                return match self.send(generation, &mut conn, evalsha).await {
+                    Ok(v) => Ok(v),
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        Box::pin(self.eval_fallback(generation, conn, eval)).await
+                    }
+                    Err(e) => Err(NodeError::from_redis(&e)),
+                };
+            }
+            Call::Script {
+                script,
+                evalsha,
+                key,
+                args,
+            } => (script, evalsha, key, args),
+        };
+        // Error replies are made errors (by `send`) so they are classified.
+        match self.send(generation, &mut conn, evalsha).await {
+            Ok(v) => Ok(v),
+            // Rare (a restarted or flushed node): boxed, so its state does not
+            // enlarge every call's future.
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                Box::pin(self.eval_fallback(generation, conn, &eval(script, key, args))).await
+            }
+            Err(e) => Err(NodeError::from_redis(&e)),
+        }
+    }
+
+    /// `EVAL` after `NOSCRIPT`. A failure here means the node cannot run scripts.
+    async fn eval_fallback(
+        &self,
+        generation: u64,
+        mut conn: MultiplexedConnection,
+        eval: &Cmd,
+    ) -> Result<Value, NodeError> {
+        self.send(generation, &mut conn, eval)
+            .await
+            .map_err(|e| match NodeError::from_redis(&e) {
+                NodeError::Server { code, message } => NodeError::NoScript(format!(
+                    "EVALSHA said NOSCRIPT and the EVAL fallback failed: {code} {message}"
+                )),
+                other => other,
+            })
+    }
+
+    /// Runs a plain command (used for `INFO server`) under `timeout`.
+    pub(crate) async fn query(&self, cmd: &Cmd, timeout: Duration) -> Result<Value, NodeError> {
+        let start = Instant::now();
+        let mut used = None;
+        let result = match tokio::time::timeout(timeout, async {
+            let (generation, mut conn) = self.connection(timeout, &mut used).await?;
+            self.send(generation, &mut conn, cmd)
+                .await
+                .map_err(|e| NodeError::from_redis(&e))
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        };
+        if let Err(e) = &result {
+            self.forget_connection(e, used, start);
+        }
+        result
+    }
+}

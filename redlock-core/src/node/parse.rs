@@ -1,0 +1,227 @@
+//! Reading the nodes' replies: the acquire pipeline's (busy, acquired, with
+//! what a fenced acquire read) and the scripts' flags.
+
+use redis::Value;
+
+use crate::error::NodeError;
+use crate::fencing::{FenceRead, bad_read};
+
+/// The acquire script's answer on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// `fence`: what a fenced acquire read (fencing step 1); `None` unfenced.
+    Acquired {
+        fence: Option<FenceRead>,
+    },
+    Busy {
+        pttl_ms: i64,
+    },
+}
+
+/// Judges the acquire pipeline by its `SET` reply: `OK` is acquired whatever
+/// `PTTL` and `TYPE` said (the key is set; a user not allowed those commands
+/// must still be able to lock), an error is the node's error, and nil is busy.
+/// Only then do `PTTL` and `TYPE` describe the holder; a refused one leaves that
+/// part unknown. A fenced acquire's two more replies (counter and `TIME`) must
+/// be readable when `SET` said OK: a token picked without them could be too
+/// small, so the node then counts as failed (and is released).
+pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
+    let Value::Array(mut items) = v else {
+        return Err(NodeError::Protocol(format!("acquire reply {v:?}")));
+    };
+    let fenced = match items.len() {
+        5 => items.split_off(3),
+        _ => Vec::new(),
+    };
+    let [set, pttl, ty] = <[Value; 3]>::try_from(items)
+        .map_err(|items| NodeError::Protocol(format!("acquire reply of {} items", items.len())))?;
+    let acquired = || -> Result<AcquireReply, NodeError> {
+        let fence = match <[Value; 2]>::try_from(fenced) {
+            Ok([counter, time]) => Some(FenceRead {
+                counter: parse_counter(counter)?,
+                time_us: parse_time_us(time)?,
+            }),
+            Err(_) => None,
+        };
+        Ok(AcquireReply::Acquired { fence })
+    };
+    match set {
+        Value::Okay => return acquired(),
+        Value::SimpleString(s) if s == "OK" => return acquired(),
+        Value::Nil => {}
+        Value::ServerError(e) => return Err(NodeError::from_redis(&e.into())),
+        other => return Err(NodeError::Protocol(format!("SET reply {other:?}"))),
+    }
+    let pttl_ms = match pttl {
+        Value::Int(p) => Some(p),
+        Value::ServerError(_) => None,
+        other => return Err(NodeError::Protocol(format!("PTTL reply {other:?}"))),
+    };
+    let ty = match &ty {
+        Value::SimpleString(s) => Some(s.as_str()),
+        Value::Okay => Some("ok"),
+        Value::ServerError(_) => None,
+        other => return Err(NodeError::Protocol(format!("TYPE reply {other:?}"))),
+    };
+    // -2 is what `PTTL` says of a missing key; it maps to "no known PTTL".
+    let pttl_ms = pttl_ms.unwrap_or(-2);
+    match ty {
+        // An unknown type is most likely our kind of holder: SET NX refused
+        // because the key exists.
+        Some("string") | None => Ok(AcquireReply::Busy { pttl_ms }),
+        // The holder's key expired between `SET` and `TYPE`: free now.
+        Some("none") => Ok(AcquireReply::Busy { pttl_ms: 0 }),
+        Some(other) => Err(NodeError::WrongType {
+            found: other.to_owned(),
+            pttl_ms,
+        }),
+    }
+}
+
+/// A fence counter as `GET` returns it: none yet is 0. `u64::MAX` is refused,
+/// so that `max + 1` can never overflow.
+fn parse_counter(v: Value) -> Result<u64, NodeError> {
+    let n = match &v {
+        Value::Nil => return Ok(0),
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+        Value::SimpleString(s) => s.parse().ok(),
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::ServerError(e) => return Err(NodeError::from_redis(&e.clone().into())),
+        _ => None,
+    };
+    n.filter(|&n| n < u64::MAX)
+        .ok_or_else(|| bad_read("fence counter", &v))
+}
+
+/// The node's `TIME` (seconds, microseconds) in microseconds since the epoch.
+fn parse_time_us(v: Value) -> Result<u64, NodeError> {
+    let part = |p: &Value| -> Option<u64> {
+        match p {
+            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+            Value::SimpleString(s) => s.parse().ok(),
+            Value::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    };
+    let us = match &v {
+        Value::Array(parts) => match parts.as_slice() {
+            [secs, micros] => part(secs)
+                .zip(part(micros))
+                .and_then(|(s, m)| s.checked_mul(1_000_000)?.checked_add(m)),
+            _ => None,
+        },
+        Value::ServerError(e) => return Err(NodeError::from_redis(&e.clone().into())),
+        _ => None,
+    };
+    us.filter(|&us| us < u64::MAX)
+        .ok_or_else(|| bad_read("TIME", &v))
+}
+
+/// The extend and release scripts answer 1 (done) or 0 (token not there).
+pub(crate) fn parse_flag(v: Value) -> Result<bool, NodeError> {
+    match v {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(NodeError::Protocol(format!("script reply {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_busy_and_foreign_types() {
+        let reply = |set: Value, pttl: i64, ty: &str| {
+            Value::Array(vec![set, Value::Int(pttl), Value::SimpleString(ty.into())])
+        };
+        assert_eq!(
+            parse_acquire(reply(Value::Nil, 1500, "string")),
+            Ok(AcquireReply::Busy { pttl_ms: 1500 })
+        );
+        assert_eq!(
+            parse_acquire(reply(Value::Nil, -1, "hash")),
+            Err(NodeError::WrongType {
+                found: "hash".into(),
+                pttl_ms: -1
+            })
+        );
+        assert_eq!(
+            parse_acquire(reply(Value::Nil, -2, "none")),
+            Ok(AcquireReply::Busy { pttl_ms: 0 })
+        );
+        assert_eq!(
+            parse_acquire(reply(Value::Okay, 1000, "string")),
+            Ok(AcquireReply::Acquired { fence: None })
+        );
+        assert!(parse_acquire(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn parses_fenced_acquire_reads() {
+        let time = Value::Array(vec![
+            Value::BulkString(b"1700000000".to_vec()),
+            Value::BulkString(b"123456".to_vec()),
+        ]);
+        let reply = |set: Value, counter: Value| {
+            Value::Array(vec![
+                set,
+                Value::Int(900),
+                Value::SimpleString("string".into()),
+                counter,
+                time.clone(),
+            ])
+        };
+        let read = |counter| {
+            Ok(AcquireReply::Acquired {
+                fence: Some(FenceRead {
+                    counter,
+                    time_us: 1_700_000_000_123_456,
+                }),
+            })
+        };
+        assert_eq!(parse_acquire(reply(Value::Okay, Value::Nil)), read(0));
+        assert_eq!(
+            parse_acquire(reply(Value::Okay, Value::BulkString(b"41".to_vec()))),
+            read(41)
+        );
+        let max = u64::MAX.to_string().into_bytes();
+        for bad in [b"x".to_vec(), max] {
+            assert!(matches!(
+                parse_acquire(reply(Value::Okay, Value::BulkString(bad))),
+                Err(NodeError::Protocol(_))
+            ));
+        }
+        // Busy: the reads do not matter.
+        assert_eq!(
+            parse_acquire(reply(Value::Nil, Value::BulkString(b"x".to_vec()))),
+            Ok(AcquireReply::Busy { pttl_ms: 900 })
+        );
+    }
+
+    #[test]
+    fn judges_by_set_when_pttl_or_type_is_refused() {
+        let refused = || {
+            redis::parse_redis_value(b"-NOPERM this user has no permissions\r\n")
+                .expect("an error reply parses")
+        };
+        assert!(matches!(refused(), Value::ServerError(_)));
+        let reply = |set: Value| Value::Array(vec![set, refused(), refused()]);
+        assert_eq!(
+            parse_acquire(reply(Value::Okay)),
+            Ok(AcquireReply::Acquired { fence: None })
+        );
+        assert_eq!(
+            parse_acquire(reply(Value::Nil)),
+            Ok(AcquireReply::Busy { pttl_ms: -2 })
+        );
+        assert_eq!(
+            parse_acquire(Value::Array(vec![Value::Nil, Value::Int(700), refused()])),
+            Ok(AcquireReply::Busy { pttl_ms: 700 })
+        );
+        assert!(matches!(
+            parse_acquire(reply(refused())),
+            Err(NodeError::Auth(_))
+        ));
+    }
+}

@@ -1,0 +1,158 @@
+//! The commands and Lua scripts a node runs, encoded once per operation and
+//! sent to every node: the acquire pipeline (spec step 2), compare-and-pexpire
+//! (extend), compare-and-delete (release) and the fence (fencing step 3).
+
+use std::sync::{Arc, LazyLock};
+
+use redis::{Cmd, Pipeline};
+
+/// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
+const EXTEND_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
+pub(crate) const RELEASE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// A Lua script with its SHA1 computed once per process.
+pub(crate) struct LuaScript {
+    body: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    fn new(body: &'static str) -> Self {
+        let sha = redis::Script::new(body).get_hash().to_owned();
+        Self { body, sha }
+    }
+}
+
+/// Fencing step 3: raises the key's fence counter (`KEYS[2]`) to the token
+/// `ARGV[2]`, never lowers it, and only while the lock key (`KEYS[1]`) still
+/// holds this attempt's token `ARGV[1]`: a fence that lands after the key
+/// expired (and another holder may have read the counter) must not count.
+/// Counters are decimal strings compared by length, then digits, so that the
+/// whole `u64` range compares right (Lua numbers are doubles).
+const FENCE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local c = redis.call('GET', KEYS[2])
+if not c or #c < #ARGV[2] or (#c == #ARGV[2] and c < ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+"#;
+
+pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
+pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
+pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
+
+/// One call, encoded once and sent to every node.
+pub(crate) enum Call {
+    /// A Lua script by `EVALSHA`, with the arguments kept for the `EVAL` fallback.
+    Script {
+        script: &'static LuaScript,
+        evalsha: Cmd,
+        key: Arc<str>,
+        args: Vec<String>,
+    },
+    /// Spec step 2, the acquire: `SET key token NX PX ttl`, pipelined with `PTTL`
+    /// and `TYPE` of the key so a refusal says, in the same round trip, how long
+    /// the holder has left and whether the key is a foreign non-string value.
+    /// Plain commands cost the node less than a script; the answers to `PTTL` and
+    /// `TYPE` only matter when `SET` refused.
+    Acquire { pipeline: Pipeline },
+    /// A Lua script over several keys (the fence: the lock key and its
+    /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
+    Keys { evalsha: Cmd, eval: Cmd },
+}
+
+impl Call {
+    /// `EVALSHA sha 1 key args..`, built once per operation.
+    pub(crate) fn script(script: &'static LuaScript, key: Arc<str>, args: Vec<String>) -> Self {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(&script.sha).arg(1).arg(&*key).arg(&args);
+        Call::Script {
+            script,
+            evalsha,
+            key,
+            args,
+        }
+    }
+
+    /// The acquire pipeline for `key`, `token` and `ttl_ms`.
+    pub(crate) fn acquire(key: &str, token: &str, ttl_ms: u128) -> Self {
+        Call::Acquire {
+            pipeline: acquire_pipeline(key, token, ttl_ms),
+        }
+    }
+
+    /// The acquire pipeline of a fencing lock: the same `SET`, `PTTL` and
+    /// `TYPE`, then (fencing step 1) the key's fence counter and the node's
+    /// `TIME`. Read after the `SET` on the same connection, so after any fence
+    /// of an earlier holder whose key the `SET` found gone.
+    pub(crate) fn fenced_acquire(key: &str, token: &str, ttl_ms: u128, fence_key: &[u8]) -> Self {
+        let mut pipeline = acquire_pipeline(key, token, ttl_ms);
+        pipeline.cmd("GET").arg(fence_key).cmd("TIME");
+        Call::Acquire { pipeline }
+    }
+
+    /// `EVALSHA sha <keys> keys.. args..`, and its `EVAL` fallback.
+    pub(crate) fn keys(script: &'static LuaScript, keys: &[&[u8]], args: &[&[u8]]) -> Self {
+        let build = |name: &str, first: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(first).arg(keys.len()).arg(keys).arg(args);
+            cmd
+        };
+        Call::Keys {
+            evalsha: build("EVALSHA", &script.sha),
+            eval: build("EVAL", script.body),
+        }
+    }
+}
+
+/// Spec step 2's `SET key token NX PX ttl`, then `PTTL` and `TYPE` of the key.
+fn acquire_pipeline(key: &str, token: &str, ttl_ms: u128) -> Pipeline {
+    let mut pipeline = redis::pipe();
+    pipeline
+        .cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms.to_string())
+        .cmd("PTTL")
+        .arg(key)
+        .cmd("TYPE")
+        .arg(key);
+    pipeline
+}
+
+/// `EVAL body 1 key args..`: the fallback after `NOSCRIPT` (a restarted or flushed
+/// node). It also loads the script for the next `EVALSHA`.
+pub(super) fn eval(script: &LuaScript, key: &str, args: &[String]) -> Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script.body).arg(1).arg(key).arg(args);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_hash_once_and_match_redis() {
+        assert_eq!(RELEASE.sha, redis::Script::new(RELEASE_LUA).get_hash());
+        assert_eq!(RELEASE.sha.len(), 40);
+        assert_ne!(EXTEND.sha, RELEASE.sha);
+    }
+}
