@@ -14,7 +14,7 @@ use crate::lock::Lock;
 use crate::node::{AcquireReply, Call, parse_acquire};
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
-use crate::steps::{busy_retry_after, instant_after, new_token, retry_delay, validity};
+use crate::steps::{busy_retry_after, instant_after, may_retry, new_token, retry_delay, validity};
 use crate::stragglers::Late;
 
 impl Redlock {
@@ -63,6 +63,11 @@ impl Redlock {
                 end.checked_sub(self.inner.settings.node_timeout.saturating_mul(2))
                     .unwrap_or(begin)
             });
+        if retry.max_attempts > 1 && self.inner.waiting.enabled() {
+            return self
+                .lock_by_wake_up(&resource, &key, ttl, retry, begin, latest_start)
+                .await;
+        }
         let mut attempt = 1;
         loop {
             let err = match self.attempt(&resource, &key, ttl, attempt).await {
@@ -70,11 +75,8 @@ impl Redlock {
                 Err(e) if !e.is_retryable() => return Err(e),
                 Err(e) => e,
             };
-            if attempt >= retry.max_attempts {
-                return Err(err);
-            }
             let now = Instant::now();
-            if latest_start.is_some_and(|latest| now >= latest) {
+            if !may_retry(attempt, retry, latest_start, now) {
                 return Err(err);
             }
             let wake = now.checked_add(retry_delay(retry));

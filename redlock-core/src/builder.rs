@@ -305,6 +305,25 @@ impl RedlockBuilder {
         self.settings.fencing = Some(mode);
         self
     }
+
+    /// Whether waiting ([`Redlock::lock`] and everything built on it) is woken
+    /// by releases (default: on). On, the waiters of a key in this process
+    /// queue first come, first served, only the first contends on the nodes,
+    /// and it sleeps until a release is published on the key's channel
+    /// (`redlock:released:` then the key) on any node, or a fallback timer
+    /// fires: the holder's remaining TTL, the retry policy's delay (a
+    /// safety-net poll), or a node's subscription lost or regained. It opens
+    /// one pub/sub connection per node (outside the pool), subscribed only
+    /// while a waiter of this process waits. Nodes given as pools rather
+    /// than URLs cannot be subscribed to: their releases are found by the
+    /// fallback timers.
+    ///
+    /// Off, waiters poll every `delay + jitter` of the retry policy, each on
+    /// its own: for nodes that refuse `SUBSCRIBE` (an ACL, a proxy).
+    pub fn wake_on_release(mut self, on: bool) -> Self {
+        self.settings.wake_on_release = on;
+        self
+    }
 }
 
 impl Redlock {

@@ -117,6 +117,7 @@ mod fencing;
 mod guard;
 mod lock;
 mod node;
+mod queue;
 mod redlock;
 mod release;
 #[cfg(feature = "http")]
@@ -126,6 +127,8 @@ mod settings;
 mod steps;
 mod stragglers;
 mod url;
+mod wait;
+mod wake;
 
 pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};

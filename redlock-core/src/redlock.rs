@@ -12,17 +12,20 @@ use crate::fencing::{FencingCheck, check_persistence};
 use crate::node::Node;
 use crate::settings::{RetryPolicy, Settings};
 use crate::steps::{quorum, whole_millis};
+use crate::wake::Waiting;
 
 pub(crate) struct Inner {
     pub(crate) nodes: Vec<Node>,
     pub(crate) quorum: usize,
     pub(crate) settings: Settings,
+    pub(crate) waiting: Waiting,
 }
 
 impl Inner {
     pub(crate) fn new(nodes: Vec<Node>, settings: Settings) -> Self {
         Self {
             quorum: quorum(nodes.len()),
+            waiting: Waiting::new(&nodes, &settings),
             nodes,
             settings,
         }

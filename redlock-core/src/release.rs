@@ -151,6 +151,9 @@ impl Redlock {
         }
         // Only now: a future dropped mid-release leaves `Drop` to release.
         lock.released = true;
+        // The next local waiter attempts at once, whatever the outcome: keys
+        // that were not deleted are found busy and waited for.
+        self.inner.waiting.queues.release(&lock.key, &lock.token);
         let deleted = settled
             .iter()
             .flatten()
@@ -184,11 +187,16 @@ impl Redlock {
     /// cannot wait (a `Drop`). Outside a Tokio runtime nothing runs: the keys
     /// expire with their TTL.
     pub(crate) fn spawn_release(&self, key: &Arc<str>, token: &Arc<str>) {
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (this, key, token) = (self.clone(), Arc::clone(key), Arc::clone(token));
-            rt.spawn(async move {
-                this.unlock_all(&key, &token, None).await;
-            });
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let (this, key, token) = (self.clone(), Arc::clone(key), Arc::clone(token));
+                rt.spawn(async move {
+                    this.unlock_all(&key, &token, None).await;
+                    this.inner.waiting.queues.release(&key, &token);
+                });
+            }
+            // The keys expire with their TTL; the local queue need not wait.
+            Err(_) => self.inner.waiting.queues.release(key, token),
         }
     }
 }

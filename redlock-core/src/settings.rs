@@ -8,11 +8,24 @@ use crate::fencing::FencingMode;
 
 /// How [`Redlock::lock`](crate::Redlock::lock) retries a failed attempt.
 ///
-/// Every failed attempt is released on all nodes, then the next one starts after
-/// `delay + random(0..=jitter)`. The random part keeps competing clients from
-/// retrying in lockstep (the distlock page's "split brain" advice). Retries stop
-/// after `max_attempts`, or when the next attempt could not finish before the
-/// `deadline`, whichever comes first.
+/// Every failed attempt is released on all nodes. Retries stop after
+/// `max_attempts`, or when the next attempt could not finish before the
+/// `deadline`, whichever comes first: every attempt counts, however it was
+/// started.
+///
+/// When the next attempt starts depends on
+/// [`RedlockBuilder::wake_on_release`](crate::RedlockBuilder::wake_on_release):
+///
+/// - **on** (the default): the waiters of a key in one process queue first
+///   come, first served, and only the first one contends on the nodes. After
+///   its first failed attempt it subscribes to the key's release messages on
+///   every node and makes a second attempt at once (a release in between is
+///   not missed). After that it attempts when a release is announced, when the
+///   holder's key expires (from the `PTTL` the busy answer gave), or after
+///   `delay + random(0..=jitter)`, a safety-net poll, whichever comes first.
+/// - **off**: each waiter polls on its own, the next attempt starting after
+///   `delay + random(0..=jitter)`. The random part keeps competing clients from
+///   retrying in lockstep (the distlock page's "split brain" advice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub struct RetryPolicy {
@@ -183,6 +196,8 @@ pub(crate) struct Settings {
     pub(crate) loss_margin: Option<Duration>,
     /// `None`: no fencing tokens, no fence round trip.
     pub(crate) fencing: Option<FencingMode>,
+    /// Waiters queue locally and are woken by releases (else they poll).
+    pub(crate) wake_on_release: bool,
 }
 
 impl Default for Settings {
@@ -198,6 +213,7 @@ impl Default for Settings {
             max_extensions: None,
             loss_margin: None,
             fencing: None,
+            wake_on_release: true,
         }
     }
 }

@@ -71,6 +71,19 @@ pub(crate) fn retry_delay(policy: &RetryPolicy) -> Duration {
     policy.delay.saturating_add(Duration::from_micros(extra))
 }
 
+/// Spec step 5's bound on retrying: whether an attempt may follow attempt
+/// number `attempt` at `now`, given the policy's attempt count and the latest
+/// instant an attempt may start (the deadline less one acquire and one
+/// release round).
+pub(crate) fn may_retry(
+    attempt: u32,
+    policy: &RetryPolicy,
+    latest_start: Option<Instant>,
+    now: Instant,
+) -> bool {
+    attempt < policy.max_attempts && latest_start.is_none_or(|latest| now < latest)
+}
+
 /// When a quorum could be free: the nodes not held by others are free at once, so
 /// `busy - (n - quorum)` holders' keys (at least one) must expire first; the wait
 /// is that many-th smallest PTTL. `None` when keys without expiry are in the way.
@@ -88,6 +101,19 @@ pub(crate) fn busy_retry_after(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_stop_at_the_count_or_the_latest_start() {
+        let now = Instant::now();
+        let three = RetryPolicy::attempts(3);
+        assert!(may_retry(1, &three, None, now));
+        assert!(may_retry(2, &three, None, now));
+        assert!(!may_retry(3, &three, None, now));
+        let later = now + Duration::from_millis(5);
+        assert!(may_retry(1, &three, Some(later), now));
+        assert!(!may_retry(1, &three, Some(now), now));
+        assert!(!may_retry(1, &RetryPolicy::no_retry(), Some(later), now));
+    }
 
     #[test]
     fn quorum_is_strict_majority() {

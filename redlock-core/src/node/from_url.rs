@@ -21,8 +21,8 @@ impl Node {
         let info = url
             .into_connection_info()
             .map_err(|e| invalid_url(url, e.to_string()))?;
-        let (label, address, pool) = pool_from_info(url, info)?;
-        Ok(Node::new(label.into(), Some(address), pool))
+        let (label, address, pool) = pool_from_info(url, info.clone())?;
+        Ok(Node::new(label.into(), Some(address), pool).with_pubsub(info))
     }
 }
 

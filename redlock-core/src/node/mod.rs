@@ -21,6 +21,8 @@ pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_flag};
+#[cfg(test)]
+pub(crate) use scripts::RELEASE_LUA;
 use scripts::eval;
 pub(crate) use scripts::{Call, EXTEND, FENCE, RELEASE};
 
@@ -40,6 +42,9 @@ pub(crate) struct Node {
     /// cancel the handshake the next call needs, and concurrent calls on a cold
     /// node share one connection instead of each opening their own.
     shared: Arc<Shared>,
+    /// How to open this node's pub/sub connection for wake-ups; known only for
+    /// nodes given by URL.
+    pub(crate) pubsub: Option<redis::ConnectionInfo>,
 }
 
 impl Node {
@@ -49,7 +54,14 @@ impl Node {
             address,
             pool,
             shared: Arc::new(Shared::new()),
+            pubsub: None,
         }
+    }
+
+    /// Lets waiters subscribe to this node's release messages.
+    pub(crate) fn with_pubsub(mut self, info: redis::ConnectionInfo) -> Self {
+        self.pubsub = Some(info);
+        self
     }
 
     /// Sends one command on connection `generation`, noting any answer.

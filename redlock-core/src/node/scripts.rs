@@ -15,9 +15,13 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
+/// A delete is announced on the key's channel (`wake::channel`) to wake the
+/// waiters; by `pcall`, so that a user not allowed to publish still releases.
 pub(crate) const RELEASE_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  redis.pcall('PUBLISH', 'redlock:released:' .. KEYS[1], '1')
+  return 1
 end
 return 0
 "#;

@@ -337,34 +337,46 @@ async fn no_validity_left_fails_and_releases_every_key() {
 
 // ---------------------------------------------------------------- 4. retries
 
+/// Every attempt counts against `max_attempts`, in both ways of waiting. Polling
+/// spaces the attempts by the delay. Waking on release makes the second attempt
+/// at once, once subscribed (so that a release in between is not missed); the
+/// delay then only spaces the safety-net polls of a holder that never releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_attempts_are_counted_and_spaced() {
     let cluster = Cluster::start(3);
     let holder = ready(&cluster, ms(200)).await;
-    let rl = ready(&cluster, ms(200)).await;
-    let key = "retry-attempts";
-    let held = held_everywhere(&cluster, &holder, key, Duration::from_secs(10)).await;
-    let monitor = cluster.node(0).monitor();
-    let policy = RetryPolicy::attempts(4)
-        .with_delay(ms(50))
-        .with_jitter(Duration::ZERO);
-    let t0 = Instant::now();
-    let err = rl
-        .lock_with(key, Duration::from_secs(5), &policy)
-        .await
-        .unwrap_err();
-    let took = t0.elapsed();
-    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    assert!(took >= ms(150), "3 delays of 50 ms, took {took:?}");
-    assert!(took < Duration::from_secs(3), "took {took:?}");
-    let cmds = stop_commands(monitor);
-    let ours: Vec<_> = acquire_calls(&cmds, key)
-        .into_iter()
-        .filter(|(t, _)| t != held.token())
-        .collect();
-    assert_eq!(ours.len(), 4, "{cmds:?}");
-    assert_eq!(cluster.count_holding(key, held.token()), 3);
-    redlock_tests::util::assert_released(&holder.unlock(held).await.unwrap(), 3);
+    for (wake, min_took) in [(false, ms(150)), (true, ms(100))] {
+        let rl = Redlock::builder()
+            .urls(cluster.urls())
+            .node_timeout(ms(200))
+            .wake_on_release(wake)
+            .build()
+            .unwrap();
+        warm_up(&cluster, &rl).await;
+        let key = format!("retry-attempts-{wake}");
+        let held = held_everywhere(&cluster, &holder, &key, Duration::from_secs(10)).await;
+        let monitor = cluster.node(0).monitor();
+        let policy = RetryPolicy::attempts(4)
+            .with_delay(ms(50))
+            .with_jitter(Duration::ZERO);
+        let t0 = Instant::now();
+        let err = rl
+            .lock_with(&key, Duration::from_secs(5), &policy)
+            .await
+            .unwrap_err();
+        let took = t0.elapsed();
+        assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+        assert!(took >= min_took, "wake={wake}: took {took:?}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        let cmds = stop_commands(monitor);
+        let ours: Vec<_> = acquire_calls(&cmds, &key)
+            .into_iter()
+            .filter(|(t, _)| t != held.token())
+            .collect();
+        assert_eq!(ours.len(), 4, "wake={wake}: {cmds:?}");
+        assert_eq!(cluster.count_holding(&key, held.token()), 3);
+        redlock_tests::util::assert_released(&holder.unlock(held).await.unwrap(), 3);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -217,17 +217,30 @@ async fn duration_max_is_accepted_everywhere() {
         )
         .await
         .unwrap();
-    // A busy lock and a retry delay past the end of time: no second attempt.
+    // A busy lock and a retry delay past the end of time. Polling: no second
+    // attempt.
     let retry = RetryPolicy::attempts(3)
         .with_delay(Duration::MAX)
         .with_jitter(Duration::MAX);
+    let polling = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(50))
+        .wake_on_release(false)
+        .build()
+        .unwrap();
     let started = Instant::now();
     assert!(matches!(
-        rl.lock_with("max-deadline", ms(500), &retry).await,
+        polling.lock_with("max-deadline", ms(500), &retry).await,
         Err(Error::Busy { .. })
     ));
     assert!(started.elapsed() < Duration::from_secs(2));
-    rl.unlock(lock).await.unwrap();
+    // Woken by releases: the delay is only the safety-net poll, and the
+    // holder's expiry (500 ms, never released) still wakes the waiter.
+    let started = Instant::now();
+    let next = rl.lock_with("max-deadline", ms(500), &retry).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(lock);
+    rl.unlock(next).await.unwrap();
     // The web adapters' wait mode.
     let policy = LockPolicy::default().wait(Duration::MAX);
     let held = request::acquire(Some(&rl), Some("max-wait".into()), &policy)

@@ -11,3 +11,4 @@ mod inputs;
 mod safety;
 mod smoke;
 mod tls;
+mod waiting;

@@ -1,0 +1,473 @@
+//! First come, first served within a process: a FIFO of the local waiters of
+//! each key, in front of the remote acquire.
+//!
+//! Only the waiter at the head (the one holding the key's *turn*) contends on
+//! the nodes; the others wait here without any network traffic. A waiter that
+//! takes the lock keeps the turn while it holds it, and its release hands the
+//! turn to the next local waiter, which then makes a full quorum attempt at
+//! once: the lock itself is never handed over locally, only the right to try.
+//!
+//! The turn is advisory, never a safety property: a holder whose validity ran
+//! out without a release loses its turn to the next waiter
+//! ([`Queues::expire`]), a waiter that waited longer than its budget makes one
+//! attempt off the queue, and `try_lock` never queues.
+
+#[cfg(redlock_loom)]
+use loom::sync::Mutex;
+#[cfg(not(redlock_loom))]
+use std::sync::Mutex;
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::DerefMut;
+use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+/// Who may contend for a key now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Turn {
+    /// A local waiter, contending on the nodes.
+    Waiter(u64),
+    /// A local holder that took the lock with its turn, until its release, or
+    /// until its validity `until` ends if it never releases.
+    Holder { token: Arc<str>, until: Instant },
+}
+
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    waker: Option<Waker>,
+}
+
+#[derive(Debug, Default)]
+struct KeyQueue {
+    /// The waiters behind the turn, oldest first.
+    waiting: VecDeque<Waiting>,
+    turn: Option<Turn>,
+    /// A local release that did not hold the turn (a `try_lock` holder, or a
+    /// holder whose turn had expired) happened while the head was contending:
+    /// the head should attempt again at once.
+    kicked: bool,
+    head_waker: Option<Waker>,
+}
+
+impl KeyQueue {
+    /// Gives the turn to the oldest waiter, if any.
+    fn pass(&mut self) {
+        self.turn = None;
+        self.kicked = false;
+        self.head_waker = None;
+        if let Some(next) = self.waiting.pop_front() {
+            self.turn = Some(Turn::Waiter(next.id));
+            if let Some(w) = next.waker {
+                w.wake();
+            }
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.turn.is_none() && self.waiting.is_empty()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    keys: HashMap<Arc<str>, KeyQueue>,
+}
+
+/// The local FIFOs of one [`Redlock`](crate::Redlock) handle, one per key with
+/// waiters; a key without waiters or a turn holder takes no memory.
+#[derive(Debug, Default)]
+pub(crate) struct Queues {
+    state: Mutex<State>,
+}
+
+impl Queues {
+    fn state(&self) -> impl DerefMut<Target = State> + '_ {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the key's queue, then frees the entry if it became idle.
+    fn with_key<R>(&self, key: &str, f: impl FnOnce(&mut KeyQueue) -> R) -> Option<R> {
+        let mut state = self.state();
+        let q = state.keys.get_mut(key)?;
+        let r = f(q);
+        if q.is_idle() {
+            state.keys.remove(key);
+        }
+        Some(r)
+    }
+
+    /// Joins the back of `key`'s queue; the first waiter of an idle key gets
+    /// the turn at once. Returns the waiter's id.
+    pub(crate) fn join(&self, key: &Arc<str>) -> u64 {
+        let mut state = self.state();
+        let id = state.next_id;
+        state.next_id = state.next_id.wrapping_add(1);
+        let q = state.keys.entry(Arc::clone(key)).or_default();
+        if q.is_idle() {
+            q.turn = Some(Turn::Waiter(id));
+        } else {
+            q.waiting.push_back(Waiting { id, waker: None });
+        }
+        id
+    }
+
+    /// Ready once waiter `id` holds the turn. A waiter no longer in the queue
+    /// is ready too: nothing would ever wake it.
+    pub(crate) fn poll_turn(&self, key: &str, id: u64, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.state();
+        let Some(q) = state.keys.get_mut(key) else {
+            return Poll::Ready(());
+        };
+        if q.turn == Some(Turn::Waiter(id)) {
+            return Poll::Ready(());
+        }
+        match q.waiting.iter_mut().find(|w| w.id == id) {
+            Some(w) => {
+                w.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            None => Poll::Ready(()),
+        }
+    }
+
+    /// The token and validity end of the local holder that has the turn, if
+    /// any: a waiter times [`Queues::expire`] by it.
+    pub(crate) fn holder(&self, key: &str) -> Option<(Arc<str>, Instant)> {
+        match &self.state().keys.get(key)?.turn {
+            Some(Turn::Holder { token, until }) => Some((Arc::clone(token), *until)),
+            _ => None,
+        }
+    }
+
+    /// Waiter `id` gives up (it timed out, failed, or its future was dropped):
+    /// out of the queue, and if it held the turn, the turn goes to the next.
+    pub(crate) fn leave(&self, key: &str, id: u64) {
+        self.with_key(key, |q| {
+            if q.turn == Some(Turn::Waiter(id)) {
+                q.pass();
+            } else {
+                q.waiting.retain(|w| w.id != id);
+            }
+        });
+    }
+
+    /// Waiter `id` took the lock: it keeps the turn as the holder of `token`
+    /// until [`Queues::release`] (or [`Queues::expire`] after `until`).
+    /// Returns false if it did not hold the turn.
+    pub(crate) fn hold(&self, key: &str, id: u64, token: &Arc<str>, until: Instant) -> bool {
+        self.with_key(key, |q| {
+            if q.turn != Some(Turn::Waiter(id)) {
+                return false;
+            }
+            q.turn = Some(Turn::Holder {
+                token: Arc::clone(token),
+                until,
+            });
+            q.kicked = false;
+            q.head_waker = None;
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    /// The lock of `token` was released in this process: its turn goes to the
+    /// next waiter; a head that is contending is told to attempt at once.
+    pub(crate) fn release(&self, key: &str, token: &str) {
+        self.with_key(key, |q| match &q.turn {
+            Some(Turn::Holder { token: t, .. }) if **t == *token => q.pass(),
+            Some(Turn::Waiter(_)) => {
+                q.kicked = true;
+                if let Some(w) = q.head_waker.take() {
+                    w.wake();
+                }
+            }
+            _ => {}
+        });
+    }
+
+    /// The holder of `token` kept its turn past its validity without a
+    /// release: the next waiter gets the turn (and contends on the nodes).
+    pub(crate) fn expire(&self, key: &str, token: &str) {
+        self.with_key(key, |q| {
+            if matches!(&q.turn, Some(Turn::Holder { token: t, .. }) if **t == *token) {
+                q.pass();
+            }
+        });
+    }
+
+    /// Ready when a local release happened since the last call while waiter
+    /// `id` held the turn (see [`Queues::release`]).
+    pub(crate) fn poll_kick(&self, key: &str, id: u64, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.state();
+        let Some(q) = state.keys.get_mut(key) else {
+            return Poll::Pending;
+        };
+        if q.turn != Some(Turn::Waiter(id)) {
+            return Poll::Pending;
+        }
+        if std::mem::take(&mut q.kicked) {
+            return Poll::Ready(());
+        }
+        q.head_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Forgets a kick that came before the attempt now starting: that attempt
+    /// sees the release anyway.
+    pub(crate) fn clear_kick(&self, key: &str, id: u64) {
+        self.with_key(key, |q| {
+            if q.turn == Some(Turn::Waiter(id)) {
+                q.kicked = false;
+            }
+        });
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.state().keys.is_empty()
+    }
+}
+
+/// A waiter's place in a key's queue. Dropping it (the waiter timed out, failed
+/// or was cancelled) leaves the queue, passing the turn on if it had it.
+#[derive(Debug)]
+pub(crate) struct Place<'a> {
+    queues: &'a Queues,
+    key: Arc<str>,
+    id: u64,
+    done: bool,
+}
+
+impl<'a> Place<'a> {
+    pub(crate) fn join(queues: &'a Queues, key: &Arc<str>) -> Self {
+        Self {
+            id: queues.join(key),
+            queues,
+            key: Arc::clone(key),
+            done: false,
+        }
+    }
+
+    /// Completes once this waiter holds the turn.
+    pub(crate) async fn turn(&self) {
+        std::future::poll_fn(|cx| self.queues.poll_turn(&self.key, self.id, cx)).await;
+    }
+
+    /// Completes at a local release while this waiter holds the turn.
+    pub(crate) async fn kicked(&self) {
+        std::future::poll_fn(|cx| self.queues.poll_kick(&self.key, self.id, cx)).await;
+    }
+
+    pub(crate) fn clear_kick(&self) {
+        self.queues.clear_kick(&self.key, self.id);
+    }
+
+    /// The local holder whose release this waiter awaits, if any.
+    pub(crate) fn holder(&self) -> Option<(Arc<str>, Instant)> {
+        self.queues.holder(&self.key)
+    }
+
+    pub(crate) fn expire(&self, token: &str) {
+        self.queues.expire(&self.key, token);
+    }
+
+    /// This waiter took the lock of `token`: its turn stays with the lock
+    /// until the lock's release.
+    pub(crate) fn hold(mut self, token: &Arc<str>, until: Instant) {
+        if self.queues.hold(&self.key, self.id, token, until) {
+            self.done = true;
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.queues.leave(&self.key, self.id);
+        }
+    }
+}
+
+#[cfg(all(test, not(redlock_loom)))]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    fn poll_turn(q: &Queues, key: &str, id: u64) -> bool {
+        q.poll_turn(key, id, &mut Context::from_waker(Waker::noop()))
+            .is_ready()
+    }
+
+    #[test]
+    fn first_come_first_served() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let ids: Vec<u64> = (0..4).map(|_| q.join(&key)).collect();
+        let token: Arc<str> = "t0".into();
+        for (i, id) in ids.iter().enumerate() {
+            for later in &ids[i + 1..] {
+                assert!(!poll_turn(&q, &key, *later));
+            }
+            assert!(poll_turn(&q, &key, *id));
+            let far = Instant::now() + std::time::Duration::from_secs(60);
+            assert!(q.hold(&key, *id, &token, far));
+            assert_eq!(q.holder(&key).map(|h| h.0), Some(Arc::clone(&token)));
+            q.release(&key, &token);
+        }
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn leaving_waiters_do_not_take_the_turn_along() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let (a, b, c) = (q.join(&key), q.join(&key), q.join(&key));
+        q.leave(&key, b);
+        q.leave(&key, a);
+        assert!(poll_turn(&q, &key, c));
+        q.leave(&key, c);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn expired_holder_passes_the_turn_and_stale_releases_kick() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let (a, b) = (q.join(&key), q.join(&key));
+        let ta: Arc<str> = "ta".into();
+        assert!(q.hold(&key, a, &ta, Instant::now()));
+        q.expire(&key, "other");
+        assert!(!poll_turn(&q, &key, b));
+        q.expire(&key, &ta);
+        assert!(poll_turn(&q, &key, b));
+        // A's late release is not B's turn to lose: it only tells B to retry.
+        let cx = &mut Context::from_waker(Waker::noop());
+        assert!(q.poll_kick(&key, b, cx).is_pending());
+        q.release(&key, &ta);
+        assert!(q.poll_kick(&key, b, cx).is_ready());
+        assert!(q.poll_kick(&key, b, cx).is_pending());
+        assert!(poll_turn(&q, &key, b));
+    }
+}
+
+/// Model-checked cancellation paths: run with
+/// `RUSTFLAGS="--cfg redlock_loom" cargo test -p redlock-core --release --lib queue`.
+#[cfg(all(test, redlock_loom))]
+mod loom_tests {
+    use super::*;
+    use loom::future::block_on;
+    use loom::thread;
+
+    fn turn(q: &Queues, key: &str, id: u64) {
+        block_on(std::future::poll_fn(|cx| q.poll_turn(key, id, cx)));
+    }
+
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(3600)
+    }
+
+    /// The head is cancelled while the next waiter waits: the turn is not lost.
+    #[test]
+    fn cancelled_head_passes_the_turn() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let t = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            turn(&q, &key, b);
+            if let Err(e) = t.join() {
+                std::panic::resume_unwind(e);
+            }
+            q.leave(&key, b);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A holder releases while the first waiter is dropped: the second waiter
+    /// gets the turn whichever happens first, and nothing is left behind.
+    #[test]
+    fn release_racing_a_dropped_waiter_wakes_the_next() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let token: Arc<str> = "t".into();
+            let h = q.join(&key);
+            assert!(q.hold(&key, h, &token, far()));
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let releaser = {
+                let (q, key, token) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&token));
+                thread::spawn(move || q.release(&key, &token))
+            };
+            let dropper = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            turn(&q, &key, b);
+            for t in [releaser, dropper] {
+                if let Err(e) = t.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            q.leave(&key, b);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A waiter cancelled right as the turn reaches it (it was woken but never
+    /// looked) hands the turn on instead of swallowing it.
+    #[test]
+    fn waiter_cancelled_as_it_is_woken_hands_the_turn_on() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let c = q.join(&key);
+            let head = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            let cancelled = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, b))
+            };
+            turn(&q, &key, c);
+            for t in [head, cancelled] {
+                if let Err(e) = t.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            q.leave(&key, c);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A release by a holder without the turn, racing the head's wait for it:
+    /// the head is woken (the kick is never lost).
+    #[test]
+    fn kick_is_not_lost() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let a = q.join(&key);
+            let t = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.release(&key, "someone-else"))
+            };
+            block_on(std::future::poll_fn(|cx| q.poll_kick(&key, a, cx)));
+            if let Err(e) = t.join() {
+                std::panic::resume_unwind(e);
+            }
+            q.leave(&key, a);
+            assert!(q.is_empty());
+        });
+    }
+}

@@ -1,0 +1,157 @@
+//! Spec step 4's "retry", by wake-up instead of polling: a waiter queues
+//! behind the other waiters of its process for the key (`queue.rs`); at the
+//! head it contends on the nodes, and between attempts it sleeps until a
+//! release wakes it (`wake.rs`), with fallback timers for what no message
+//! announces:
+//!
+//! - the holder's remaining PTTL from the busy answer (an expiry publishes
+//!   nothing);
+//! - the retry policy's delay, as a safety-net poll (pub/sub is at-most-once);
+//! - a node's subscription lost or regained (its messages may be lost);
+//! - a release in this process by a holder that did not queue (`try_lock`).
+//!
+//! The retry policy keeps its meaning: every attempt counts against
+//! `max_attempts`, and the deadline bounds the whole wait, queue included.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::lock::Lock;
+use crate::queue::Place;
+use crate::redlock::Redlock;
+use crate::settings::RetryPolicy;
+use crate::steps::{may_retry, retry_delay};
+use crate::wake::Subscription;
+
+impl Redlock {
+    /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.
+    /// `latest_start` is when the last attempt must start by (the deadline
+    /// less one acquire and one release round).
+    pub(crate) async fn lock_by_wake_up(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        ttl: Duration,
+        retry: &RetryPolicy,
+        begin: Instant,
+        latest_start: Option<Instant>,
+    ) -> Result<Lock, Error> {
+        let waiting = &self.inner.waiting;
+        let place = Place::join(&waiting.queues, key);
+        // An attempts-only policy gets, in the queue, the time its attempts
+        // would have taken by polling.
+        let turn_by = latest_start.or_else(|| begin.checked_add(turn_budget(retry)));
+        if !wait_turn(&place, turn_by, retry).await {
+            drop(place);
+            // Out of time behind other local waiters: one attempt of its own,
+            // so that the error says who holds the lock and for how long.
+            return self.attempt(resource, key, ttl, 1).await;
+        }
+        let mut subscription: Option<Subscription<'_>> = None;
+        let mut attempt = 1;
+        loop {
+            place.clear_kick();
+            if let Some(s) = subscription.as_mut() {
+                s.mark_seen();
+            }
+            let err = match self.attempt(resource, key, ttl, attempt).await {
+                Ok(lock) => {
+                    place.hold(lock.shared_token(), lock.valid_until());
+                    return Ok(lock);
+                }
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) => e,
+            };
+            let now = Instant::now();
+            if !may_retry(attempt, retry, latest_start, now) {
+                return Err(err);
+            }
+            attempt += 1;
+            if subscription.is_none()
+                && let Some(mut s) = waiting.subscribe(key)
+            {
+                // Subscribed on every node before the next attempt, so a
+                // release that lands between the failed attempt and the
+                // subscription is seen by that attempt.
+                s.ready(self.inner.settings.node_timeout).await;
+                subscription = Some(s);
+                continue;
+            }
+            let poll = now.checked_add(retry_delay(retry));
+            // Keys live whole milliseconds; one more and the key is gone.
+            let expiry = match &err {
+                Error::Busy {
+                    retry_after: Some(d),
+                    ..
+                } => now.checked_add(d.saturating_add(Duration::from_millis(1))),
+                _ => None,
+            };
+            let Some(wake) = [poll, expiry, latest_start].into_iter().flatten().min() else {
+                // A delay past the end of time and nothing else to wait for.
+                return Err(err);
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => {}
+                () = woken(&mut subscription) => {}
+                () = place.kicked() => {}
+            }
+        }
+    }
+}
+
+/// The time an attempts-only policy would have spent polling: every delay at
+/// its longest.
+fn turn_budget(retry: &RetryPolicy) -> Duration {
+    retry
+        .delay
+        .saturating_add(retry.jitter)
+        .saturating_mul(retry.max_attempts.saturating_sub(1))
+}
+
+async fn woken(subscription: &mut Option<Subscription<'_>>) {
+    match subscription {
+        Some(s) => s.woken().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the waiter's turn until `by`. Returns whether it got it. A local
+/// holder that keeps its turn past its validity without releasing loses it
+/// here, so a lost release can delay the queue by one validity at most.
+async fn wait_turn(place: &Place<'_>, by: Option<Instant>, retry: &RetryPolicy) -> bool {
+    loop {
+        let holder = place.holder();
+        // The holder may change while this waiter sleeps without a wake-up
+        // for it (the turn went to another waiter that then took the lock):
+        // look again now and then. No network in this loop.
+        let recheck = Instant::now().checked_add(
+            retry_delay(retry).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        );
+        let timer = [holder.as_ref().map(|h| h.1), by, recheck]
+            .into_iter()
+            .flatten()
+            .min();
+        let sleep = async {
+            match timer {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = place.turn() => return true,
+            () = sleep => {}
+        }
+        let now = Instant::now();
+        if let Some((token, until)) = holder
+            && now >= until
+        {
+            place.expire(&token);
+        }
+        if by.is_some_and(|by| now >= by) {
+            // One last look: the turn may have come with the deadline.
+            return futures_util::FutureExt::now_or_never(place.turn()).is_some();
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! Waiting by wake-up (issue 13) on real `redis-server` processes: mutual
+//! exclusion when most clients wait, a release waking a waiter long before its
+//! poll would, the fallbacks for what no message announces (expiry, a silent
+//! delete), first come first served among the waiters of one process, waiters
+//! that give up without blocking the next, and a node killed and restarted
+//! while a waiter waits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlock_core::deadpool_redis::redis::{self, AsyncCommands};
+use redlock_core::{Redlock, RetryPolicy};
+use redlock_tests::Cluster;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn redlock(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(100))
+        .build()
+        .unwrap()
+}
+
+/// A policy whose polling alone would be far too slow for these tests: only a
+/// wake-up (or the PTTL fallback) can make them pass.
+fn slow_poll(deadline: Duration) -> RetryPolicy {
+    RetryPolicy::deadline(deadline)
+        .with_delay(Duration::from_secs(5))
+        .with_jitter(Duration::ZERO)
+}
+
+fn channel(key: &str) -> String {
+    format!("redlock:released:{key}")
+}
+
+/// How many connections of `node` are subscribed to `key`'s channel.
+fn subscribers(cluster: &Cluster, node: usize, key: &str) -> i64 {
+    let reply: Vec<redis::Value> = cluster
+        .node(node)
+        .raw(&["PUBSUB", "NUMSUB", &channel(key)])
+        .unwrap_or_default();
+    match reply.get(1) {
+        Some(redis::Value::Int(n)) => *n,
+        _ => -1,
+    }
+}
+
+/// How many `SET` commands `node` has run.
+fn set_calls(cluster: &Cluster, node: usize) -> u64 {
+    let info: String = cluster
+        .node(node)
+        .raw(&["INFO", "commandstats"])
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 16 clients (two handles of 8, so both the local queue and the wake-ups
+/// across handles are in play) take turns on one key, each doing a
+/// read-modify-write of a counter in Redis with a pause in the middle: a
+/// lost update or an overlap would show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn most_clients_wait_and_none_overlap() {
+    let cluster = Cluster::start(3);
+    let handles = [redlock(&cluster), redlock(&cluster)];
+    let counter = redis::Client::open(cluster.node(0).url()).unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    const ROUNDS: u64 = 8;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let rl = handles[i % 2].clone();
+        let inside = Arc::clone(&inside);
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = counter.get_multiplexed_async_connection().await.unwrap();
+            for _ in 0..ROUNDS {
+                let lock = rl
+                    .lock_with(
+                        "waiting:counter",
+                        ms(2000),
+                        &RetryPolicy::deadline(ms(30_000)),
+                    )
+                    .await
+                    .unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                let n: u64 = conn
+                    .get::<_, Option<u64>>("counter")
+                    .await
+                    .unwrap()
+                    .unwrap_or(0);
+                tokio::time::sleep(ms(1)).await;
+                let _: () = conn.set("counter", n + 1).await.unwrap();
+                inside.store(false, Ordering::SeqCst);
+                rl.unlock(lock).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        cluster.node(0).get("counter"),
+        Some((16 * ROUNDS).to_string())
+    );
+    // Every waiter unsubscribed when it stopped waiting.
+    assert!(
+        cluster.wait_until(ms(2000), |c| (0..3).all(|n| subscribers(
+            c,
+            n,
+            "waiting:counter"
+        ) == 0)),
+        "subscriptions left behind"
+    );
+}
+
+/// Holds `key` from `holder` for `hold`, releases it, and returns when the
+/// release returned and how long after it `waiter` took the lock.
+async fn release_to_acquire(
+    holder: &Redlock,
+    waiter: &Redlock,
+    key: &str,
+    retry: RetryPolicy,
+    hold: Duration,
+) -> Duration {
+    let lock = holder.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let lock = waiter
+                .lock_with(&key, Duration::from_secs(10), &retry)
+                .await;
+            (Instant::now(), lock)
+        })
+    };
+    tokio::time::sleep(hold).await;
+    holder.unlock(lock).await.unwrap();
+    let released = Instant::now();
+    let (acquired, lock) = waiting.await.unwrap();
+    waiter.unlock(lock.unwrap()).await.unwrap();
+    acquired.saturating_duration_since(released)
+}
+
+/// The holder's TTL is 10 s and the waiter polls every 5 s: only the release
+/// message (from another handle) or the local release (same handle) can hand
+/// the lock over within 100 ms. With wake-ups off, the same waiter is not
+/// served before its next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_long_before_its_poll() {
+    let cluster = Cluster::start(3);
+    let (a, b) = (redlock(&cluster), redlock(&cluster));
+    let across = release_to_acquire(&a, &b, "waiting:across", slow_poll(ms(20_000)), ms(200)).await;
+    assert!(
+        across < ms(100),
+        "woken {across:?} after the release (other handle)"
+    );
+    let local = release_to_acquire(&a, &a, "waiting:local", slow_poll(ms(20_000)), ms(200)).await;
+    assert!(
+        local < ms(100),
+        "woken {local:?} after the release (same handle)"
+    );
+
+    let polling = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(100))
+        .wake_on_release(false)
+        .build()
+        .unwrap();
+    let retry = RetryPolicy::deadline(ms(20_000))
+        .with_delay(ms(1500))
+        .with_jitter(Duration::ZERO);
+    let polled = release_to_acquire(&a, &polling, "waiting:polled", retry, ms(200)).await;
+    assert!(
+        polled > ms(1000),
+        "a polling waiter was served {polled:?} after the release"
+    );
+}
+
+/// What no message announces: a key that expires (the waiter wakes at the
+/// holder's PTTL), and a key deleted without the release script (the waiter's
+/// safety-net poll finds it free).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_and_silent_deletes_are_found_by_the_fallbacks() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    for node in cluster.nodes() {
+        node.cmd(&["SET", "waiting:expiry", "foreign", "PX", "700"]);
+    }
+    let start = Instant::now();
+    let lock = rl
+        .lock_with(
+            "waiting:expiry",
+            Duration::from_secs(10),
+            &slow_poll(ms(20_000)),
+        )
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        took >= ms(600) && took < ms(1200),
+        "PTTL fallback: {took:?}"
+    );
+    rl.unlock(lock).await.unwrap();
+
+    for node in cluster.nodes() {
+        node.cmd(&["SET", "waiting:silent", "foreign", "PX", "20000"]);
+    }
+    let retry = RetryPolicy::deadline(ms(20_000))
+        .with_delay(ms(300))
+        .with_jitter(Duration::ZERO);
+    let waiting = {
+        let rl = rl.clone();
+        tokio::spawn(async move {
+            let lock = rl
+                .lock_with("waiting:silent", Duration::from_secs(10), &retry)
+                .await;
+            (Instant::now(), lock)
+        })
+    };
+    tokio::time::sleep(ms(400)).await;
+    for node in cluster.nodes() {
+        node.cmd(&["DEL", "waiting:silent"]);
+    }
+    let deleted = Instant::now();
+    let (acquired, lock) = waiting.await.unwrap();
+    let after = acquired.saturating_duration_since(deleted);
+    assert!(
+        after < ms(700),
+        "safety-net poll: {after:?} after the delete"
+    );
+    rl.unlock(lock.unwrap()).await.unwrap();
+}
+
+/// Waiters of one process are served in the order they came, each making its
+/// attempt as soon as the one before releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_waiters_are_served_first_come_first_served() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    let first = rl
+        .try_lock("waiting:fifo", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (rl, order) = (rl.clone(), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let lock = rl
+                .lock_with(
+                    "waiting:fifo",
+                    Duration::from_secs(10),
+                    &slow_poll(ms(20_000)),
+                )
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(ms(5)).await;
+            rl.unlock(lock).await.unwrap();
+        }));
+        // Each waiter has joined the queue before the next one starts.
+        tokio::time::sleep(ms(30)).await;
+    }
+    let start = Instant::now();
+    rl.unlock(first).await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+    // Six handovers, none of which waited for a 5 s poll.
+    assert!(start.elapsed() < ms(1500), "{:?}", start.elapsed());
+}
+
+/// A waiter dropped at the head of the queue and one that timed out behind it
+/// leave without taking the turn along: the next is served at the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_do_not_block_the_next() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    let holder = rl
+        .try_lock("waiting:drop", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let head = {
+        let rl = rl.clone();
+        tokio::spawn(async move {
+            let _ = rl
+                .lock_with(
+                    "waiting:drop",
+                    Duration::from_secs(10),
+                    &slow_poll(ms(20_000)),
+                )
+                .await;
+        })
+    };
+    tokio::time::sleep(ms(50)).await;
+    let timed_out = {
+        let rl = rl.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                ms(200),
+                rl.lock_with(
+                    "waiting:drop",
+                    Duration::from_secs(10),
+                    &slow_poll(ms(20_000)),
+                ),
+            )
+            .await
+            .is_err()
+        })
+    };
+    tokio::time::sleep(ms(50)).await;
+    let last = {
+        let rl = rl.clone();
+        tokio::spawn(async move {
+            let lock = rl
+                .lock_with(
+                    "waiting:drop",
+                    Duration::from_secs(10),
+                    &slow_poll(ms(20_000)),
+                )
+                .await;
+            (Instant::now(), lock)
+        })
+    };
+    tokio::time::sleep(ms(50)).await;
+    head.abort();
+    assert!(
+        timed_out.await.unwrap(),
+        "the second waiter should have timed out"
+    );
+    rl.unlock(holder).await.unwrap();
+    let released = Instant::now();
+    let (acquired, lock) = last.await.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(after < ms(100), "served {after:?} after the release");
+    rl.unlock(lock.unwrap()).await.unwrap();
+}
+
+/// A node dies while a waiter waits: the waiter is woken by the lost
+/// subscription (one more attempt, found busy), subscribes again when the
+/// node is back, and is still woken by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_and_restarted_while_waiting() {
+    let cluster = Cluster::start(3);
+    let (holder, waiter) = (redlock(&cluster), redlock(&cluster));
+    let lock = holder
+        .try_lock("waiting:restart", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let lock = waiter
+                .lock_with(
+                    "waiting:restart",
+                    Duration::from_secs(10),
+                    &slow_poll(ms(30_000)),
+                )
+                .await;
+            (Instant::now(), lock)
+        })
+    };
+    assert!(
+        cluster.wait_until(ms(3000), |c| (0..3).all(|n| subscribers(
+            c,
+            n,
+            "waiting:restart"
+        ) == 1)),
+        "the waiter never subscribed on every node"
+    );
+    tokio::time::sleep(ms(100)).await;
+    let sets = set_calls(&cluster, 0);
+    cluster.node(2).kill();
+    // The lost subscription wakes the waiter for one more attempt, well
+    // before its 5 s poll.
+    assert!(
+        cluster.wait_until(ms(1000), |c| set_calls(c, 0) > sets),
+        "no attempt after the node's subscription was lost"
+    );
+    cluster.node(2).restart();
+    assert!(
+        cluster.wait_until(ms(5000), |c| subscribers(c, 2, "waiting:restart") == 1),
+        "the waiter did not subscribe again on the restarted node"
+    );
+    holder.unlock(lock).await.unwrap();
+    let released = Instant::now();
+    let (acquired, lock) = waiting.await.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(after < ms(150), "served {after:?} after the release");
+    waiter.unlock(lock.unwrap()).await.unwrap();
+}
