@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo run --release -p redlock-examples --bin demo
 //! cargo run --release -p redlock-examples --bin demo -- --requests 400 --concurrency 32
+//! cargo run --release -p redlock-examples --bin demo -- --poll   # waiters poll instead
 //! ```
 //!
 //! Nodes: `REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379` (one URL
@@ -16,7 +17,9 @@
 //! that loses updates as soon as two requests of one key overlap. It also counts
 //! how many requests are inside each key's section at once. Keys `a` and `b` are
 //! served in fail-fast mode (a busy key answers 409 at once), keys `c` and `d` in
-//! wait mode (a busy key waits up to 10 s for its turn).
+//! wait mode (a busy key waits up to 10 s for its turn). Waiting requests are
+//! woken by the release before theirs (`--poll`: they poll every 25 ms + up to
+//! 50 ms instead, as before wake-ups existed, for comparison).
 //!
 //! The program exits with 1 if two requests of one key were ever inside at once,
 //! if a key's counter differs from its number of 200 answers (a lost update), or
@@ -81,8 +84,9 @@ fn app(accounts: Arc<Accounts>, redlock: redlock_core::Redlock) -> Router {
     let waiting = (0..4)
         .filter(|k| is_wait_mode(*k))
         .fold(Router::new(), route)
-        // The handlers take ~10 ms: retry sooner than the handle's default
-        // delays (100 ms + up to 100 ms), so a waiting request follows closely.
+        // Waiters are woken by releases; this delay is only their safety-net
+        // poll (and, with `--poll`, the polling interval: the handlers take
+        // ~10 ms, so polling sooner than the default 100 ms + up to 100 ms).
         .route_layer(
             RedlockLayer::by_path()
                 .wait(WAIT)
@@ -142,7 +146,12 @@ async fn main() -> Result<ExitCode, BoxError> {
     let concurrency: usize = args.value("--concurrency")?.unwrap_or(32).max(1);
 
     let nodes = Nodes::from_env_or_local();
-    let redlock = nodes.redlock(NODE_TIMEOUT)?;
+    let poll = args.flag("--poll");
+    let redlock = redlock_core::Redlock::builder()
+        .urls(nodes.urls().iter().cloned())
+        .node_timeout(NODE_TIMEOUT)
+        .wake_on_release(!poll)
+        .build()?;
     let accounts = Arc::new(Accounts::default());
     let addr = serve(app(accounts.clone(), redlock), 0).await?;
 
@@ -156,7 +165,12 @@ async fn main() -> Result<ExitCode, BoxError> {
     );
     println!(
         "modes:   /accounts/a|b/settle fail-fast (busy: 409 at once); \
-         /accounts/c|d/settle wait mode (busy: wait up to {WAIT:?})"
+         /accounts/c|d/settle wait mode (busy: wait up to {WAIT:?}, {})",
+        if poll {
+            "polling every 25 ms + up to 50 ms"
+        } else {
+            "woken by releases"
+        }
     );
     println!(
         "burst:   {requests} requests, {concurrency} concurrent, round-robin over the 4 keys\n"

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `held`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//! `fenced`, `held`, `waiting`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
 //! multiplexed connection per node taken from the pool (as the library does), a
@@ -30,6 +30,8 @@ use hyper_util::rt::TokioExecutor;
 use redlock_core::{Error, LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
 use redlock_tower::RedlockLayer;
+
+mod waiting;
 
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -758,6 +760,9 @@ async fn setup(quick: bool) -> Result<Setup, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("waiting-child") {
+        return waiting::child(&args[1..]).await;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let scenario = args
         .iter()
@@ -803,6 +808,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "held" {
         held(&setup).await?;
+    }
+    if all || scenario == "waiting" {
+        waiting::waiting(&setup).await?;
     }
     Ok(())
 }
