@@ -97,6 +97,35 @@ async fn wait_mode_serializes_every_request_on_one_path() {
     eprintln!("40 serialized requests took {:?}", started.elapsed());
 }
 
+/// Wait mode is woken by the holder's release: with a 1.5 s fallback poll,
+/// the waiting request still runs soon after the holder lets go at 300 ms.
+#[actix_web::test]
+async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
+    let cluster = Cluster::start(3);
+    let middleware = RedlockMiddleware::by_path()
+        .wait(Duration::from_secs(10))
+        .retry_delay(Duration::from_millis(1500), Duration::ZERO);
+    let (server, state) = critical_server(&cluster, middleware);
+    let holder = redlock(&cluster);
+    let lock = holder
+        .try_lock("redlock:/accounts/7/settle", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let release = async {
+        actix_web::rt::time::sleep(ms(300)).await;
+        holder.unlock(lock).await.unwrap();
+    };
+    let started = Instant::now();
+    let (reply, ()) = join(get(&client(), &server.url("/accounts/7/settle")), release).await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(state.counter.load(Ordering::SeqCst), 1);
+    assert!(
+        took >= ms(250) && took < ms(1200),
+        "woken by the release at 300 ms, not by the 1.5 s poll: {took:?}"
+    );
+}
+
 #[actix_web::test]
 async fn different_paths_run_in_parallel() {
     let cluster = Cluster::start(3);

@@ -235,8 +235,10 @@ fn assert_released(cluster: &Cluster, key: &str) {
 
 /// Keys deleted on two of three nodes between the `SET` and the fence: the
 /// fence applies on one node at most, the attempt fails with `NoFenceQuorum`
-/// and is released on the node that kept the key (after its fence: same
-/// connection, so its counter is raised, which is harmless).
+/// and is released on the node that kept the key. Whether that node's counter
+/// was raised first depends on which of the fence (driven in the background)
+/// and the release reaches it first; either is harmless, since no holder got
+/// the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_refused_by_a_quorum_fails_and_releases() {
     let cluster = Cluster::start(3);
@@ -258,7 +260,6 @@ async fn fence_refused_by_a_quorum_fails_and_releases() {
     assert!(err.is_retryable());
     assert_eq!(counter(cluster.node(0), key), None);
     assert_eq!(counter(cluster.node(1), key), None);
-    assert!(counter(cluster.node(2), key).is_some());
     // Free again for the next client.
     let rl = fenced(cluster.urls(), FencingMode::Hybrid);
     let lock = rl.try_lock(key, Duration::from_secs(2)).await.unwrap();

@@ -1,7 +1,8 @@
 //! `redlock-tower`'s axum ergonomics on real `redis-server` processes: the
 //! `Held` extractor (and `Option<Held>` for requests that run unlocked),
-//! `on_rejection` with a closure that returns any `IntoResponse`, and wait mode
-//! spaced by the policy's own retry, else by the handle's.
+//! `on_rejection` with a closure that returns any `IntoResponse`, and wait mode:
+//! woken by the holder's release, and with wake-ups off spaced by the policy's
+//! own retry, else by the handle's.
 
 use std::time::{Duration, Instant};
 
@@ -161,15 +162,51 @@ async fn wait_for_busy_key(redlock: &Redlock, layer: RedlockLayer) -> (StatusCod
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
+    let cluster = Cluster::start(3);
+    let slow = RetryPolicy::default()
+        .with_delay(Duration::from_millis(1500))
+        .with_jitter(Duration::ZERO);
+    // Wake-ups on (the default): the 1.5 s delay is only the safety-net poll;
+    // the holder's release at 300 ms wakes the waiting request.
+    let plain = redlock(&cluster);
+    let (status, took) = wait_for_busy_key(
+        &plain,
+        RedlockLayer::by_path().with_redlock(plain.clone()).options(
+            LockOptions::new(Duration::from_secs(5))
+                .retry(slow.with_deadline(Duration::from_secs(10))),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_millis(1200),
+        "woken by the release at 300 ms, not by the 1.5 s poll: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
     let cluster = Cluster::start(3);
     let slow = RetryPolicy::default()
         .with_delay(Duration::from_millis(1500))
         .with_jitter(Duration::ZERO);
+    // Polling handles (wake-ups off), so that the delays are what spaces the
+    // attempts.
+    let polling = |retry: Option<RetryPolicy>| {
+        let mut b = Redlock::builder()
+            .urls(cluster.urls())
+            .node_timeout(ms(200))
+            .wake_on_release(false);
+        if let Some(r) = retry {
+            b = b.retry(r);
+        }
+        b.build().unwrap()
+    };
 
     // The policy's own retry: its 1.5 s delay spaces the attempts, so the
     // second attempt comes long after the holder left at 300 ms.
-    let plain = redlock(&cluster);
+    let plain = polling(None);
     let (status, took) = wait_for_busy_key(
         &plain,
         RedlockLayer::by_path().with_redlock(plain.clone()).options(
@@ -203,12 +240,7 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
     );
 
     // No retry in the policy: `wait` spaces attempts by the handle's delays...
-    let slow_handle = Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(ms(200))
-        .retry(slow)
-        .build()
-        .unwrap();
+    let slow_handle = polling(Some(slow));
     let (status, took) = wait_for_busy_key(
         &slow_handle,
         RedlockLayer::by_path()
