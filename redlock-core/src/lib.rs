@@ -88,7 +88,15 @@
 //!   µs); a node that restarts without its data must stay down longer than the
 //!   clock skew between the nodes, and no node's wall clock may step backwards
 //!   (a backward NTP step or a manual clock change can hand out a smaller
-//!   token after a restart).
+//!   token after a restart). The model check also shows that the rule needs
+//!   the node's clock to advance between the `TIME` read of an acquire and
+//!   its fence; that fence comes one round trip later, so at least 1 µs
+//!   passes in practice, but it is an assumption.
+//!
+//! A delayed restart alone does not make [`FencingMode::Durable`] safe on
+//! nodes without persistence: the model check finds duplicate tokens there
+//! even when the restarted node stays down past every TTL, because the
+//! counters, unlike lock keys, must outlive every holder.
 //!
 //! [`Redlock::check_nodes`] reads each node's persistence and says whether the
 //! chosen mode is sound there ([`FencingCheck`]). The counters are keys that
