@@ -3,49 +3,13 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use actix_web::body::{BodySize, MessageBody};
 use bytes::Bytes;
 use pin_project_lite::pin_project;
-use redlock_core::LockHandle;
-use redlock_core::request::{LostFuture, LostPolicy, Rejection, ReleaseFuture, RequestLock};
-
-/// Watches the loss of the lock a body holds under [`LostPolicy::Abort`].
-struct Watch {
-    handle: LockHandle,
-    // Polled with the body's context, so that a body waiting on its producer is
-    // woken by the loss instead of learning of it only at the next chunk.
-    lost: Pin<Box<LostFuture>>,
-}
-
-impl Watch {
-    fn new(lock: &RequestLock) -> Self {
-        Self {
-            handle: lock.handle(),
-            lost: Box::pin(lock.lost()),
-        }
-    }
-
-    /// Whether the lock is lost; if not, `cx` is woken when it is.
-    fn is_lost(&mut self, cx: &mut Context<'_>) -> bool {
-        self.handle.is_lost() || self.lost.as_mut().poll(cx).is_ready()
-    }
-
-    /// Logs the loss and returns the error that ends the body.
-    fn cut_off(&self) -> redlock_core::Error {
-        Rejection::Lost {
-            key: Arc::from(self.handle.key()),
-        }
-        .log();
-        redlock_core::Error::Lost {
-            resource: Arc::from(self.handle.resource()),
-        }
-    }
-}
+use redlock_core::request::{LossWatch, LostPolicy, ReleaseFuture, RequestLock};
 
 pin_project! {
     #[project = KindProj]
@@ -59,7 +23,7 @@ pin_project! {
             // after it.
             releasing: Option<ReleaseFuture>,
             // Set while `lock` is held under `LostPolicy::Abort`.
-            watch: Option<Watch>,
+            watch: Option<LossWatch>,
         },
         // An in-memory body whose lock was released before the head went out.
         Whole {
@@ -108,10 +72,7 @@ pin_project! {
 
 impl<B> LockedBody<B> {
     pub(crate) fn new(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self {
-        let watch = lock
-            .as_ref()
-            .filter(|_| on_lost == LostPolicy::Abort)
-            .map(Watch::new);
+        let watch = LossWatch::for_body(lock.as_ref(), on_lost);
         Self {
             kind: Kind::Stream {
                 body,
@@ -166,7 +127,10 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
                 lock: Some(_),
                 watch: Some(watch),
                 ..
-            } => watch.is_lost(cx).then(|| watch.cut_off()),
+            } => match watch.poll_lost(cx) {
+                Poll::Ready(error) => Some(error),
+                Poll::Pending => None,
+            },
             _ => None,
         };
         if let Some(error) = cut {

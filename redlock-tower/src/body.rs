@@ -1,50 +1,14 @@
 //! The response body: the inner body holding the lock until its end (and cut
 //! off if the lock is lost first), or the small body of a rejection.
 
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
-use redlock_core::LockHandle;
-use redlock_core::request::{LostFuture, LostPolicy, Rejection, ReleaseFuture, RequestLock};
+use redlock_core::request::{LossWatch, LostPolicy, ReleaseFuture, RequestLock};
 
 use crate::rejection::{BoxError, RejectionBody};
-
-/// Watches the loss of the lock a body holds under [`LostPolicy::Abort`].
-struct Watch {
-    handle: LockHandle,
-    // Polled with the body's context, so that a body waiting on its producer is
-    // woken by the loss instead of learning of it only at the next frame.
-    lost: Pin<Box<LostFuture>>,
-}
-
-impl Watch {
-    fn new(lock: &RequestLock) -> Self {
-        Self {
-            handle: lock.handle(),
-            lost: Box::pin(lock.lost()),
-        }
-    }
-
-    /// Whether the lock is lost; if not, `cx` is woken when it is.
-    fn is_lost(&mut self, cx: &mut Context<'_>) -> bool {
-        self.handle.is_lost() || self.lost.as_mut().poll(cx).is_ready()
-    }
-
-    /// Logs the loss and returns the error that ends the body.
-    fn cut_off(&self) -> redlock_core::Error {
-        Rejection::Lost {
-            key: Arc::from(self.handle.key()),
-        }
-        .log();
-        redlock_core::Error::Lost {
-            resource: Arc::from(self.handle.resource()),
-        }
-    }
-}
 
 enum Kind<B: Body> {
     Inner {
@@ -60,7 +24,7 @@ enum Kind<B: Body> {
         // `poll_settle` has run its one poll.
         settled: bool,
         // Set while `lock` is held under `LostPolicy::Abort`.
-        watch: Option<Watch>,
+        watch: Option<LossWatch>,
     },
     // A rejected request's answer: the problem document, or the app's own.
     Rejection {
@@ -102,10 +66,7 @@ impl<B: Body> Unpin for LockedBody<B> {}
 
 impl<B: Body> LockedBody<B> {
     pub(crate) fn inner(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self {
-        let watch = lock
-            .as_ref()
-            .filter(|_| on_lost == LostPolicy::Abort)
-            .map(Watch::new);
+        let watch = LossWatch::for_body(lock.as_ref(), on_lost);
         Self {
             kind: Kind::Inner {
                 body: Box::pin(body),
@@ -140,10 +101,9 @@ impl<B: Body> LockedBody<B> {
         else {
             return;
         };
-        if !watch.is_lost(cx) {
+        let Poll::Ready(error) = watch.poll_lost(cx) else {
             return;
-        }
-        let error = watch.cut_off();
+        };
         // Drops the inner body, and the lock (released in the background).
         self.kind = Kind::Cut { error: Some(error) };
     }

@@ -129,6 +129,52 @@ impl Drop for RequestLock {
 
 pub use crate::guard::LostFuture;
 
+/// Watches, for a response body, the loss of the lock it holds: the body asks
+/// at each poll, and is woken by the loss while it waits on its producer
+/// instead of learning of it only at its next frame.
+///
+/// Only under [`LostPolicy::Abort`]: with [`LostPolicy::Signal`] the handler
+/// watches [`LockHandle::lost`] itself and the body streams on.
+pub struct LossWatch {
+    handle: LockHandle,
+    lost: Pin<Box<LostFuture>>,
+}
+
+impl std::fmt::Debug for LossWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LossWatch")
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl LossWatch {
+    /// A watch over `lock` when the policy aborts on loss; `None` without a
+    /// lock or under [`LostPolicy::Signal`].
+    pub fn for_body(lock: Option<&RequestLock>, on_lost: LostPolicy) -> Option<Self> {
+        lock.filter(|_| on_lost == LostPolicy::Abort)
+            .map(|lock| Self {
+                handle: lock.handle(),
+                lost: Box::pin(lock.lost()),
+            })
+    }
+
+    /// `Ready` with the error that ends the body once the lock is lost (the
+    /// loss is logged then); `Pending` otherwise, and `cx` is woken at the loss.
+    pub fn poll_lost(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        if !self.handle.is_lost() && self.lost.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        Rejection::Lost {
+            key: Arc::from(self.handle.key()),
+        }
+        .log();
+        Poll::Ready(Error::Lost {
+            resource: Arc::from(self.handle.resource()),
+        })
+    }
+}
+
 /// Takes the lock for one request per `policy`, with the handle the adapter found
 /// (bound to the middleware, or registered on the app).
 ///
