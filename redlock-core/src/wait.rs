@@ -1,7 +1,7 @@
 //! Spec step 4's "retry", by wake-up instead of polling: a waiter queues
-//! behind the other waiters of its process for the key (`queue.rs`); at the
+//! behind the other waiters of its process for the key (`queue/`); at the
 //! head it contends on the nodes, and between attempts it sleeps until a
-//! release wakes it (`wake.rs`), with fallback timers for what no message
+//! release wakes it (`wake/`), with fallback timers for what no message
 //! announces:
 //!
 //! - the holder's remaining PTTL from the busy answer (an expiry publishes

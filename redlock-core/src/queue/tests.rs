@@ -1,0 +1,183 @@
+//! The local queue's tests: plain unit tests, and the model-checked
+//! cancellation paths under `--cfg redlock_loom`.
+
+#[cfg(not(redlock_loom))]
+mod unit {
+    use super::super::*;
+    use std::task::Waker;
+
+    fn poll_turn(q: &Queues, key: &str, id: u64) -> bool {
+        q.poll_turn(key, id, &mut Context::from_waker(Waker::noop()))
+            .is_ready()
+    }
+
+    #[test]
+    fn first_come_first_served() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let ids: Vec<u64> = (0..4).map(|_| q.join(&key)).collect();
+        let token: Arc<str> = "t0".into();
+        for (i, id) in ids.iter().enumerate() {
+            for later in &ids[i + 1..] {
+                assert!(!poll_turn(&q, &key, *later));
+            }
+            assert!(poll_turn(&q, &key, *id));
+            let far = Instant::now() + std::time::Duration::from_secs(60);
+            assert!(q.hold(&key, *id, &token, far));
+            assert_eq!(q.holder(&key).map(|h| h.0), Some(Arc::clone(&token)));
+            q.release(&key, &token);
+        }
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn leaving_waiters_do_not_take_the_turn_along() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let (a, b, c) = (q.join(&key), q.join(&key), q.join(&key));
+        q.leave(&key, b);
+        q.leave(&key, a);
+        assert!(poll_turn(&q, &key, c));
+        q.leave(&key, c);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn expired_holder_passes_the_turn_and_stale_releases_kick() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let (a, b) = (q.join(&key), q.join(&key));
+        let ta: Arc<str> = "ta".into();
+        assert!(q.hold(&key, a, &ta, Instant::now()));
+        q.expire(&key, "other");
+        assert!(!poll_turn(&q, &key, b));
+        q.expire(&key, &ta);
+        assert!(poll_turn(&q, &key, b));
+        // A's late release is not B's turn to lose: it only tells B to retry.
+        let cx = &mut Context::from_waker(Waker::noop());
+        assert!(q.poll_kick(&key, b, cx).is_pending());
+        q.release(&key, &ta);
+        assert!(q.poll_kick(&key, b, cx).is_ready());
+        assert!(q.poll_kick(&key, b, cx).is_pending());
+        assert!(poll_turn(&q, &key, b));
+    }
+}
+
+/// Model-checked cancellation paths: run with
+/// `RUSTFLAGS="--cfg redlock_loom" cargo test -p redlock-core --release --lib queue`.
+#[cfg(redlock_loom)]
+mod loom_tests {
+    use super::super::*;
+    use loom::future::block_on;
+    use loom::thread;
+
+    fn turn(q: &Queues, key: &str, id: u64) {
+        block_on(std::future::poll_fn(|cx| q.poll_turn(key, id, cx)));
+    }
+
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(3600)
+    }
+
+    /// The head is cancelled while the next waiter waits: the turn is not lost.
+    #[test]
+    fn cancelled_head_passes_the_turn() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let t = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            turn(&q, &key, b);
+            if let Err(e) = t.join() {
+                std::panic::resume_unwind(e);
+            }
+            q.leave(&key, b);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A holder releases while the first waiter is dropped: the second waiter
+    /// gets the turn whichever happens first, and nothing is left behind.
+    #[test]
+    fn release_racing_a_dropped_waiter_wakes_the_next() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let token: Arc<str> = "t".into();
+            let h = q.join(&key);
+            assert!(q.hold(&key, h, &token, far()));
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let releaser = {
+                let (q, key, token) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&token));
+                thread::spawn(move || q.release(&key, &token))
+            };
+            let dropper = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            turn(&q, &key, b);
+            for t in [releaser, dropper] {
+                if let Err(e) = t.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            q.leave(&key, b);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A waiter cancelled right as the turn reaches it (it was woken but never
+    /// looked) hands the turn on instead of swallowing it.
+    #[test]
+    fn waiter_cancelled_as_it_is_woken_hands_the_turn_on() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let c = q.join(&key);
+            let head = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            let cancelled = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, b))
+            };
+            turn(&q, &key, c);
+            for t in [head, cancelled] {
+                if let Err(e) = t.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            q.leave(&key, c);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A release by a holder without the turn, racing the head's wait for it:
+    /// the head is woken (the kick is never lost).
+    #[test]
+    fn kick_is_not_lost() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let a = q.join(&key);
+            let t = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.release(&key, "someone-else"))
+            };
+            block_on(std::future::poll_fn(|cx| q.poll_kick(&key, a, cx)));
+            if let Err(e) = t.join() {
+                std::panic::resume_unwind(e);
+            }
+            q.leave(&key, a);
+            assert!(q.is_empty());
+        });
+    }
+}
