@@ -45,11 +45,64 @@ pub(crate) fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// Where Debian's `libfaketime` package puts the preload library.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// glibc's malloc as a preloadable library (glibc >= 2.34).
+///
+/// libfaketime cannot start inside a `redis-server` linked to jemalloc (Debian's
+/// is): jemalloc's first `malloc` reads the clock, libfaketime's lazy init then
+/// calls `dlsym`, which allocates, which re-enters jemalloc's init, and the
+/// process hangs with "Unexpected recursive calls to clock_gettime()"
+/// (wolfcw/libfaketime#130). Preloaded first, this library answers `malloc`,
+/// `free`, `realloc`, `calloc` and `malloc_usable_size` with glibc's allocator,
+/// so jemalloc is never entered and libfaketime initializes normally. A Redis
+/// built with its bundled (prefixed) jemalloc works with it too.
+pub const LIBC_MALLOC: &str = "/lib/x86_64-linux-gnu/libc_malloc_debug.so.0";
+
+/// The environment that makes a `redis-server` see its wall clock shifted by a
+/// constant `offset_ms` (may be negative) through libfaketime: for
+/// [`RedisNode::start_with_env`] and [`Cluster::start_each_with_env`], where it
+/// is kept across restarts. Only the wall clock is shifted
+/// (`DONT_FAKE_MONOTONIC=1`); `TIME`, key expiry and the logs follow it.
+///
+/// # Panics
+/// With the install command when libfaketime (or glibc's preloadable malloc)
+/// is missing: a clock-skew test never runs without its skew.
+pub fn faketime_env(offset_ms: i64) -> Vec<(String, String)> {
+    assert!(
+        std::path::Path::new(LIBFAKETIME).is_file(),
+        "{LIBFAKETIME} is missing: this test emulates clock skew between Redis nodes with \
+         libfaketime. Install it with `sudo apt-get install -y faketime` (Debian/Ubuntu)."
+    );
+    assert!(
+        std::path::Path::new(LIBC_MALLOC).is_file(),
+        "{LIBC_MALLOC} is missing (glibc >= 2.34 ships it): libfaketime needs it preloaded \
+         to start inside a jemalloc-linked redis-server. Install glibc >= 2.34 and \
+         `sudo apt-get install -y faketime`."
+    );
+    let sign = if offset_ms < 0 { '-' } else { '+' };
+    let abs = offset_ms.unsigned_abs();
+    vec![
+        (
+            "LD_PRELOAD".to_owned(),
+            format!("{LIBC_MALLOC}:{LIBFAKETIME}"),
+        ),
+        (
+            "FAKETIME".to_owned(),
+            format!("{sign}{}.{:03}", abs / 1000, abs % 1000),
+        ),
+        ("DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+    ]
+}
+
 /// One `redis-server` process on 127.0.0.1, in its own temp dir.
 pub struct RedisNode {
     port: u16,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
+    /// Set on the process at every spawn, restarts included.
+    env: Vec<(String, String)>,
     child: Mutex<Option<Child>>,
 }
 
@@ -70,6 +123,13 @@ impl RedisNode {
 
     /// Starts a node with extra `redis-server` arguments (each `--name value`).
     pub fn start_with(extra_args: &[&str]) -> Self {
+        Self::start_with_env(extra_args, &[])
+    }
+
+    /// Starts a node with extra arguments and extra environment variables for
+    /// its process (e.g. [`faketime_env`]). Both are used again by every
+    /// [`RedisNode::restart`].
+    pub fn start_with_env(extra_args: &[&str], env: &[(String, String)]) -> Self {
         let bin = redis_server_binary();
         let mut last_err = String::new();
         for _ in 0..10 {
@@ -80,6 +140,7 @@ impl RedisNode {
                     .tempdir()
                     .expect("create a temp dir for redis-server"),
                 extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
+                env: env.to_vec(),
                 child: Mutex::new(None),
             };
             match node.spawn(&bin) {
@@ -107,6 +168,7 @@ impl RedisNode {
             .arg("--logfile")
             .arg(self.dir.path().join("redis.log"))
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -168,6 +230,39 @@ impl RedisNode {
     /// The node's temp dir (its `dump.rdb` lives here).
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// How far the node's clock (`TIME`) is from this process's wall clock, in
+    /// microseconds (positive: the node is ahead), and the uncertainty of that
+    /// reading (half the best round trip), from the best of five samples.
+    ///
+    /// # Panics
+    /// If the node does not answer `TIME`.
+    pub fn clock_offset_us(&self) -> (i64, i64) {
+        fn wall_us() -> i64 {
+            let d = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("the wall clock is after 1970");
+            i64::try_from(d.as_micros()).expect("microseconds fit i64")
+        }
+        let client = redis::Client::open(self.url()).expect("node url");
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("connect to port {}: {e}", self.port));
+        let mut best: Option<(i64, i64)> = None;
+        for _ in 0..5 {
+            let before = wall_us();
+            let (secs, micros): (i64, i64) = redis::cmd("TIME")
+                .query(&mut conn)
+                .unwrap_or_else(|e| panic!("TIME on port {}: {e}", self.port));
+            let after = wall_us();
+            let half_rtt = (after - before) / 2;
+            let offset = secs * 1_000_000 + micros - (before + half_rtt);
+            if best.is_none_or(|(_, err)| half_rtt < err) {
+                best = Some((offset, half_rtt));
+            }
+        }
+        best.expect("five samples")
     }
 
     /// The running process id, if the node is up.
@@ -299,12 +394,20 @@ impl Cluster {
 
     /// Starts `n` nodes with the same extra arguments.
     pub fn start_with(n: usize, extra_args: &[&str]) -> Self {
-        let handles: Vec<_> = (0..n)
-            .map(|_| {
+        Self::start_each_with_env(extra_args, vec![Vec::new(); n])
+    }
+
+    /// Starts one node per entry of `envs`, all with the same extra arguments,
+    /// node `i` with the extra environment `envs[i]` (kept across restarts), e.g.
+    /// a distinct [`faketime_env`] clock offset per node.
+    pub fn start_each_with_env(extra_args: &[&str], envs: Vec<Vec<(String, String)>>) -> Self {
+        let handles: Vec<_> = envs
+            .into_iter()
+            .map(|env| {
                 let args: Vec<String> = extra_args.iter().map(|s| (*s).to_owned()).collect();
                 std::thread::spawn(move || {
                     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-                    RedisNode::start_with(&refs)
+                    RedisNode::start_with_env(&refs, &env)
                 })
             })
             .collect();
