@@ -5,8 +5,10 @@
 //! - [`Args`]: the few command-line flags the programs take;
 //! - [`serve`]: an axum app on `127.0.0.1:PORT`;
 //! - [`HttpClient`], [`send`] and [`Reply`]: a small HTTP/1 client for the
-//!   self-tests and the demo's burst;
-//! - [`Gauge`]: how many requests are inside a section at once, and the most seen;
+//!   self-tests and the demo's burst (re-exported from `redlock_tests::http`,
+//!   which the tower and actix suites use too);
+//! - [`Gauge`]: how many requests are inside a section at once, and the most seen
+//!   (re-exported from `redlock_tests::util`);
 //! - [`percentile`] and [`Checks`]: the numbers and the verdict of a run.
 
 #![deny(missing_docs)]
@@ -14,19 +16,16 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
-use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use redlock_core::Redlock;
 use redlock_tests::Cluster;
+pub use redlock_tests::http::{
+    CLIENT_TIMEOUT, HttpClient, HttpError, Reply, client as http_client, percentile, send,
+    send_retrying_busy,
+};
+pub use redlock_tests::util::{Gauge, GaugeGuard};
 
 /// The error type of the example programs.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -206,139 +205,6 @@ pub async fn serve(app: Router, port: u16) -> Result<SocketAddr, BoxError> {
     Ok(addr)
 }
 
-/// A pooled HTTP/1 client.
-pub type HttpClient = Client<HttpConnector, Body>;
-
-/// A new [`HttpClient`].
-pub fn http_client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// Every request of [`send`] is bounded by this.
-pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A whole response.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    /// The status.
-    pub status: StatusCode,
-    /// The headers.
-    pub headers: HeaderMap,
-    /// The body, as text.
-    pub body: String,
-}
-
-impl Reply {
-    /// A header's value, if present and text.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
-/// Sends one request and reads the whole response, within [`CLIENT_TIMEOUT`].
-///
-/// # Errors
-/// A transport error or the timeout.
-pub async fn send(
-    client: &HttpClient,
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Result<Reply, BoxError> {
-    let mut req = Request::builder().method(method).uri(url);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let req = req.body(Body::from(body.into()))?;
-    let exchange = async {
-        let resp = client.request(req).await?;
-        let (parts, body) = resp.into_parts();
-        let bytes = body.collect().await?.to_bytes();
-        Ok::<_, BoxError>(Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        })
-    };
-    tokio::time::timeout(CLIENT_TIMEOUT, exchange)
-        .await
-        .map_err(|_| format!("{url}: no answer within {CLIENT_TIMEOUT:?}"))?
-}
-
-/// Like [`send`], but retries a `409 Conflict` up to `retries` times, `pause`
-/// apart, as a client that expects the key to be free does. Returns the last
-/// reply and how many retries it took.
-///
-/// A request sent right after the previous one on the same key completed can
-/// still find that lock for a moment: the layer starts the release when the
-/// response body ends, and the release reaches Redis a little after the client
-/// has the response.
-///
-/// # Errors
-/// A transport error or the timeout.
-pub async fn send_retrying_busy(
-    client: &HttpClient,
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-    retries: u32,
-    pause: Duration,
-) -> Result<(Reply, u32), BoxError> {
-    let body = body.into();
-    let mut attempt = 0;
-    loop {
-        let reply = send(client, method.clone(), url, headers, body.clone()).await?;
-        if reply.status != StatusCode::CONFLICT || attempt >= retries {
-            return Ok((reply, attempt));
-        }
-        attempt += 1;
-        tokio::time::sleep(pause).await;
-    }
-}
-
-/// The `p`-th percentile (0.0..=100.0, nearest rank) of sorted `values`; zero
-/// for none.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-/// Counts how many callers are inside a section at once, and the most seen.
-#[derive(Debug, Default)]
-pub struct Gauge {
-    now: AtomicUsize,
-    max: AtomicUsize,
-}
-
-impl Gauge {
-    /// Enters the section until the returned guard is dropped.
-    pub fn enter(&self) -> GaugeGuard<'_> {
-        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(n, Ordering::SeqCst);
-        GaugeGuard(self)
-    }
-
-    /// The most callers seen inside at once.
-    pub fn max(&self) -> usize {
-        self.max.load(Ordering::SeqCst)
-    }
-}
-
-/// A caller inside a [`Gauge`]'s section.
-#[derive(Debug)]
-pub struct GaugeGuard<'a>(&'a Gauge);
-
-impl Drop for GaugeGuard<'_> {
-    fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The verdict of a self-test: each check prints one line, and [`Checks::finish`]
 /// gives the exit code (0 when all passed, 1 otherwise). `main` returns that code,
 /// so that destructors still run (they stop the local Redis nodes; a
@@ -393,16 +259,6 @@ pub async fn ctrl_c() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentile_is_nearest_rank() {
-        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(percentile(&v, 50.0), Duration::from_millis(50));
-        assert_eq!(percentile(&v, 99.0), Duration::from_millis(99));
-        assert_eq!(percentile(&v, 100.0), Duration::from_millis(100));
-        assert_eq!(percentile(&v, 0.0), Duration::from_millis(1));
-        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
-    }
 
     #[test]
     fn args_take_both_value_forms() {

@@ -9,6 +9,7 @@
 
 pub mod cluster;
 pub mod history;
+pub mod http;
 pub mod monitor;
 pub mod nemesis;
 pub mod proxy;

@@ -193,7 +193,7 @@ async fn self_test(base: &str, tenants: &Tenants) -> ExitCode {
         }),
         format!(
             "a 409 carries Retry-After and a problem document: {}",
-            busy.map_or("-", |r| r.body.as_str())
+            busy.map_or("-".to_owned(), Reply::text)
         ),
     );
     for t in ["globex", "initech"] {

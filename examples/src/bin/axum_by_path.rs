@@ -96,7 +96,7 @@ async fn self_test(base: &str) -> ExitCode {
         match task.await {
             Ok(Ok(r)) => checks.check(
                 r.status == StatusCode::OK,
-                format!("{what}: {} {}", r.status, r.body.trim()),
+                format!("{what}: {} {}", r.status, r.text().trim()),
             ),
             other => checks.check(false, format!("{what}: {other:?}")),
         }

@@ -35,7 +35,7 @@ use axum::{Extension, Json, Router};
 use futures_util::future::join_all;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use redlock_core::LockHandle;
-use redlock_examples::{Args, BoxError, Checks, Gauge, Nodes, http_client, send, serve};
+use redlock_examples::{Args, BoxError, Checks, Gauge, HttpError, Nodes, http_client, send, serve};
 use redlock_tower::{Held, MissingKeyPolicy, RedlockLayer};
 
 const JOB_TIME: Duration = Duration::from_secs(1);
@@ -203,7 +203,7 @@ async fn self_test(base: &str, tenants: &Tenants) -> ExitCode {
     let same = post("/jobs", vec![("x-tenant-id", "acme")]).await;
     let other = post("/jobs", vec![("x-tenant-id", "globex")]);
     let missing = post("/jobs", vec![]).await;
-    let status = |r: &Result<Result<redlock_examples::Reply, BoxError>, _>| match r {
+    let status = |r: &Result<Result<redlock_examples::Reply, HttpError>, _>| match r {
         Ok(Ok(r)) => Some(r.status),
         _ => None,
     };

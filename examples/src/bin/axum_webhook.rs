@@ -190,6 +190,7 @@ async fn deliver(client: &HttpClient, base: &str, id: Option<&str>) -> Result<Re
         PAYLOAD,
     )
     .await
+    .map_err(BoxError::from)
 }
 
 fn runs(hooks: &Webhooks, id: &str) -> u32 {
@@ -244,7 +245,8 @@ async fn self_test(base: &str, hooks: &Webhooks) -> ExitCode {
         Duration::from_millis(50),
     )
     .await
-    .map(|(r, _)| r);
+    .map(|(r, _)| r)
+    .map_err(BoxError::from);
     let replayed = retry
         .as_ref()
         .is_ok_and(|r| r.header("x-webhook-replayed") == Some("true"));

@@ -13,7 +13,7 @@ use crate::common::*;
 use actix_web::{App, HttpRequest, HttpResponse, test, web};
 use bytes::Bytes;
 use futures_util::future::join;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use redlock_actix::{HeldLock, HeldLockConfig, LockHandle, LockPolicy, LockRejection};
 use redlock_tests::Cluster;
 
@@ -109,20 +109,15 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
     let client = client();
     let url = server.url("/orders/5/export");
 
-    let req = http::Request::get(&url).body(Empty::new()).unwrap();
-    let (response, during) = join(
-        within(CLIENT_TIMEOUT, "response head", client.request(req)),
-        async {
-            actix_web::rt::time::sleep(ms(150)).await;
-            get(&client, &url).await
-        },
-    )
+    let (response, during) = join(open(&client, &url), async {
+        actix_web::rt::time::sleep(ms(150)).await;
+        get(&client, &url).await
+    })
     .await;
     assert_eq!(
         during.status, 409,
         "held while the handler runs: {during:?}"
     );
-    let response = response.unwrap();
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     let first = within(CLIENT_TIMEOUT, "first row", body.frame())

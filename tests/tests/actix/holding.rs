@@ -17,7 +17,7 @@ use crate::common::*;
 use actix_web::{App, HttpResponse, web};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use redlock_actix::{LockHandle, LostPolicy, RedlockMiddleware, ReleasePolicy};
 use redlock_tests::Cluster;
 
@@ -51,13 +51,6 @@ fn stream_server(cluster: &Cluster, middleware: RedlockMiddleware) -> Server {
             .wrap(middleware.clone())
             .route("/stream", web::get().to(stream))
     })
-}
-
-async fn open(client: &HttpClient, url: &str) -> http::Response<hyper::body::Incoming> {
-    let req = http::Request::get(url).body(Empty::new()).unwrap();
-    within(CLIENT_TIMEOUT, "response head", client.request(req))
-        .await
-        .unwrap()
 }
 
 #[actix_web::test]

@@ -56,7 +56,7 @@ async fn panicking_handler_closes_the_connection_and_releases_the_lock() {
 
     let request = tokio::spawn({
         let url = server.url("/panics");
-        async move { try_send(&client(), Request::get(url).body(Body::empty()).unwrap()).await }
+        async move { try_get(&client(), &url, &[]).await }
     });
     within(
         Duration::from_secs(5),

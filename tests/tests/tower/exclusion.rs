@@ -346,13 +346,13 @@ async fn a_path_param_route_and_a_named_header_route_share_the_tenant_lock() {
         .await,
         "the path route never took the tenant lock"
     );
-    let same = http_get_with(&client, &server.url("/jobs"), ("x-tenant-id", "acme")).await;
+    let same = http_get_with(&client, &server.url("/jobs"), &[("x-tenant-id", "acme")]).await;
     assert_eq!(
         same.status,
         StatusCode::CONFLICT,
         "one lock for both routes"
     );
-    let other = http_get_with(&client, &server.url("/jobs"), ("x-tenant-id", "globex")).await;
+    let other = http_get_with(&client, &server.url("/jobs"), &[("x-tenant-id", "globex")]).await;
     assert_eq!(other.status, StatusCode::OK);
     assert_eq!(other.text(), "redlock:tenant=globex");
     let first = first.await.unwrap();

@@ -17,7 +17,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use http_body_util::BodyExt;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
@@ -58,13 +58,7 @@ async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
     let client = client();
     let url = server.url("/stream");
 
-    let response = within(
-        CLIENT_TIMEOUT,
-        "response head",
-        client.request(Request::get(&url).body(Body::empty()).unwrap()),
-    )
-    .await
-    .unwrap();
+    let response = open(&client, &url).await;
     assert_eq!(response.status(), StatusCode::OK);
     let head_at = Instant::now();
     let mut body = response.into_body();
@@ -116,13 +110,7 @@ async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
         "released {:?} after the body's end",
         freed - end_at
     );
-    let next = within(
-        CLIENT_TIMEOUT,
-        "next request",
-        client.request(Request::get(&url).body(Body::empty()).unwrap()),
-    )
-    .await
-    .unwrap();
+    let next = open(&client, &url).await;
     assert_eq!(next.status(), StatusCode::OK, "the lock is free again");
 }
 
@@ -134,13 +122,7 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
     let client = client();
     let url = server.url("/stream");
 
-    let response = within(
-        CLIENT_TIMEOUT,
-        "response head",
-        client.request(Request::get(&url).body(Body::empty()).unwrap()),
-    )
-    .await
-    .unwrap();
+    let response = open(&client, &url).await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     let first = within(CLIENT_TIMEOUT, "first frame", body.frame())
@@ -153,13 +135,7 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
     // key would stay that long.
     let freed = eventually_at(ms(500), || cluster.count_with_key(KEY) == 0).await;
     assert!(freed.is_some(), "the key must go at the response head");
-    let other = within(
-        CLIENT_TIMEOUT,
-        "second request",
-        client.request(Request::get(&url).body(Body::empty()).unwrap()),
-    )
-    .await
-    .unwrap();
+    let other = open(&client, &url).await;
     assert_eq!(
         other.status(),
         StatusCode::OK,
@@ -308,13 +284,7 @@ async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &str) -> After
         .layer(Extension(redlock(&cluster)));
     let server = Server::start(app).await;
 
-    let response = within(
-        CLIENT_TIMEOUT,
-        "response head",
-        client().request(Request::get(server.url(path)).body(Body::empty()).unwrap()),
-    )
-    .await
-    .unwrap();
+    let response = open(&client(), &server.url(path)).await;
     assert_eq!(response.status(), StatusCode::OK);
     let reader = tokio::spawn(receive(response.into_body()));
     assert!(

@@ -246,13 +246,13 @@ async fn missing_header_key_is_rejected_with_400_when_the_policy_says_so() {
     let without = http_get(&client, &server.url("/jobs")).await;
     assert_eq!(without.status, StatusCode::BAD_REQUEST);
     assert_eq!(without.json()["status"], 400);
-    let empty = http_get_with(&client, &server.url("/jobs"), ("x-tenant-id", "")).await;
+    let empty = http_get_with(&client, &server.url("/jobs"), &[("x-tenant-id", "")]).await;
     assert_eq!(
         empty.status,
         StatusCode::BAD_REQUEST,
         "an empty value is no key"
     );
-    let with = http_get_with(&client, &server.url("/jobs"), ("x-tenant-id", "acme")).await;
+    let with = http_get_with(&client, &server.url("/jobs"), &[("x-tenant-id", "acme")]).await;
     assert_eq!(with.status, StatusCode::OK);
     assert_eq!(with.text(), "redlock:acme");
 }
