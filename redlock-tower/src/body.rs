@@ -55,7 +55,7 @@ enum Kind<B: Body> {
 /// so the client sees a truncated response rather than a clean end. The loss is
 /// watched at every `poll_frame`, and a body waiting on its producer is woken by
 /// it. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
-/// to watch [`LockHandle::lost`] itself. The error type boxes the handler
+/// to watch [`LockHandle::lost`](redlock_core::LockHandle::lost) itself. The error type boxes the handler
 /// body's own errors and this one.
 pub struct LockedBody<B: Body> {
     kind: Kind<B>,
