@@ -21,7 +21,7 @@
 //! reading (a `set_if_fresh` of a marker, or `UPDATE … SET fence = $t WHERE
 //! fence <= $t` in the same transaction as the read): the claim raises the
 //! store's last token first, and the stalled write is refused.
-//! `tests/tests/fault_fenced.rs` checks exactly this under stalls and restarts.
+//! `tests/tests/faults/fenced.rs` checks exactly this under stalls and restarts.
 //!
 //! # Redis as the store
 //!

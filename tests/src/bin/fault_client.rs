@@ -2,7 +2,7 @@
 //! `redlock_tests::workload`) against the given lock nodes and a shared file
 //! store, then writes its events as JSON lines for the parent to merge and check.
 //!
-//! The parent (`tests/tests/fault_suite.rs`) starts several of these, so the
+//! The parent (`tests/tests/faults/suite.rs`) starts several of these, so the
 //! clients live in separate OS processes, and stalls them with `SIGSTOP`.
 //!
 //! ```text

@@ -14,7 +14,8 @@
 //! negative control: the same stalls and faults with plain writes (fencing off
 //! at the store), which must lose updates.
 //!
-//! The workloads, one test each (they run in parallel):
+//! The workloads, one test each (they run beside each other, never beside the
+//! fault suite: see [`crate::HEAVY`]):
 //!
 //! * **Durable**, with persistence: three lock nodes with `appendonly yes` +
 //!   `appendfsync always` (`FencingMode::Durable`), one of them killed and
@@ -476,6 +477,7 @@ fn assert_fenced(run: &Run, control: &Run) {
 
 #[test]
 fn stalled_writers_are_refused_by_the_fence_and_no_update_is_lost() {
+    let _turn = crate::HEAVY.blocking_read();
     let run = run_durable(true, 8, true);
     let control = run_durable(false, 4, false);
     eprintln!(
@@ -498,6 +500,7 @@ fn stalled_writers_are_refused_by_the_fence_and_no_update_is_lost() {
 
 #[test]
 fn hybrid_without_persistence_under_skew_kills_and_proxy_faults_loses_no_update() {
+    let _turn = crate::HEAVY.blocking_read();
     let run = run_hybrid(true, 8);
     let control = run_hybrid(false, 4);
     eprintln!(
@@ -612,6 +615,7 @@ fn delta_ms(b: &Backwards) -> f64 {
 
 #[test]
 fn hybrid_tokens_go_backwards_when_a_node_restarts_within_the_skew() {
+    let _turn = crate::HEAVY.blocking_read();
     let rig = Rig::start(&CONTROL_SKEW_MS);
     let store = RedisNode::start();
     let (within, beyond) = rig.rt.block_on(async {
