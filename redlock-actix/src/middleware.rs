@@ -12,8 +12,8 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderName;
 use actix_web::{Error, HttpMessage, ResponseError};
 use futures_util::future::LocalBoxFuture;
-use redlock_core::Redlock;
-use redlock_core::request::{self, __private::Setting, LockPolicy, ReleasePolicy};
+use redlock_core::request::{self, __private::Setting, LockPolicy, ReleasePolicy, RequestLock};
+use redlock_core::{FencingToken, Redlock};
 
 use crate::body::LockedBody;
 use crate::key::KeySource;
@@ -261,13 +261,7 @@ where
             return Ok(req.into_response(answer).map_into_right_body());
         }
     };
-    let fencing_token = lock.as_ref().and_then(|l| l.handle().fencing_token());
-    if let Some(lock) = &lock {
-        if let Some(token) = fencing_token {
-            req.extensions_mut().insert(token);
-        }
-        req.extensions_mut().insert(lock.handle());
-    }
+    let fencing_token = lend_lock(&req, lock.as_ref());
 
     // With `LostPolicy::Abort`, a lost lock ends this await with an error and the
     // handler's future is dropped with it.
@@ -280,6 +274,30 @@ where
             EitherBody::left(LockedBody::new(body, None, config.policy.lost_policy()))
         }));
     };
+    Ok(hand_over(config, response, held, fencing_token).await)
+}
+
+/// Puts the lock's handle, and its fencing token if it has one, in the
+/// request's extensions for the handler. Returns the token.
+fn lend_lock(req: &ServiceRequest, lock: Option<&RequestLock>) -> Option<FencingToken> {
+    let fencing_token = lock.and_then(|l| l.handle().fencing_token());
+    if let Some(lock) = lock {
+        if let Some(token) = fencing_token {
+            req.extensions_mut().insert(token);
+        }
+        req.extensions_mut().insert(lock.handle());
+    }
+    fencing_token
+}
+
+/// The response of a request that ran under `held`: the fencing header, then
+/// the lock released or handed to the body, per the release policy.
+async fn hand_over<B: MessageBody>(
+    config: &RedlockMiddleware,
+    response: ServiceResponse<B>,
+    held: RequestLock,
+    fencing_token: Option<FencingToken>,
+) -> ServiceResponse<EitherBody<LockedBody<B>>> {
     // Release before the head goes out, so the client never sees its own request
     // still holding the lock: at once with `ResponseHead`, and with `BodyEnd` when
     // the body is already in memory (it is complete, so the release does not wait
@@ -309,8 +327,5 @@ where
             Err(body) => LockedBody::new(body, Some(held), config.policy.lost_policy()),
         },
     };
-    Ok(ServiceResponse::new(
-        req,
-        response.set_body(EitherBody::left(body)),
-    ))
+    ServiceResponse::new(req, response.set_body(EitherBody::left(body)))
 }

@@ -1,22 +1,15 @@
 //! Builds a [`Redlock`]: one node per independent master, from a deadpool-redis
 //! pool or a URL, and the settings checked once.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
 
 use crate::error::Error;
 use crate::fencing::FencingMode;
-use crate::node::Node;
 use crate::redlock::{Inner, Redlock};
 use crate::settings::{RetryPolicy, Settings};
-use crate::url::redact_url;
-
-enum NodeSource {
-    Pool { label: Option<String>, pool: Pool },
-    Url(String),
-}
+use crate::sources::{NodeSource, open_nodes};
 
 /// Builds a [`Redlock`]: the nodes, then the settings.
 ///
@@ -43,14 +36,7 @@ pub struct RedlockBuilder {
 
 impl std::fmt::Debug for RedlockBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let nodes: Vec<String> = self
-            .sources
-            .iter()
-            .map(|s| match s {
-                NodeSource::Pool { label, .. } => label.clone().unwrap_or_else(|| "<pool>".into()),
-                NodeSource::Url(u) => redact_url(u),
-            })
-            .collect();
+        let nodes: Vec<String> = self.sources.iter().map(NodeSource::shown).collect();
         f.debug_struct("RedlockBuilder")
             .field("nodes", &nodes)
             .field("settings", &self.settings)
@@ -195,28 +181,7 @@ impl RedlockBuilder {
             return Err(Error::NoNodes);
         }
         self.settings.check()?;
-
-        let mut nodes: Vec<Node> = Vec::with_capacity(self.sources.len());
-        for (i, source) in self.sources.into_iter().enumerate() {
-            let node = match source {
-                NodeSource::Pool { label, pool } => {
-                    let address = label.clone();
-                    let label: Arc<str> = label.unwrap_or_else(|| format!("node{i}")).into();
-                    Node::new(label, address, pool)
-                }
-                NodeSource::Url(url) => Node::from_url(&url)?,
-            };
-            if let Some(addr) = &node.address
-                && let Some(first) = nodes.iter().find(|n| n.address.as_ref() == Some(addr))
-            {
-                return Err(Error::DuplicateNode {
-                    first: first.label.clone(),
-                    second: node.label.clone(),
-                    by: "address",
-                });
-            }
-            nodes.push(node);
-        }
+        let nodes = open_nodes(self.sources)?;
         if nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),

@@ -5,13 +5,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
-use crate::error::{Error, NodeError, NodeStatus};
+use crate::error::{Error, NodeError, NodeStatus, Report};
+use crate::fan_out::{NodeFuture, Settled};
 use crate::lock::Lock;
 use crate::node::{Call, EXTEND, parse_flag};
 use crate::redlock::Redlock;
 use crate::steps::{instant_after, validity};
+
+/// What one extend found once it was decided.
+struct Extended {
+    /// When the outcome was decided.
+    now: Instant,
+    /// How many nodes extended the key.
+    ok: usize,
+    /// How many nodes no longer held this lock's token.
+    not_held: usize,
+    /// The validity the new TTL leaves (`ttl - elapsed - drift`); `None` when
+    /// nothing is left.
+    validity: Option<Duration>,
+    /// Every node's outcome.
+    report: Report,
+}
 
 impl Redlock {
     /// Spec step "extend": compare-and-pexpire to `ttl` on every node at once. It
@@ -24,6 +41,28 @@ impl Redlock {
     /// [`Error::ExtensionLimit`], or a TTL error (a zero TTL is refused before
     /// sending: `PEXPIRE 0` would delete the key).
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let start = self.check_extend(lock, ttl)?;
+        // A TTL shorter than what is left shortens the keys on every node that
+        // applies it, whatever the outcome here (a late answer, a minority): the
+        // validity is lowered to what the new TTL allows before anything is sent,
+        // and stays lowered if the extend fails.
+        let capped = validity(ttl, Duration::ZERO, &self.inner.settings)
+            .map_or(start, |v| instant_after(start, v));
+        lock.valid_until = lock.valid_until.min(capped);
+        let span = tracing::debug_span!(
+            "redlock.extend",
+            resource = %lock.resource,
+            extension = lock.extensions.saturating_add(1),
+            ttl_ms = ttl.as_millis() as u64,
+        );
+        let extended = self.extend_round(lock, ttl, start, &span).await;
+        self.apply_extend(lock, ttl, start, extended)
+    }
+
+    /// Checks that `lock` may be extended now, and returns the extend's start:
+    /// the TTL is valid, the extension limit is not reached, and the validity
+    /// has not run out.
+    fn check_extend(&self, lock: &Lock, ttl: Duration) -> Result<Instant, Error> {
         self.check_ttl(ttl)?;
         if let Some(limit) = self.inner.settings.max_extensions
             && lock.extensions >= limit
@@ -39,45 +78,30 @@ impl Redlock {
                 resource: Arc::clone(&lock.resource),
             });
         }
-        // A TTL shorter than what is left shortens the keys on every node that
-        // applies it, whatever the outcome here (a late answer, a minority): the
-        // validity is lowered to what the new TTL allows before anything is sent,
-        // and stays lowered if the extend fails.
-        let capped = validity(ttl, Duration::ZERO, &self.inner.settings)
-            .map_or(start, |v| instant_after(start, v));
-        lock.valid_until = lock.valid_until.min(capped);
-        let span = tracing::debug_span!(
-            "redlock.extend",
-            resource = %lock.resource,
-            extension = lock.extensions.saturating_add(1),
-            ttl_ms = ttl.as_millis() as u64,
-        );
+        Ok(start)
+    }
+
+    /// Sends the compare-and-pexpire to every node at once, settles at quorum
+    /// (the other nodes' answers are driven in the background), and logs the
+    /// outcome in `span`.
+    async fn extend_round(
+        &self,
+        lock: &Lock,
+        ttl: Duration,
+        start: Instant,
+        span: &tracing::Span,
+    ) -> Extended {
         let _enter = span.enter();
         let call = Arc::new(Call::script(
             &EXTEND,
             Arc::clone(&lock.key),
             vec![lock.token.to_string(), ttl.as_millis().to_string()],
         ));
-        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
-        let (mut ok, mut not_ok, mut not_held) = (0, 0, 0);
         drop(_enter);
-        let mut pending = self.fan_out(&call, parse_flag, 0..n);
-        let settled = self
-            .settle(&mut pending, |s| {
-                match s.result {
-                    Ok(true) => ok += 1,
-                    Ok(false) | Err(NodeError::WrongType { .. }) => {
-                        not_ok += 1;
-                        not_held += 1;
-                    }
-                    Err(_) => not_ok += 1,
-                }
-                ok >= q || n - not_ok < q
-            })
-            .instrument(span.clone())
-            .await;
+        let mut pending = self.fan_out(&call, parse_flag, 0..self.inner.nodes.len());
+        let (ok, not_held, settled) = self.settle_extends(&mut pending, span).await;
         let now = Instant::now();
-        let elapsed = now - start;
+        let elapsed = now.saturating_duration_since(start);
         // The nodes that have not answered still get their `PEXPIRE`: dropping
         // their calls now could cancel them before they are written (the redis
         // connection skips a request nobody waits for), leaving those keys to
@@ -96,6 +120,60 @@ impl Redlock {
         });
         let validity = validity(ttl, elapsed, &self.inner.settings);
         span.in_scope(|| tracing::debug!(ok, elapsed_us = elapsed.as_micros() as u64, validity_ms = validity.map(|v| v.as_millis() as u64), report = %report, "extend"));
+        Extended {
+            now,
+            ok,
+            not_held,
+            validity,
+            report,
+        }
+    }
+
+    /// Collects the extend's answers until a quorum extended the key or no
+    /// longer can: `(ok, not_held, settled)`. A key holding a foreign value
+    /// counts as not held.
+    async fn settle_extends(
+        &self,
+        pending: &mut FuturesUnordered<NodeFuture<bool>>,
+        span: &tracing::Span,
+    ) -> (usize, usize, Vec<Option<Settled<bool>>>) {
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        let (mut ok, mut not_ok, mut not_held) = (0, 0, 0);
+        let settled = self
+            .settle(pending, |s| {
+                match s.result {
+                    Ok(true) => ok += 1,
+                    Ok(false) | Err(NodeError::WrongType { .. }) => {
+                        not_ok += 1;
+                        not_held += 1;
+                    }
+                    Err(_) => not_ok += 1,
+                }
+                ok >= q || n - not_ok < q
+            })
+            .instrument(span.clone())
+            .await;
+        (ok, not_held, settled)
+    }
+
+    /// The extend's verdict: with a quorum inside the current validity, the
+    /// lock takes the new validity, counted from `start`; otherwise the error
+    /// that says why not.
+    fn apply_extend(
+        &self,
+        lock: &mut Lock,
+        ttl: Duration,
+        start: Instant,
+        extended: Extended,
+    ) -> Result<(), Error> {
+        let Extended {
+            now,
+            ok,
+            not_held,
+            validity,
+            report,
+        } = extended;
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         match validity {
             Some(v) if ok >= q && now < lock.valid_until => {
                 lock.started = start;

@@ -128,10 +128,12 @@ mod node;
 mod queue;
 mod redlock;
 mod release;
+mod report;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod request;
 mod settings;
+mod sources;
 mod steps;
 mod stragglers;
 mod url;

@@ -44,25 +44,77 @@ impl Redlock {
         start: Instant,
         ttl: Duration,
     ) -> Result<Fenced, Error> {
-        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        let fencing_token = self.pick_fencing_token(resource, mode, acquired)?;
+        let targets = fence_targets(self.inner.nodes.len(), acquired);
+        let (applied, settled) = self.send_fences(key, token, fencing_token, targets).await;
+        let elapsed = start.elapsed();
+        let report = self.report(&settled, |&b| {
+            if b {
+                NodeStatus::Ok
+            } else {
+                NodeStatus::NotHeld
+            }
+        });
+        tracing::debug!(token = fencing_token.get(), applied, report = %report, "fence");
+        let q = self.inner.quorum;
+        if applied < q {
+            return Err(Error::NoFenceQuorum {
+                resource: Arc::clone(resource),
+                applied,
+                quorum: q,
+                report,
+            });
+        }
+        match validity(ttl, elapsed, &self.inner.settings) {
+            Some(validity) => Ok(Fenced {
+                token: fencing_token,
+                elapsed,
+                validity,
+            }),
+            None => Err(Error::NoValidity {
+                resource: Arc::clone(resource),
+                elapsed,
+                ttl,
+            }),
+        }
+    }
+
+    /// Fencing step 2: the token, picked from the counters the OK nodes
+    /// returned.
+    ///
+    /// # Errors
+    /// [`Error::NoFenceQuorum`] (applied nowhere) when no OK node returned a
+    /// counter.
+    fn pick_fencing_token(
+        &self,
+        resource: &Arc<str>,
+        mode: FencingMode,
+        acquired: &[Option<Settled<AcquireReply>>],
+    ) -> Result<FencingToken, Error> {
         let reads = acquired.iter().flatten().filter_map(|s| match s.result {
             Ok(AcquireReply::Acquired { fence }) => fence,
             _ => None,
         });
-        let Some(fencing_token) = pick_token(mode, reads) else {
-            return Err(Error::NoFenceQuorum {
-                resource: Arc::clone(resource),
-                applied: 0,
-                quorum: q,
-                report: self.report(acquired, |_| NodeStatus::NotHeld),
-            });
-        };
-        let targets: Vec<usize> = (0..n)
-            .filter(|&i| match acquired.get(i) {
-                Some(Some(s)) => matches!(s.result, Ok(AcquireReply::Acquired { .. })),
-                _ => true,
-            })
-            .collect();
+        pick_token(mode, reads).ok_or_else(|| Error::NoFenceQuorum {
+            resource: Arc::clone(resource),
+            applied: 0,
+            quorum: self.inner.quorum,
+            report: self.report(acquired, |_| NodeStatus::NotHeld),
+        })
+    }
+
+    /// Fencing step 3: raises the counter to `fencing_token` on every node of
+    /// `targets` at once (the script checks the key still holds `token`
+    /// first), decided at quorum. Returns how many nodes applied it, and the
+    /// answers that came before the outcome was decided.
+    async fn send_fences(
+        &self,
+        key: &Arc<str>,
+        token: &str,
+        fencing_token: FencingToken,
+        targets: Vec<usize>,
+    ) -> (usize, Vec<Option<Settled<bool>>>) {
+        let q = self.inner.quorum;
         let call = Arc::new(Call::keys(
             &FENCE,
             &[key.as_bytes(), &fence_key(key)],
@@ -88,34 +140,17 @@ impl Redlock {
         {
             rt.spawn(async move { while pending.next().await.is_some() {} });
         }
-        let elapsed = start.elapsed();
-        let report = self.report(&settled, |&b| {
-            if b {
-                NodeStatus::Ok
-            } else {
-                NodeStatus::NotHeld
-            }
-        });
-        tracing::debug!(token = fencing_token.get(), applied, report = %report, "fence");
-        if applied < q {
-            return Err(Error::NoFenceQuorum {
-                resource: Arc::clone(resource),
-                applied,
-                quorum: q,
-                report,
-            });
-        }
-        match validity(ttl, elapsed, &self.inner.settings) {
-            Some(validity) => Ok(Fenced {
-                token: fencing_token,
-                elapsed,
-                validity,
-            }),
-            None => Err(Error::NoValidity {
-                resource: Arc::clone(resource),
-                elapsed,
-                ttl,
-            }),
-        }
+        (applied, settled)
     }
+}
+
+/// The nodes the fence goes to: every node that may hold the key, that is the
+/// OK nodes and those that have not answered yet.
+fn fence_targets(n: usize, acquired: &[Option<Settled<AcquireReply>>]) -> Vec<usize> {
+    (0..n)
+        .filter(|&i| match acquired.get(i) {
+            Some(Some(s)) => matches!(s.result, Ok(AcquireReply::Acquired { .. })),
+            _ => true,
+        })
+        .collect()
 }

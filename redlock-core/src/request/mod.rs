@@ -191,14 +191,7 @@ pub async fn acquire(
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
     let Some(key) = key else {
-        return match policy.missing_key {
-            MissingKeyPolicy::PassThrough => Ok(None),
-            MissingKeyPolicy::Reject => {
-                let rejection = Rejection::MissingKey;
-                rejection.log();
-                Err(rejection)
-            }
-        };
+        return without_key(policy);
     };
     let Some(redlock) = redlock else {
         let rejection = Rejection::MissingHandle;
@@ -224,49 +217,71 @@ pub async fn acquire(
         .instrument(span.clone())
         .await;
     span.record("wait_ms", started.elapsed().as_millis() as u64);
-    let guard = match result {
-        Ok(guard) => guard,
-        Err(error) => {
-            let key: Arc<str> = key.into();
-            let rejection = match error {
-                Error::Busy { retry_after, .. } => Rejection::Busy {
-                    key,
-                    status: policy.busy_status,
-                    retry_after,
-                },
-                // Some node said another holder has the key: running unlocked
-                // could overlap that holder, so even fail-open answers "busy".
-                Error::NoQuorum { ref report, .. } if report.busy_count() > 0 => Rejection::Busy {
-                    key,
-                    status: policy.busy_status,
-                    retry_after: report.busy_pttls().max(),
-                },
-                e @ (Error::NoQuorum { .. } | Error::NoValidity { .. }) => {
-                    // No node that answered saw another holder (a node still
-                    // pending when the attempt was decided is no evidence either
-                    // way; waiting for it would make every failure as slow as
-                    // the slowest node).
-                    if policy.unavailable == UnavailablePolicy::FailOpen {
-                        span.record("outcome", "fail_open");
-                        tracing::warn!(parent: &span, error = %e, "lock backend unavailable; running unlocked (fail-open)");
-                        return Ok(None);
-                    }
-                    Rejection::Unavailable { key, error: e }
-                }
-                // An input the handle refuses (TTL, loss margin) or no runtime.
-                error => Rejection::Misconfigured { error },
-            };
-            span.record("outcome", rejection.title());
-            span.in_scope(|| rejection.log());
-            return Err(rejection);
+    match result {
+        Ok(guard) => Ok(Some(RequestLock {
+            handle: guard.handle(),
+            guard: Some(guard),
+            span,
+            acquired: Instant::now(),
+        })),
+        Err(error) => refused(error, key, policy, &span),
+    }
+}
+
+/// A request with no key, per the [`MissingKeyPolicy`]: run unlocked, or
+/// refuse (logged).
+fn without_key(policy: &LockPolicy) -> Result<Option<RequestLock>, Rejection> {
+    match policy.missing_key {
+        MissingKeyPolicy::PassThrough => Ok(None),
+        MissingKeyPolicy::Reject => {
+            let rejection = Rejection::MissingKey;
+            rejection.log();
+            Err(rejection)
         }
+    }
+}
+
+/// A lock the handle could not take for `key`, per `policy`: the rejection to
+/// answer with (recorded in `span` and logged), or `Ok(None)` to run unlocked
+/// when the backend is unavailable and the policy fails open.
+fn refused(
+    error: Error,
+    key: String,
+    policy: &LockPolicy,
+    span: &tracing::Span,
+) -> Result<Option<RequestLock>, Rejection> {
+    let key: Arc<str> = key.into();
+    let rejection = match error {
+        Error::Busy { retry_after, .. } => Rejection::Busy {
+            key,
+            status: policy.busy_status,
+            retry_after,
+        },
+        // Some node said another holder has the key: running unlocked
+        // could overlap that holder, so even fail-open answers "busy".
+        Error::NoQuorum { ref report, .. } if report.busy_count() > 0 => Rejection::Busy {
+            key,
+            status: policy.busy_status,
+            retry_after: report.busy_pttls().max(),
+        },
+        e @ (Error::NoQuorum { .. } | Error::NoValidity { .. }) => {
+            // No node that answered saw another holder (a node still
+            // pending when the attempt was decided is no evidence either
+            // way; waiting for it would make every failure as slow as
+            // the slowest node).
+            if policy.unavailable == UnavailablePolicy::FailOpen {
+                span.record("outcome", "fail_open");
+                tracing::warn!(parent: span, error = %e, "lock backend unavailable; running unlocked (fail-open)");
+                return Ok(None);
+            }
+            Rejection::Unavailable { key, error: e }
+        }
+        // An input the handle refuses (TTL, loss margin) or no runtime.
+        error => Rejection::Misconfigured { error },
     };
-    Ok(Some(RequestLock {
-        handle: guard.handle(),
-        guard: Some(guard),
-        span,
-        acquired: Instant::now(),
-    }))
+    span.record("outcome", rejection.title());
+    span.in_scope(|| rejection.log());
+    Err(rejection)
 }
 
 pin_project! {

@@ -3,7 +3,6 @@
 //! retries after a random delay.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -11,11 +10,14 @@ use tracing::Instrument;
 use crate::error::{Error, NodeStatus, Report};
 use crate::fencing::fence_key;
 use crate::lock::Lock;
-use crate::node::{AcquireReply, Call, parse_acquire};
+use crate::node::{Call, parse_acquire};
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
-use crate::steps::{busy_retry_after, instant_after, may_retry, new_token, retry_delay, validity};
+use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 use crate::stragglers::Late;
+
+mod attempt;
+use attempt::{Attempt, ReleaseOnDrop};
 
 impl Redlock {
     /// One attempt to take the lock (no retry).
@@ -110,92 +112,59 @@ impl Redlock {
             validity_ms = tracing::field::Empty,
             ok = tracing::field::Empty,
         );
-        async {
-            let token = new_token()?;
-            let call = Arc::new(match self.inner.settings.fencing {
-                None => Call::acquire(key, &token, ttl.as_millis()),
-                Some(_) => Call::fenced_acquire(key, &token, ttl.as_millis(), &fence_key(key)),
-            });
-            let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
-            let start = Instant::now();
-            let mut pending = self.fan_out(&call, parse_acquire, 0..n);
-            let mut cleanup = ReleaseOnDrop {
+        self.attempt_steps(resource, key, ttl)
+            .instrument(span)
+            .await
+    }
+
+    /// Spec steps 1 to 4 inside the attempt's span: a fresh token, the `SET`s
+    /// sent to every node at once and settled at quorum, the validity judged
+    /// (after the fence phase of a fencing lock), then the lock, or the release
+    /// of the failed attempt.
+    async fn attempt_steps(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let token = new_token()?;
+        let call = Arc::new(match self.inner.settings.fencing {
+            None => Call::acquire(key, &token, ttl.as_millis()),
+            Some(_) => Call::fenced_acquire(key, &token, ttl.as_millis(), &fence_key(key)),
+        });
+        let start = Instant::now();
+        let mut pending = self.fan_out(&call, parse_acquire, 0..self.inner.nodes.len());
+        let attempt = Attempt {
+            redlock: self,
+            resource,
+            key,
+            ttl,
+            start,
+            cleanup: ReleaseOnDrop {
                 redlock: self,
                 key: Arc::clone(key),
                 token: Arc::clone(&token),
                 armed: true,
-            };
-            let (mut ok, mut not_ok) = (0, 0);
-            let settled = self
-                .settle(&mut pending, |s| {
-                    if matches!(s.result, Ok(AcquireReply::Acquired { .. })) {
-                        ok += 1;
-                    } else {
-                        not_ok += 1;
-                    }
-                    ok >= q || n - not_ok < q
-                })
-                .await;
-            let mut elapsed = start.elapsed();
-            let mut validity = validity(ttl, elapsed, &self.inner.settings);
-            // A fencing lock counts as held only once its token is fenced on a
-            // quorum within the validity: one more round trip.
-            let mut fencing = Ok(None);
-            if let (true, Some(_), Some(mode)) = (ok >= q, validity, self.inner.settings.fencing) {
-                fencing = self
-                    .fence_phase(resource, key, &token, mode, &settled, start, ttl)
-                    .await
-                    .map(|f| {
-                        elapsed = f.elapsed;
-                        validity = Some(f.validity);
-                        Some(f.token)
-                    });
-            }
-            let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
-            let span = tracing::Span::current();
-            span.record("elapsed_us", elapsed.as_micros() as u64);
-            span.record("ok", ok);
-
-            if let (true, Some(validity), Ok(fencing_token)) = (ok >= q, validity, &fencing) {
+            },
+            token,
+        };
+        let mut round = attempt.settle_sets(&mut pending).await;
+        attempt.fence(&mut round).await;
+        let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
+        let span = tracing::Span::current();
+        span.record("elapsed_us", round.elapsed.as_micros() as u64);
+        span.record("ok", round.ok);
+        match round.held(self.inner.quorum) {
+            Some((validity, fencing_token)) => {
                 span.record("validity_ms", validity.as_millis() as u64);
-                tracing::debug!(report = %self.report(&settled, acquire_status), "acquired");
-                // From here the `Lock` (and its `Drop`) owns the release.
-                cleanup.armed = false;
-                let late = self.drive_stragglers(pending, late, key, &token);
-                return Ok(Lock {
-                    redlock: self.clone(),
-                    resource: Arc::clone(resource),
-                    key: Arc::clone(key),
-                    token,
-                    started: start,
-                    valid_until: instant_after(start, elapsed.saturating_add(validity)),
-                    ttl,
-                    extensions: 0,
-                    late,
-                    released: false,
-                    fencing_token: *fencing_token,
-                });
+                Ok(attempt.into_lock(pending, late, &round, validity, fencing_token))
             }
-
-            // Spec step 4: a failed attempt is released wherever it may have landed:
-            // now on the nodes that answered, and on the others as their answers come.
-            if let Some(late) = &late {
-                late.abandoned.store(true, Ordering::SeqCst);
-            }
-            self.drive_stragglers(pending, late, key, &token);
-            let report = self.report(&settled, acquire_status);
-            self.unlock_all(key, &token, Some(&report)).await;
-            cleanup.armed = false;
-            tracing::debug!(report = %report, "attempt failed");
-            Err(match fencing {
-                Err(e) => e,
-                Ok(_) => self.acquire_error(resource, ok, elapsed, ttl, report),
-            })
+            None => Err(attempt.release_failed(pending, late, round).await),
         }
-        .instrument(span)
-        .await
     }
 
+    /// Why an attempt failed: too late for any validity once a quorum said OK;
+    /// otherwise busy or no quorum, from the nodes' answers.
     fn acquire_error(
         &self,
         resource: &Arc<str>,
@@ -236,34 +205,5 @@ impl Redlock {
                 report,
             }
         }
-    }
-}
-
-/// Releases an attempt's keys on every node if the attempt's future is dropped
-/// before it returns: a caller that goes away mid-acquire (a client gone while
-/// its request waits, a timeout around `lock`) must not leave a lock that nobody
-/// holds for a whole TTL. The release goes over the same per-node connections as
-/// the `SET`s, after them.
-struct ReleaseOnDrop<'a> {
-    redlock: &'a Redlock,
-    key: Arc<str>,
-    token: Arc<str>,
-    armed: bool,
-}
-
-impl Drop for ReleaseOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.redlock.spawn_release(&self.key, &self.token);
-        }
-    }
-}
-
-fn acquire_status(r: &AcquireReply) -> NodeStatus {
-    match r {
-        AcquireReply::Acquired { .. } => NodeStatus::Ok,
-        AcquireReply::Busy { pttl_ms } => NodeStatus::Busy {
-            pttl: u64::try_from(*pttl_ms).ok().map(Duration::from_millis),
-        },
     }
 }

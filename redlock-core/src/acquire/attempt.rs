@@ -1,0 +1,202 @@
+//! One acquire attempt after its `SET`s are sent: settle at quorum, fence,
+//! judge validity, and release what a failed attempt took.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, NodeStatus};
+use crate::fan_out::Settled;
+use crate::fencing::FencingToken;
+use crate::lock::Lock;
+use crate::node::AcquireReply;
+use crate::redlock::Redlock;
+use crate::steps::{instant_after, validity};
+use crate::stragglers::{Late, Stragglers};
+
+/// Releases an attempt's keys on every node if the attempt's future is dropped
+/// before it returns: a caller that goes away mid-acquire (a client gone while
+/// its request waits, a timeout around `lock`) must not leave a lock that nobody
+/// holds for a whole TTL. The release goes over the same per-node connections as
+/// the `SET`s, after them.
+pub(super) struct ReleaseOnDrop<'a> {
+    pub(super) redlock: &'a Redlock,
+    pub(super) key: Arc<str>,
+    pub(super) token: Arc<str>,
+    pub(super) armed: bool,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.redlock.spawn_release(&self.key, &self.token);
+        }
+    }
+}
+
+/// One acquire attempt from the moment its `SET`s are sent: what its later steps
+/// share.
+pub(super) struct Attempt<'a> {
+    pub(super) redlock: &'a Redlock,
+    pub(super) resource: &'a Arc<str>,
+    pub(super) key: &'a Arc<str>,
+    /// The attempt's fresh token (spec step 1).
+    pub(super) token: Arc<str>,
+    pub(super) ttl: Duration,
+    /// When the `SET`s were sent: the validity counts from here.
+    pub(super) start: Instant,
+    /// Armed until the attempt is decided, so that dropping it mid-way releases
+    /// its keys.
+    pub(super) cleanup: ReleaseOnDrop<'a>,
+}
+
+/// What an attempt's `SET`s (and the fence phase of a fencing lock) found.
+pub(super) struct Round {
+    /// How many nodes said OK.
+    pub(super) ok: usize,
+    /// The answers that came before the outcome was decided, in node order.
+    pub(super) settled: Vec<Option<Settled<AcquireReply>>>,
+    /// The time since the `SET`s were sent, to the end of the last phase.
+    pub(super) elapsed: Duration,
+    /// The validity left (spec step 3); `None` when nothing is.
+    pub(super) validity: Option<Duration>,
+    /// The fencing token (`None` without fencing), or why the fence phase failed.
+    pub(super) fencing: Result<Option<FencingToken>, Error>,
+}
+
+impl Round {
+    /// The validity and fencing token of an attempt that holds the lock: a
+    /// quorum said OK, validity is left, and no fence phase failed.
+    pub(super) fn held(&self, quorum: usize) -> Option<(Duration, Option<FencingToken>)> {
+        match (self.ok >= quorum, self.validity, &self.fencing) {
+            (true, Some(validity), Ok(fencing_token)) => Some((validity, *fencing_token)),
+            _ => None,
+        }
+    }
+}
+
+impl Attempt<'_> {
+    /// Spec step 3's count: collects the `SET` answers until a quorum said OK or
+    /// no longer can, and the validity that leaves.
+    pub(super) async fn settle_sets(&self, pending: &mut Stragglers) -> Round {
+        let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
+        let (mut ok, mut not_ok) = (0, 0);
+        let settled = self
+            .redlock
+            .settle(pending, |s| {
+                if matches!(s.result, Ok(AcquireReply::Acquired { .. })) {
+                    ok += 1;
+                } else {
+                    not_ok += 1;
+                }
+                ok >= q || n - not_ok < q
+            })
+            .await;
+        let elapsed = self.start.elapsed();
+        Round {
+            ok,
+            settled,
+            elapsed,
+            validity: validity(self.ttl, elapsed, &self.redlock.inner.settings),
+            fencing: Ok(None),
+        }
+    }
+
+    /// A fencing lock counts as held only once its token is fenced on a quorum
+    /// within the validity: one more round trip, after a quorum with validity
+    /// left. Its elapsed time and validity then replace those of the `SET`s.
+    pub(super) async fn fence(&self, round: &mut Round) {
+        let settings = &self.redlock.inner.settings;
+        let (true, Some(_), Some(mode)) = (
+            round.ok >= self.redlock.inner.quorum,
+            round.validity,
+            settings.fencing,
+        ) else {
+            return;
+        };
+        round.fencing = self
+            .redlock
+            .fence_phase(
+                self.resource,
+                self.key,
+                &self.token,
+                mode,
+                &round.settled,
+                self.start,
+                self.ttl,
+            )
+            .await
+            .map(|f| {
+                round.elapsed = f.elapsed;
+                round.validity = Some(f.validity);
+                Some(f.token)
+            });
+    }
+
+    /// The lock of an attempt that holds it. The `SET`s still on their way join
+    /// it (see [`Redlock::drive_stragglers`]).
+    pub(super) fn into_lock(
+        mut self,
+        pending: Stragglers,
+        late: Option<Arc<Late>>,
+        round: &Round,
+        validity: Duration,
+        fencing_token: Option<FencingToken>,
+    ) -> Lock {
+        let redlock = self.redlock;
+        tracing::debug!(report = %redlock.report(&round.settled, acquire_status), "acquired");
+        // From here the `Lock` (and its `Drop`) owns the release.
+        self.cleanup.armed = false;
+        let late = redlock.drive_stragglers(pending, late, self.key, &self.token);
+        Lock {
+            redlock: redlock.clone(),
+            resource: Arc::clone(self.resource),
+            key: Arc::clone(self.key),
+            token: self.token,
+            started: self.start,
+            valid_until: instant_after(self.start, round.elapsed.saturating_add(validity)),
+            ttl: self.ttl,
+            extensions: 0,
+            late,
+            released: false,
+            fencing_token,
+        }
+    }
+
+    /// Spec step 4: a failed attempt is released wherever it may have landed:
+    /// now on the nodes that answered, and on the others as their answers come.
+    /// Returns why it failed.
+    pub(super) async fn release_failed(
+        mut self,
+        pending: Stragglers,
+        late: Option<Arc<Late>>,
+        round: Round,
+    ) -> Error {
+        let redlock = self.redlock;
+        if let Some(late) = &late {
+            late.abandoned.store(true, Ordering::SeqCst);
+        }
+        redlock.drive_stragglers(pending, late, self.key, &self.token);
+        let report = redlock.report(&round.settled, acquire_status);
+        redlock
+            .unlock_all(self.key, &self.token, Some(&report))
+            .await;
+        self.cleanup.armed = false;
+        tracing::debug!(report = %report, "attempt failed");
+        match round.fencing {
+            Err(e) => e,
+            Ok(_) => {
+                redlock.acquire_error(self.resource, round.ok, round.elapsed, self.ttl, report)
+            }
+        }
+    }
+}
+
+pub(super) fn acquire_status(r: &AcquireReply) -> NodeStatus {
+    match r {
+        AcquireReply::Acquired { .. } => NodeStatus::Ok,
+        AcquireReply::Busy { pttl_ms } => NodeStatus::Busy {
+            pttl: u64::try_from(*pttl_ms).ok().map(Duration::from_millis),
+        },
+    }
+}
