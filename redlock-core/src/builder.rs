@@ -274,8 +274,8 @@ impl RedlockBuilder {
     /// Whether waiting ([`Redlock::lock`] and everything built on it) is woken
     /// by releases (default: on). On, the waiters of a key in this process
     /// queue first come, first served, only the first contends on the nodes,
-    /// and it sleeps until a release is published on the key's channel
-    /// (`redlock:released:` then the key) on any node, or a fallback timer
+    /// and it sleeps until releases published on the key's channel
+    /// (`redlock:released:` then the key) free a quorum, or a fallback timer
     /// fires: the holder's remaining TTL, the retry policy's delay (a
     /// safety-net poll), or a node's subscription lost or regained. It opens
     /// one pub/sub connection per node (outside the pool), subscribed only

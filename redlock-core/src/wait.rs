@@ -1,8 +1,8 @@
 //! Spec step 4's "retry", by wake-up instead of polling: a waiter queues
 //! behind the other waiters of its process for the key (`queue/`); at the
-//! head it contends on the nodes, and between attempts it sleeps until a
-//! release wakes it (`wake/`), with fallback timers for what no message
-//! announces:
+//! head it contends on the nodes, and between attempts it sleeps until
+//! releases heard on the nodes it found busy may have freed a quorum
+//! (`wake/`), with fallback timers for what no message announces:
 //!
 //! - the holder's remaining PTTL from the busy answer (an expiry publishes
 //!   nothing);
@@ -16,13 +16,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
+
 use crate::error::Error;
 use crate::lock::Lock;
 use crate::queue::Place;
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 use crate::steps::{may_retry, retry_delay};
-use crate::wake::Subscription;
+use crate::wake::{Found, Subscription};
 
 impl Redlock {
     /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.
@@ -42,19 +44,30 @@ impl Redlock {
         // An attempts-only policy gets, in the queue, the time its attempts
         // would have taken by polling.
         let turn_by = latest_start.or_else(|| begin.checked_add(turn_budget(retry)));
-        if !wait_turn(&place, turn_by, retry).await {
-            drop(place);
-            // Out of time behind other local waiters: one attempt of its own,
-            // so that the error says who holds the lock and for how long.
-            return self.attempt(resource, key, ttl, 1).await;
-        }
         let mut subscription: Option<Subscription<'_>> = None;
+        if place.turn().now_or_never().is_none() {
+            // Behind other local waiters: the key is contended, so subscribe
+            // now, and the subscription is ready when the turn comes. Every
+            // queued waiter holds it, so it lives from one local holder to
+            // the next instead of being dropped and made again at each turn.
+            subscription = waiting.subscribe(key);
+            if !wait_turn(&place, turn_by, retry).await {
+                drop((subscription, place));
+                // Out of time behind other local waiters: one attempt of its
+                // own, so that the error says who holds the lock and for how
+                // long.
+                return self.attempt(resource, key, ttl, 1).await;
+            }
+        }
         let mut attempt = 1;
         loop {
             place.clear_kick();
-            if let Some(s) = subscription.as_mut() {
+            // Whether a release from here on is sure to be heard: every node
+            // that can has confirmed the subscription.
+            let covered = subscription.as_mut().is_some_and(|s| {
                 s.mark_seen();
-            }
+                s.confirmed()
+            });
             let err = match self.attempt(resource, key, ttl, attempt).await {
                 Ok(lock) => {
                     place.hold(lock.shared_token(), lock.valid_until());
@@ -68,15 +81,17 @@ impl Redlock {
                 return Err(err);
             }
             attempt += 1;
-            if subscription.is_none()
-                && let Some(mut s) = waiting.subscribe(key)
-            {
-                // Subscribed on every node before the next attempt, so a
-                // release that lands between the failed attempt and the
-                // subscription is seen by that attempt.
-                s.ready(self.inner.settings.node_timeout).await;
-                subscription = Some(s);
-                continue;
+            if !covered {
+                if subscription.is_none() {
+                    subscription = waiting.subscribe(key);
+                }
+                if let Some(s) = subscription.as_mut() {
+                    // Subscribed on every node before the next attempt, so a
+                    // release that lands between the failed attempt and the
+                    // subscription is seen by that attempt.
+                    s.ready(self.inner.settings.node_timeout).await;
+                    continue;
+                }
             }
             let poll = now.checked_add(retry_delay(retry));
             // Keys live whole milliseconds; one more and the key is gone.
@@ -91,9 +106,10 @@ impl Redlock {
                 // A delay past the end of time and nothing else to wait for.
                 return Err(err);
             };
+            let found = Found::from_report(err.report());
             tokio::select! {
                 () = tokio::time::sleep_until(wake.into()) => {}
-                () = woken(&mut subscription) => {}
+                () = woken(&mut subscription, &found) => {}
                 () = place.kicked() => {}
             }
         }
@@ -109,9 +125,9 @@ fn turn_budget(retry: &RetryPolicy) -> Duration {
         .saturating_mul(retry.max_attempts.saturating_sub(1))
 }
 
-async fn woken(subscription: &mut Option<Subscription<'_>>) {
+async fn woken(subscription: &mut Option<Subscription<'_>>, found: &Found) {
     match subscription {
-        Some(s) => s.woken().await,
+        Some(s) => s.woken(found).await,
         None => std::future::pending().await,
     }
 }
@@ -151,7 +167,7 @@ async fn wait_turn(place: &Place<'_>, by: Option<Instant>, retry: &RetryPolicy) 
         }
         if by.is_some_and(|by| now >= by) {
             // One last look: the turn may have come with the deadline.
-            return futures_util::FutureExt::now_or_never(place.turn()).is_some();
+            return place.turn().now_or_never().is_some();
         }
     }
 }

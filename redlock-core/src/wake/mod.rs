@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::error::{NodeStatus, Report};
 use crate::node::Node;
 use crate::queue::Queues;
 use crate::settings::Settings;
@@ -54,12 +55,76 @@ enum NodeSub {
     Down,
 }
 
-/// What a waiter watches: a counter bumped at every wake-up (a message, a
-/// node's subscription lost or regained), and each node's subscription.
+/// What a waiter watches: a counter of the subscription changes (a node's
+/// subscription lost or regained), how many releases each node announced, and
+/// each node's subscription.
 #[derive(Debug, Clone)]
 struct Chan {
-    wakes: u64,
+    changes: u64,
+    released: Vec<u64>,
     nodes: Vec<NodeSub>,
+}
+
+/// What a failed attempt found, for judging when the next one may succeed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Found {
+    /// Per node: another holder's key was there.
+    busy: Vec<bool>,
+    /// How many nodes the attempt took (and has released since).
+    taken: usize,
+}
+
+impl Found {
+    /// From a failed attempt's report. An error without one (or with no busy
+    /// node) wakes the waiter at the first release heard.
+    pub(crate) fn from_report(report: Option<&Report>) -> Self {
+        let Some(r) = report else {
+            return Self::default();
+        };
+        Self {
+            busy: r
+                .nodes
+                .iter()
+                .map(|n| matches!(n.status, NodeStatus::Busy { .. }))
+                .collect(),
+            taken: r.ok_count(),
+        }
+    }
+}
+
+impl Chan {
+    /// Whether a waiter that last looked at `seen`, and whose attempt then
+    /// found `found`, should try again: a subscription changed (whatever it
+    /// would have told is lost), or enough of the nodes it found busy have
+    /// announced a release since that, with the nodes it took itself, they
+    /// make a quorum.
+    ///
+    /// One node's announcement is not enough: a holder's release reaches
+    /// every node, but a failed attempt's clean-up frees only the few nodes it
+    /// took, and waking on those sends every waiter against a lock still held
+    /// on a quorum, whose failed attempts clean up and wake the others again
+    /// (measured: ten `SET`s per node per acquisition with three contending
+    /// processes). With fewer busy nodes subscribed than needed, every one of
+    /// them must announce; the fallback timers cover the rest.
+    fn wakes(&self, seen: &Chan, found: &Found, quorum: usize) -> bool {
+        if self.changes != seen.changes {
+            return true;
+        }
+        let heard = |i: usize| self.released.get(i) != seen.released.get(i);
+        if !found.busy.contains(&true) {
+            return (0..self.released.len()).any(heard);
+        }
+        let busy = |i: &usize| found.busy.get(*i) == Some(&true);
+        let freed = (0..self.released.len())
+            .filter(busy)
+            .filter(|&i| heard(i))
+            .count();
+        let listening = (0..self.nodes.len())
+            .filter(busy)
+            .filter(|&i| self.nodes[i] == NodeSub::Subscribed)
+            .count();
+        freed >= quorum.saturating_sub(found.taken).min(listening).max(1)
+    }
 }
 
 struct Entry {
@@ -114,7 +179,7 @@ impl Shared {
                     if let Some(n) = s.nodes.get_mut(node) {
                         *n = NodeSub::Subscribed;
                     }
-                    s.wakes = s.wakes.wrapping_add(1);
+                    s.changes = s.changes.wrapping_add(1);
                 });
             }
         }
@@ -128,7 +193,7 @@ impl Shared {
             e.state.send_if_modified(|s| match s.nodes.get_mut(node) {
                 Some(n) if *n != NodeSub::Down => {
                     *n = NodeSub::Down;
-                    s.wakes = s.wakes.wrapping_add(1);
+                    s.changes = s.changes.wrapping_add(1);
                     true
                 }
                 _ => false,
@@ -136,10 +201,14 @@ impl Shared {
         }
     }
 
-    /// A release was published on `channel`.
-    fn wake(&self, channel: &str) {
+    /// `node` announced a release on `channel`.
+    fn wake(&self, channel: &str, node: usize) {
         if let Some(e) = self.channels().get(channel) {
-            e.state.send_modify(|s| s.wakes = s.wakes.wrapping_add(1));
+            e.state.send_modify(|s| {
+                if let Some(n) = s.released.get_mut(node) {
+                    *n = n.wrapping_add(1);
+                }
+            });
         }
     }
 }
@@ -162,6 +231,8 @@ pub(crate) struct Waiting {
     links: Vec<NodeLink>,
     /// How long one pub/sub connect or (un)subscribe may take.
     limit: Duration,
+    /// How many nodes must announce a release before a waiter tries again.
+    quorum: usize,
 }
 
 impl Waiting {
@@ -197,6 +268,7 @@ impl Waiting {
                 .node_timeout
                 .saturating_mul(10)
                 .clamp(Duration::from_secs(1), Duration::from_secs(30)),
+            quorum: nodes.len() / 2 + 1,
         }
     }
 
@@ -220,7 +292,7 @@ impl Waiting {
                     (e.state.subscribe(), false)
                 }
                 None => {
-                    let nodes = self
+                    let nodes: Vec<NodeSub> = self
                         .shared
                         .links()
                         .iter()
@@ -229,7 +301,12 @@ impl Waiting {
                             Link::Connecting | Link::Up => NodeSub::Pending,
                         })
                         .collect();
-                    let (tx, rx) = watch::channel(Chan { wakes: 0, nodes });
+                    let released = vec![0; nodes.len()];
+                    let (tx, rx) = watch::channel(Chan {
+                        changes: 0,
+                        released,
+                        nodes,
+                    });
                     channels.insert(channel.clone(), Entry { refs: 1, state: tx });
                     (rx, true)
                 }
@@ -240,10 +317,12 @@ impl Waiting {
                 self.sync(node, &channel, true);
             }
         }
+        let seen = rx.borrow().clone();
         Some(Subscription {
             waiting: self,
             channel,
             rx,
+            seen,
         })
     }
 
@@ -290,6 +369,8 @@ pub(crate) struct Subscription<'a> {
     waiting: &'a Waiting,
     channel: String,
     rx: watch::Receiver<Chan>,
+    /// The state at the waiter's last attempt.
+    seen: Chan,
 }
 
 impl Subscription<'_> {
@@ -299,19 +380,33 @@ impl Subscription<'_> {
     pub(crate) async fn ready(&mut self, limit: Duration) {
         let confirmed = self.rx.wait_for(|c| !c.nodes.contains(&NodeSub::Pending));
         let _ = tokio::time::timeout(limit, confirmed).await;
-        self.rx.borrow_and_update();
+        self.mark_seen();
+    }
+
+    /// Whether every node that can has confirmed the subscription.
+    pub(crate) fn confirmed(&self) -> bool {
+        !self.rx.borrow().nodes.contains(&NodeSub::Pending)
     }
 
     /// Forgets the wake-ups so far: an attempt is about to start, and sees
     /// whatever they announced.
     pub(crate) fn mark_seen(&mut self) {
-        self.rx.borrow_and_update();
+        self.seen = self.rx.borrow_and_update().clone();
     }
 
-    /// Completes at the next wake-up.
-    pub(crate) async fn woken(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
+    /// Completes when the nodes that announced a release since the last
+    /// attempt, with what that attempt `found`, may make a quorum, or when a
+    /// subscription changed (see `Chan::wakes`). Cancel-safe: it keeps
+    /// nothing but the watch's own cursor.
+    pub(crate) async fn woken(&mut self, found: &Found) {
+        let quorum = self.waiting.quorum;
+        loop {
+            if self.rx.borrow_and_update().wakes(&self.seen, found, quorum) {
+                return;
+            }
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 }
@@ -339,6 +434,75 @@ impl Drop for Subscription<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Five subscribed nodes, nothing announced yet.
+    fn chan() -> Chan {
+        Chan {
+            changes: 0,
+            released: vec![0; 5],
+            nodes: vec![NodeSub::Subscribed; 5],
+        }
+    }
+
+    /// `chan` after releases announced on `nodes`.
+    fn announced(chan: &Chan, nodes: &[usize]) -> Chan {
+        let mut c = chan.clone();
+        for &n in nodes {
+            c.released[n] += 1;
+        }
+        c
+    }
+
+    /// What an attempt found: `busy` nodes held by others, `taken` by itself.
+    fn found(busy: &[usize], taken: usize) -> Found {
+        Found {
+            busy: (0..5).map(|i| busy.contains(&i)).collect(),
+            taken,
+        }
+    }
+
+    #[test]
+    fn a_lock_held_on_a_quorum_wakes_its_waiters_only_once_a_quorum_is_freed() {
+        let seen = chan();
+        let all_busy = found(&[0, 1, 2, 3, 4], 0);
+        // Another waiter's failed attempt cleans up the two nodes it took.
+        assert!(!announced(&seen, &[3, 4]).wakes(&seen, &all_busy, 3));
+        // The holder's release reaches the first of its three nodes.
+        assert!(announced(&seen, &[3, 4, 0]).wakes(&seen, &all_busy, 3));
+        assert!(!announced(&seen, &[0, 1]).wakes(&seen, &all_busy, 3));
+        assert!(announced(&seen, &[0, 1, 2]).wakes(&seen, &all_busy, 3));
+    }
+
+    #[test]
+    fn nodes_the_waiter_took_itself_count_towards_the_quorum() {
+        let seen = chan();
+        // A split vote: the waiter took two nodes (and released them).
+        let split = found(&[0, 1, 2], 2);
+        assert!(announced(&seen, &[2]).wakes(&seen, &split, 3));
+        // Its own clean-up, heard on the nodes it took, frees nothing new.
+        assert!(!announced(&seen, &[3, 4]).wakes(&seen, &split, 3));
+    }
+
+    #[test]
+    fn without_busy_nodes_or_with_a_subscription_change_any_news_wakes() {
+        let seen = chan();
+        assert!(announced(&seen, &[4]).wakes(&seen, &Found::default(), 3));
+        assert!(!seen.wakes(&seen, &Found::default(), 3));
+        let mut changed = seen.clone();
+        changed.changes += 1;
+        assert!(changed.wakes(&seen, &found(&[0, 1, 2, 3, 4], 0), 3));
+    }
+
+    #[test]
+    fn with_too_few_busy_nodes_subscribed_every_one_of_them_must_announce() {
+        let mut seen = chan();
+        for n in [0, 1, 2] {
+            seen.nodes[n] = NodeSub::Down;
+        }
+        let all_busy = found(&[0, 1, 2, 3, 4], 0);
+        assert!(!announced(&seen, &[3]).wakes(&seen, &all_busy, 3));
+        assert!(announced(&seen, &[3, 4]).wakes(&seen, &all_busy, 3));
+    }
 
     #[test]
     fn release_script_publishes_on_the_channel() {

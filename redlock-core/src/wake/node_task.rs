@@ -119,7 +119,7 @@ async fn serve(
                 }
             }
             message = stream.next() => match message {
-                Some(m) => shared.wake(m.get_channel_name()),
+                Some(m) => shared.wake(m.get_channel_name(), node),
                 None => return Served::Broken { confirmed: true },
             },
         }

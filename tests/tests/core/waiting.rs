@@ -1,9 +1,9 @@
 //! Waiting by wake-up (issue 13) on real `redis-server` processes: mutual
 //! exclusion when most clients wait, a release waking a waiter long before its
 //! poll would, the fallbacks for what no message announces (expiry, a silent
-//! delete), first come first served among the waiters of one process, waiters
-//! that give up without blocking the next, and a node killed and restarted
-//! while a waiter waits.
+//! delete), a clean-up heard on too few nodes waking nobody, first come first
+//! served among the waiters of one process, waiters that give up without
+//! blocking the next, and a node killed and restarted while a waiter waits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -180,6 +180,53 @@ async fn a_release_wakes_the_waiter_long_before_its_poll() {
         polled > ms(1000),
         "a polling waiter was served {polled:?} after the release"
     );
+}
+
+/// A release announced on too few nodes to free a quorum (another waiter's
+/// failed attempt cleaning up the one node it took) does not send the waiter
+/// against a lock still held on the others: with three contending processes,
+/// waking on every such message cost ten `SET`s per node per acquisition.
+/// The holder's own release still wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_lock() {
+    let cluster = Cluster::start(3);
+    let (a, b) = (redlock(&cluster), redlock(&cluster));
+    let key = "waiting:cleanup";
+    let held = a.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let lock = b
+            .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+            .await;
+        (Instant::now(), lock, b)
+    });
+    let subscribed = Instant::now();
+    while (0..3).any(|n| subscribers(&cluster, n, key) < 1) {
+        assert!(
+            subscribed.elapsed() < ms(5000),
+            "the waiter never subscribed"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+    // Its attempt after subscribing has failed by now; it sleeps.
+    tokio::time::sleep(ms(200)).await;
+    let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
+    let before = sets();
+    cluster.node(0).cmd(&["PUBLISH", &channel(key), "1"]);
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(
+        sets(),
+        before,
+        "the waiter attempted after a release heard on one node of three"
+    );
+    let released = Instant::now();
+    a.unlock(held).await.unwrap();
+    let (acquired, lock, b) = waiter.await.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < ms(100),
+        "woken {after:?} after the holder's release"
+    );
+    b.unlock(lock.unwrap()).await.unwrap();
 }
 
 /// What no message announces: a key that expires (the waiter wakes at the

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use deadpool_redis::redis;
 use redlock_core::{Redlock, RetryPolicy};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -109,6 +110,9 @@ struct Local {
     hold: Stats,
     min_per_task: usize,
     max_per_task: usize,
+    /// `SET` calls per acquisition, summed over the nodes: the attempts the
+    /// waiters sent, won or lost, times the nodes.
+    sets: f64,
 }
 
 async fn one_process(urls: &[String], wake: bool, secs: f64) -> Result<Local, BoxError> {
@@ -117,9 +121,11 @@ async fn one_process(urls: &[String], wake: bool, secs: f64) -> Result<Local, Bo
     // Connections and scripts first, as a running service has them.
     let warm = rl.try_lock(&format!("{key}:warm"), TTL).await?;
     rl.unlock(warm).await?;
+    let sets_before = set_calls(urls).await?;
     let start = Instant::now();
     let holds = run_tasks(&rl, &key, 16, secs).await?;
     let elapsed = start.elapsed().as_secs_f64();
+    let sets = set_calls(urls).await?.saturating_sub(sets_before);
     let mut sorted = holds.clone();
     sorted.sort_by_key(|h| h.got);
     let handoff = sorted
@@ -147,6 +153,7 @@ async fn one_process(urls: &[String], wake: bool, secs: f64) -> Result<Local, Bo
         hold: Stats::new(hold),
         min_per_task: per_task.iter().copied().min().unwrap_or(0),
         max_per_task: per_task.iter().copied().max().unwrap_or(0),
+        sets: sets as f64 / holds.len().max(1) as f64,
     })
 }
 
@@ -177,6 +184,8 @@ struct Spread {
     handoff: Stats,
     per_process: Vec<usize>,
     wait_p99_per_process: Vec<Duration>,
+    /// `SET` calls per acquisition, summed over the nodes.
+    sets: f64,
 }
 
 async fn three_processes(urls: &[String], wake: bool, secs: f64) -> Result<Spread, BoxError> {
@@ -197,6 +206,7 @@ async fn three_processes(urls: &[String], wake: bool, secs: f64) -> Result<Sprea
     }
     // Give them time to connect and warm up, then start them together.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let sets_before = set_calls(urls).await?;
     for c in &mut children {
         if let Some(mut stdin) = c.stdin.take() {
             tokio::io::AsyncWriteExt::write_all(&mut stdin, b"go\n").await?;
@@ -224,6 +234,7 @@ async fn three_processes(urls: &[String], wake: bool, secs: f64) -> Result<Sprea
             }
         }
     }
+    let sets = set_calls(urls).await?.saturating_sub(sets_before);
     holds.sort_by_key(|(_, h)| h.got);
     let handoff = holds
         .windows(2)
@@ -240,7 +251,28 @@ async fn three_processes(urls: &[String], wake: bool, secs: f64) -> Result<Sprea
         handoff: Stats::new(handoff),
         per_process,
         wait_p99_per_process: waits.into_iter().map(|w| Stats::new(w).pct(0.99)).collect(),
+        sets: sets as f64 / holds.len().max(1) as f64,
     })
+}
+
+/// `SET` calls served so far, summed over the nodes (`INFO commandstats`).
+async fn set_calls(urls: &[String]) -> Result<u64, BoxError> {
+    let mut total = 0;
+    for url in urls {
+        let mut conn = redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        total += info
+            .lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_set:calls="))
+            .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Ok(total)
 }
 
 /// The raw baseline's acquire round trip (concurrent `SET NX PX` to every
@@ -276,6 +308,7 @@ pub(super) async fn waiting(setup: &Setup) -> Result<(), BoxError> {
         hold: Stats::new([poll_a.hold.sorted, poll_b.hold.sorted].concat()),
         min_per_task: poll_a.min_per_task.min(poll_b.min_per_task),
         max_per_task: poll_a.max_per_task.max(poll_b.max_per_task),
+        sets: (poll_a.sets + poll_b.sets) / 2.0,
     };
     println!(
         "\n### 8. waiting: woken by releases vs polling (16 tasks, one key, hold {HOLD:?}, \
@@ -320,6 +353,12 @@ pub(super) async fn waiting(setup: &Setup) -> Result<(), BoxError> {
         ms(wake.hold.pct(0.5)),
         ms(poll.hold.pct(0.5)),
         String::new(),
+    );
+    line(
+        "SET calls per acquisition (all nodes)",
+        format!("{:.1}", wake.sets),
+        format!("{:.1}", poll.sets),
+        format!("{:.2}", wake.sets / poll.sets.max(1e-9)),
     );
     let fairness = |l: &Local| l.min_per_task as f64 / l.max_per_task.max(1) as f64;
     line(
@@ -384,6 +423,12 @@ pub(super) async fn waiting(setup: &Setup) -> Result<(), BoxError> {
             .collect::<Vec<_>>()
             .join("/")
     };
+    line(
+        "SET calls per acquisition (all nodes)",
+        format!("{:.1}", procs_wake.sets),
+        format!("{:.1}", procs_poll.sets),
+        String::new(),
+    );
     line(
         "wait p99 per process (ms)",
         p99s(&procs_wake.wait_p99_per_process),
