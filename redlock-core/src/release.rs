@@ -6,9 +6,11 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
+use crate::fan_out::{NodeFuture, Settled};
 use crate::lock::Lock;
 use crate::node::{Call, RELEASE, parse_flag};
 use crate::redlock::Redlock;
@@ -80,21 +82,44 @@ impl Redlock {
                 s.result = Ok(false);
             }
         }
+        self.release_outcome(&settled)
+    }
+
+    /// How many nodes deleted the key, and every node's outcome.
+    fn release_outcome(&self, settled: &[Option<Settled<bool>>]) -> (usize, Report) {
         let deleted = settled
             .iter()
             .flatten()
             .filter(|s| matches!(s.result, Ok(true)))
             .count();
-        (
-            deleted,
-            self.report(&settled, |&d| {
-                if d {
-                    NodeStatus::Ok
-                } else {
-                    NodeStatus::NotHeld
+        let report = self.report(settled, |&d| {
+            if d {
+                NodeStatus::Ok
+            } else {
+                NodeStatus::NotHeld
+            }
+        });
+        (deleted, report)
+    }
+
+    /// Drives a release's remaining nodes to the end in the background:
+    /// dropping their calls could cancel them before they are written, leaving
+    /// those keys to block the resource for a TTL.
+    fn finish_release(&self, mut pending: FuturesUnordered<NodeFuture<bool>>, key: &Arc<str>) {
+        if pending.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (label, this) = (Arc::clone(key), self.clone());
+        rt.spawn(async move {
+            while let Some(s) = pending.next().await {
+                if let Err(e) = &s.result {
+                    tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
                 }
-            }),
-        )
+            }
+        });
     }
 
     /// Releases `lock` (spec step 5): compare-and-delete on every node at once.
@@ -133,39 +158,14 @@ impl Redlock {
             })
             .instrument(span.clone())
             .await;
-        // The other nodes still get their compare-and-delete: dropping their
-        // calls could cancel them before they are written, leaving those keys
-        // to block the resource for a TTL.
-        if !pending.is_empty()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let label = Arc::clone(&lock.key);
-            let this = self.clone();
-            rt.spawn(async move {
-                while let Some(s) = pending.next().await {
-                    if let Err(e) = &s.result {
-                        tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
-                    }
-                }
-            });
-        }
+        // The other nodes still get their compare-and-delete.
+        self.finish_release(pending, &lock.key);
         // Only now: a future dropped mid-release leaves `Drop` to release.
         lock.released = true;
         // The next local waiter attempts at once, whatever the outcome: keys
         // that were not deleted are found busy and waited for.
         self.inner.waiting.queues.release(&lock.key, &lock.token);
-        let deleted = settled
-            .iter()
-            .flatten()
-            .filter(|s| matches!(s.result, Ok(true)))
-            .count();
-        let report = self.report(&settled, |&d| {
-            if d {
-                NodeStatus::Ok
-            } else {
-                NodeStatus::NotHeld
-            }
-        });
+        let (deleted, report) = self.release_outcome(&settled);
         span.in_scope(|| {
             if failed > 0 {
                 tracing::warn!(deleted, report = %report, "release: some nodes failed");

@@ -60,13 +60,16 @@ impl Redlock {
             }
         }
         let mut attempt = 1;
+        // Whether the subscription has been waited for once: a node that
+        // confirms later (or never: paused, down) wakes the waiter then.
+        let mut readied = false;
         loop {
             place.clear_kick();
             // Whether a release from here on is sure to be heard: every node
             // that can has confirmed the subscription.
             let covered = subscription.as_mut().is_some_and(|s| {
                 s.mark_seen();
-                s.confirmed()
+                readied || s.confirmed()
             });
             let err = match self.attempt(resource, key, ttl, attempt).await {
                 Ok(lock) => {
@@ -88,21 +91,18 @@ impl Redlock {
                 if let Some(s) = subscription.as_mut() {
                     // Subscribed on every node before the next attempt, so a
                     // release that lands between the failed attempt and the
-                    // subscription is seen by that attempt.
-                    s.ready(self.inner.settings.node_timeout).await;
+                    // subscription is seen by that attempt. Not past the
+                    // last moment for an attempt.
+                    let limit = latest_start.map_or(self.inner.settings.node_timeout, |l| {
+                        l.saturating_duration_since(now)
+                            .min(self.inner.settings.node_timeout)
+                    });
+                    s.ready(limit).await;
+                    readied = true;
                     continue;
                 }
             }
-            let poll = now.checked_add(retry_delay(retry));
-            // Keys live whole milliseconds; one more and the key is gone.
-            let expiry = match &err {
-                Error::Busy {
-                    retry_after: Some(d),
-                    ..
-                } => now.checked_add(d.saturating_add(Duration::from_millis(1))),
-                _ => None,
-            };
-            let Some(wake) = [poll, expiry, latest_start].into_iter().flatten().min() else {
+            let Some(wake) = fallback(&err, now, retry, latest_start) else {
                 // A delay past the end of time and nothing else to wait for.
                 return Err(err);
             };
@@ -114,6 +114,28 @@ impl Redlock {
             }
         }
     }
+}
+
+/// When a waiter whose attempt failed with `err` at `now` tries again if no
+/// release wakes it first: the safety-net poll, the holder's expiry (an expiry
+/// publishes nothing), or the last moment for an attempt. `None` if none of
+/// them is within the end of time.
+fn fallback(
+    err: &Error,
+    now: Instant,
+    retry: &RetryPolicy,
+    latest_start: Option<Instant>,
+) -> Option<Instant> {
+    let poll = now.checked_add(retry_delay(retry));
+    // Keys live whole milliseconds; one more and the key is gone.
+    let expiry = match err {
+        Error::Busy {
+            retry_after: Some(d),
+            ..
+        } => now.checked_add(d.saturating_add(Duration::from_millis(1))),
+        _ => None,
+    };
+    [poll, expiry, latest_start].into_iter().flatten().min()
 }
 
 /// The time an attempts-only policy would have spent polling: every delay at
