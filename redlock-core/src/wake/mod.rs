@@ -21,12 +21,14 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::error::{NodeStatus, Report};
 use crate::node::Node;
 use crate::queue::Queues;
 use crate::settings::Settings;
 
+mod news;
 mod node_task;
+pub(crate) use news::Found;
+use news::{Chan, NodeSub};
 use node_task::node_task;
 
 /// What the release script's channel names start with; the key follows. Keys
@@ -43,89 +45,6 @@ pub(crate) fn channel(key: &str) -> String {
 /// again: soon after a blip, rarely while a node stays down.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-/// One node's part in a channel's subscription.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NodeSub {
-    /// Asked for, not confirmed yet.
-    Pending,
-    Subscribed,
-    /// No subscription on this node (no connection, or no way to make one):
-    /// its releases are found by the fallback timers only.
-    Down,
-}
-
-/// What a waiter watches: a counter of the subscription changes (a node's
-/// subscription lost or regained), how many releases each node announced, and
-/// each node's subscription.
-#[derive(Debug, Clone)]
-struct Chan {
-    changes: u64,
-    released: Vec<u64>,
-    nodes: Vec<NodeSub>,
-}
-
-/// What a failed attempt found, for judging when the next one may succeed.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Found {
-    /// Per node: another holder's key was there.
-    busy: Vec<bool>,
-    /// How many nodes the attempt took (and has released since).
-    taken: usize,
-}
-
-impl Found {
-    /// From a failed attempt's report. An error without one (or with no busy
-    /// node) wakes the waiter at the first release heard.
-    pub(crate) fn from_report(report: Option<&Report>) -> Self {
-        let Some(r) = report else {
-            return Self::default();
-        };
-        Self {
-            busy: r
-                .nodes
-                .iter()
-                .map(|n| matches!(n.status, NodeStatus::Busy { .. }))
-                .collect(),
-            taken: r.ok_count(),
-        }
-    }
-}
-
-impl Chan {
-    /// Whether a waiter that last looked at `seen`, and whose attempt then
-    /// found `found`, should try again: a subscription changed (whatever it
-    /// would have told is lost), or enough of the nodes it found busy have
-    /// announced a release since that, with the nodes it took itself, they
-    /// make a quorum.
-    ///
-    /// One node's announcement is not enough: a holder's release reaches
-    /// every node, but a failed attempt's clean-up frees only the few nodes it
-    /// took, and waking on those sends every waiter against a lock still held
-    /// on a quorum, whose failed attempts clean up and wake the others again
-    /// (measured: ten `SET`s per node per acquisition with three contending
-    /// processes). With fewer busy nodes subscribed than needed, every one of
-    /// them must announce; the fallback timers cover the rest.
-    fn wakes(&self, seen: &Chan, found: &Found, quorum: usize) -> bool {
-        if self.changes != seen.changes {
-            return true;
-        }
-        let heard = |i: usize| self.released.get(i) != seen.released.get(i);
-        if !found.busy.contains(&true) {
-            return (0..self.released.len()).any(heard);
-        }
-        let busy = |i: &usize| found.busy.get(*i) == Some(&true);
-        let freed = (0..self.released.len())
-            .filter(busy)
-            .filter(|&i| heard(i))
-            .count();
-        let listening = (0..self.nodes.len())
-            .filter(busy)
-            .filter(|&i| self.nodes[i] == NodeSub::Subscribed)
-            .count();
-        freed >= quorum.saturating_sub(found.taken).min(listening).max(1)
-    }
-}
 
 struct Entry {
     refs: usize,
@@ -434,75 +353,6 @@ impl Drop for Subscription<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Five subscribed nodes, nothing announced yet.
-    fn chan() -> Chan {
-        Chan {
-            changes: 0,
-            released: vec![0; 5],
-            nodes: vec![NodeSub::Subscribed; 5],
-        }
-    }
-
-    /// `chan` after releases announced on `nodes`.
-    fn announced(chan: &Chan, nodes: &[usize]) -> Chan {
-        let mut c = chan.clone();
-        for &n in nodes {
-            c.released[n] += 1;
-        }
-        c
-    }
-
-    /// What an attempt found: `busy` nodes held by others, `taken` by itself.
-    fn found(busy: &[usize], taken: usize) -> Found {
-        Found {
-            busy: (0..5).map(|i| busy.contains(&i)).collect(),
-            taken,
-        }
-    }
-
-    #[test]
-    fn a_lock_held_on_a_quorum_wakes_its_waiters_only_once_a_quorum_is_freed() {
-        let seen = chan();
-        let all_busy = found(&[0, 1, 2, 3, 4], 0);
-        // Another waiter's failed attempt cleans up the two nodes it took.
-        assert!(!announced(&seen, &[3, 4]).wakes(&seen, &all_busy, 3));
-        // The holder's release reaches the first of its three nodes.
-        assert!(announced(&seen, &[3, 4, 0]).wakes(&seen, &all_busy, 3));
-        assert!(!announced(&seen, &[0, 1]).wakes(&seen, &all_busy, 3));
-        assert!(announced(&seen, &[0, 1, 2]).wakes(&seen, &all_busy, 3));
-    }
-
-    #[test]
-    fn nodes_the_waiter_took_itself_count_towards_the_quorum() {
-        let seen = chan();
-        // A split vote: the waiter took two nodes (and released them).
-        let split = found(&[0, 1, 2], 2);
-        assert!(announced(&seen, &[2]).wakes(&seen, &split, 3));
-        // Its own clean-up, heard on the nodes it took, frees nothing new.
-        assert!(!announced(&seen, &[3, 4]).wakes(&seen, &split, 3));
-    }
-
-    #[test]
-    fn without_busy_nodes_or_with_a_subscription_change_any_news_wakes() {
-        let seen = chan();
-        assert!(announced(&seen, &[4]).wakes(&seen, &Found::default(), 3));
-        assert!(!seen.wakes(&seen, &Found::default(), 3));
-        let mut changed = seen.clone();
-        changed.changes += 1;
-        assert!(changed.wakes(&seen, &found(&[0, 1, 2, 3, 4], 0), 3));
-    }
-
-    #[test]
-    fn with_too_few_busy_nodes_subscribed_every_one_of_them_must_announce() {
-        let mut seen = chan();
-        for n in [0, 1, 2] {
-            seen.nodes[n] = NodeSub::Down;
-        }
-        let all_busy = found(&[0, 1, 2, 3, 4], 0);
-        assert!(!announced(&seen, &[3]).wakes(&seen, &all_busy, 3));
-        assert!(announced(&seen, &[3, 4]).wakes(&seen, &all_busy, 3));
-    }
 
     #[test]
     fn release_script_publishes_on_the_channel() {
