@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -25,6 +26,23 @@ pub(crate) struct Settled<T> {
 
 /// One node's call, boxed.
 pub(crate) type NodeFuture<T> = Pin<Box<dyn Future<Output = Settled<T>> + Send>>;
+
+/// Polls every call of `pending` once, so that each node's command is on its
+/// connection (over a connection already open) when this returns: what is
+/// sent after it on the same connection runs after it on the node. Returns
+/// the answers that came at once (a node that failed without a round trip).
+pub(crate) async fn send_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -> Vec<Settled<T>> {
+    std::future::poll_fn(|cx| {
+        let mut ready = Vec::new();
+        // `FuturesUnordered` polls each new call once per pass, and returns
+        // early only with an answer: loop until it has nothing more at once.
+        while let Poll::Ready(Some(s)) = pending.poll_next_unpin(cx) {
+            ready.push(s);
+        }
+        Poll::Ready(ready)
+    })
+    .await
+}
 
 impl Redlock {
     /// Spec step 2: sends `call` to the given nodes at once, each under the node
@@ -63,19 +81,48 @@ impl Redlock {
     pub(crate) async fn settle<T, F>(
         &self,
         pending: &mut FuturesUnordered<F>,
+        decided: impl FnMut(&Settled<T>) -> bool,
+    ) -> Vec<Option<Settled<T>>>
+    where
+        F: Future<Output = Settled<T>>,
+    {
+        self.settle_after(Vec::new(), pending, decided).await
+    }
+
+    /// [`Redlock::settle`], starting from the answers `first` that
+    /// [`send_now`] already collected.
+    pub(crate) async fn settle_after<T, F>(
+        &self,
+        first: Vec<Settled<T>>,
+        pending: &mut FuturesUnordered<F>,
         mut decided: impl FnMut(&Settled<T>) -> bool,
     ) -> Vec<Option<Settled<T>>>
     where
         F: Future<Output = Settled<T>>,
     {
         let mut out: Vec<Option<Settled<T>>> = (0..self.inner.nodes.len()).map(|_| None).collect();
-        while let Some(s) = pending.next().await {
+        let mut first = first.into_iter();
+        loop {
+            let s = match first.next() {
+                Some(s) => s,
+                None => match pending.next().await {
+                    Some(s) => s,
+                    None => break,
+                },
+            };
             let done = decided(&s);
             let index = s.index;
             if let Some(slot) = out.get_mut(index) {
                 *slot = Some(s);
             }
             if done {
+                // Answers collected but not judged stay answered.
+                for s in first {
+                    let index = s.index;
+                    if let Some(slot) = out.get_mut(index) {
+                        *slot = Some(s);
+                    }
+                }
                 break;
             }
         }

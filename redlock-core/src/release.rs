@@ -10,7 +10,7 @@ use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{NodeFuture, Settled};
+use crate::fan_out::{NodeFuture, Settled, send_now};
 use crate::lock::Lock;
 use crate::node::{Call, RELEASE, parse_flag};
 use crate::redlock::Redlock;
@@ -148,8 +148,12 @@ impl Redlock {
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
         let mut pending = self.fan_out(&call, parse_flag, 0..n);
+        // Once the compare-and-deletes are on the connections, the next local
+        // waiter may attempt: its `SET`s run after them on every node.
+        let first = send_now(&mut pending).await;
+        self.inner.waiting.queues.hand_over(&lock.key, &lock.token);
         let settled = self
-            .settle(&mut pending, |s| {
+            .settle_after(first, &mut pending, |s| {
                 match s.result {
                     Ok(_) | Err(NodeError::WrongType { .. }) => answered += 1,
                     Err(_) => failed += 1,

@@ -7,6 +7,14 @@
 //! turn to the next local waiter, which then makes a full quorum attempt at
 //! once: the lock itself is never handed over locally, only the right to try.
 //!
+//! A release may hand the turn over *as it is sent* ([`Queues::hand_over`]):
+//! the next waiter's `SET`s then travel right behind the release's
+//! compare-and-delete on each node's connection, and it takes the lock one
+//! round trip sooner. Waiters of other processes only hear of the release
+//! once it ran, so a process could keep the lock for as long as it has local
+//! waiters; a hand-over is therefore allowed [`HAND_OVER_STREAK`] times in a
+//! row, and the next release lets the waiters of every process contend.
+//!
 //! The turn is advisory, never a safety property: a holder whose validity ran
 //! out without a release loses its turn to the next waiter
 //! ([`Queues::expire`]), a waiter that waited longer than its budget makes one
@@ -39,11 +47,18 @@ struct Waiting {
     waker: Option<Waker>,
 }
 
+/// How many releases in a row may hand the turn over as they are sent (see the
+/// module docs): a process that wins the lock keeps it for at most this many
+/// more holds before its next waiter contends with the other processes'.
+pub(crate) const HAND_OVER_STREAK: u32 = 1;
+
 #[derive(Debug, Default)]
 struct KeyQueue {
     /// The waiters behind the turn, oldest first.
     waiting: VecDeque<Waiting>,
     turn: Option<Turn>,
+    /// How many of the last releases handed the turn over as they were sent.
+    streak: u32,
     /// A local release that did not hold the turn (a `try_lock` holder, or a
     /// holder whose turn had expired) happened while the head was contending:
     /// the head should attempt again at once.
@@ -67,6 +82,10 @@ impl KeyQueue {
 
     fn is_idle(&self) -> bool {
         self.turn.is_none() && self.waiting.is_empty()
+    }
+
+    fn holds(&self, token: &str) -> bool {
+        matches!(&self.turn, Some(Turn::Holder { token: t, .. }) if **t == *token)
     }
 }
 
@@ -173,11 +192,32 @@ impl Queues {
         .unwrap_or(false)
     }
 
+    /// The release of `token` has just been sent, and its commands are on the
+    /// nodes' connections: if a waiter is queued and the streak allows, its
+    /// turn comes now, so that its `SET`s follow the release on every
+    /// connection. Returns whether the turn was handed over. Either way
+    /// [`Queues::release`] follows once the release is decided.
+    pub(crate) fn hand_over(&self, key: &str, token: &str) -> bool {
+        self.with_key(key, |q| {
+            if !q.holds(token) || q.waiting.is_empty() || q.streak >= HAND_OVER_STREAK {
+                return false;
+            }
+            q.streak = q.streak.saturating_add(1);
+            q.pass();
+            true
+        })
+        .unwrap_or(false)
+    }
+
     /// The lock of `token` was released in this process: its turn goes to the
-    /// next waiter; a head that is contending is told to attempt at once.
+    /// next waiter (unless [`Queues::hand_over`] gave it already), and a head
+    /// that is contending is told to attempt at once.
     pub(crate) fn release(&self, key: &str, token: &str) {
         self.with_key(key, |q| match &q.turn {
-            Some(Turn::Holder { token: t, .. }) if **t == *token => q.pass(),
+            Some(Turn::Holder { token: t, .. }) if **t == *token => {
+                q.streak = 0;
+                q.pass();
+            }
             Some(Turn::Waiter(_)) => {
                 q.kicked = true;
                 if let Some(w) = q.head_waker.take() {

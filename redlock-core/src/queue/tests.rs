@@ -31,6 +31,43 @@ mod unit {
     }
 
     #[test]
+    fn a_hand_over_is_allowed_once_in_a_row_then_a_release_resets_the_streak() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let ids: Vec<u64> = (0..4).map(|_| q.join(&key)).collect();
+        let tokens: Vec<Arc<str>> = (0..4).map(|i| format!("t{i}").into()).collect();
+        // Nobody queued behind: nothing to hand over.
+        let lone: Arc<str> = "lone".into();
+        let other: Arc<str> = "other".into();
+        let l = q.join(&other);
+        assert!(q.hold(&other, l, &lone, far));
+        assert!(!q.hand_over(&other, &lone));
+        q.release(&other, &lone);
+        // A holds; its release hands the turn to B as it is sent.
+        assert!(q.hold(&key, ids[0], &tokens[0], far));
+        assert!(!q.hand_over(&key, "not-the-holder"));
+        assert!(q.hand_over(&key, &tokens[0]));
+        assert!(poll_turn(&q, &key, ids[1]));
+        // A's release, once decided, only kicks B (who is contending).
+        q.release(&key, &tokens[0]);
+        assert!(poll_turn(&q, &key, ids[1]));
+        // B holds; the streak is used up: B's release waits for its decision.
+        assert!(q.hold(&key, ids[1], &tokens[1], far));
+        assert!(!q.hand_over(&key, &tokens[1]));
+        assert!(!poll_turn(&q, &key, ids[2]));
+        q.release(&key, &tokens[1]);
+        assert!(poll_turn(&q, &key, ids[2]));
+        // ... which reset the streak.
+        assert!(q.hold(&key, ids[2], &tokens[2], far));
+        assert!(q.hand_over(&key, &tokens[2]));
+        assert!(poll_turn(&q, &key, ids[3]));
+        q.release(&key, &tokens[2]);
+        q.leave(&key, ids[3]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
     fn leaving_waiters_do_not_take_the_turn_along() {
         let q = Queues::default();
         let key: Arc<str> = "k".into();
@@ -115,6 +152,41 @@ mod loom_tests {
             let releaser = {
                 let (q, key, token) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&token));
                 thread::spawn(move || q.release(&key, &token))
+            };
+            let dropper = {
+                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
+                thread::spawn(move || q.leave(&key, a))
+            };
+            turn(&q, &key, b);
+            for t in [releaser, dropper] {
+                if let Err(e) = t.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            q.leave(&key, b);
+            assert!(q.is_empty());
+        });
+    }
+
+    /// A release hands the turn over as it is sent, then is decided, while the
+    /// first waiter is dropped: the second waiter gets the turn in every
+    /// order, and nothing is left behind.
+    #[test]
+    fn hand_over_racing_a_dropped_waiter_wakes_the_next() {
+        loom::model(|| {
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let token: Arc<str> = "t".into();
+            let h = q.join(&key);
+            assert!(q.hold(&key, h, &token, far()));
+            let a = q.join(&key);
+            let b = q.join(&key);
+            let releaser = {
+                let (q, key, token) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&token));
+                thread::spawn(move || {
+                    q.hand_over(&key, &token);
+                    q.release(&key, &token);
+                })
             };
             let dropper = {
                 let (q, key) = (Arc::clone(&q), Arc::clone(&key));

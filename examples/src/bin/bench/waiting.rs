@@ -182,6 +182,10 @@ pub(super) async fn child(args: &[String]) -> Result<(), BoxError> {
 /// What one variant of the three-process run measured.
 struct Spread {
     handoff: Stats,
+    /// Handoffs to a holder of the same process as the one before, and to
+    /// one of another process.
+    within: Stats,
+    across: Stats,
     per_process: Vec<usize>,
     wait_p99_per_process: Vec<Duration>,
     /// `SET` calls per acquisition, summed over the nodes.
@@ -236,11 +240,23 @@ async fn three_processes(urls: &[String], wake: bool, secs: f64) -> Result<Sprea
     }
     let sets = set_calls(urls).await?.saturating_sub(sets_before);
     holds.sort_by_key(|(_, h)| h.got);
-    let handoff = holds
-        .windows(2)
-        .filter_map(|w| w[1].1.got.checked_sub(w[0].1.released))
-        .map(Duration::from_nanos)
-        .collect();
+    let gap = |w: &[(usize, Hold)]| {
+        w[1].1
+            .got
+            .checked_sub(w[0].1.released)
+            .map(Duration::from_nanos)
+    };
+    let handoff = holds.windows(2).filter_map(gap).collect();
+    let (mut within, mut across) = (Vec::new(), Vec::new());
+    for w in holds.windows(2) {
+        if let Some(d) = gap(w) {
+            if w[0].0 == w[1].0 {
+                within.push(d);
+            } else {
+                across.push(d);
+            }
+        }
+    }
     let mut per_process = vec![0; 3];
     let mut waits: Vec<Vec<Duration>> = vec![Vec::new(); 3];
     for (p, h) in &holds {
@@ -249,6 +265,8 @@ async fn three_processes(urls: &[String], wake: bool, secs: f64) -> Result<Sprea
     }
     Ok(Spread {
         handoff: Stats::new(handoff),
+        within: Stats::new(within),
+        across: Stats::new(across),
         per_process,
         wait_p99_per_process: waits.into_iter().map(|w| Stats::new(w).pct(0.99)).collect(),
         sets: sets as f64 / holds.len().max(1) as f64,
@@ -405,6 +423,21 @@ pub(super) async fn waiting(setup: &Setup) -> Result<(), BoxError> {
             String::new(),
         );
     }
+    let split = |s: &Spread| {
+        let n = s.within.sorted.len() + s.across.sorted.len();
+        format!(
+            "{:.0}% {} / {}",
+            100.0 * s.within.sorted.len() as f64 / n.max(1) as f64,
+            rtts(s.within.pct(0.5)),
+            rtts(s.across.pct(0.5))
+        )
+    };
+    line(
+        "same process next: share, p50 same / other",
+        split(&procs_wake),
+        split(&procs_poll),
+        String::new(),
+    );
     let list = |v: &[usize]| {
         v.iter()
             .map(ToString::to_string)
