@@ -137,11 +137,11 @@ mod loom_tests {
         });
     }
 
-    /// A holder releases while the first waiter is dropped: the second waiter
-    /// gets the turn whichever happens first, and nothing is left behind.
-    #[test]
-    fn release_racing_a_dropped_waiter_wakes_the_next() {
-        loom::model(|| {
+    /// A holder's release (`release`) races the first waiter being dropped:
+    /// the second waiter gets the turn whichever happens first, and nothing is
+    /// left behind.
+    fn release_racing_a_dropped_waiter(release: fn(&Queues, &str, &str)) {
+        loom::model(move || {
             let q = Arc::new(Queues::default());
             let key: Arc<str> = "k".into();
             let token: Arc<str> = "t".into();
@@ -151,7 +151,7 @@ mod loom_tests {
             let b = q.join(&key);
             let releaser = {
                 let (q, key, token) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&token));
-                thread::spawn(move || q.release(&key, &token))
+                thread::spawn(move || release(&q, &key, &token))
             };
             let dropper = {
                 let (q, key) = (Arc::clone(&q), Arc::clone(&key));
@@ -168,38 +168,17 @@ mod loom_tests {
         });
     }
 
-    /// A release hands the turn over as it is sent, then is decided, while the
-    /// first waiter is dropped: the second waiter gets the turn in every
-    /// order, and nothing is left behind.
+    #[test]
+    fn release_racing_a_dropped_waiter_wakes_the_next() {
+        release_racing_a_dropped_waiter(|q, key, token| q.release(key, token));
+    }
+
+    /// The turn handed over as the release is sent, then the release decided.
     #[test]
     fn hand_over_racing_a_dropped_waiter_wakes_the_next() {
-        loom::model(|| {
-            let q = Arc::new(Queues::default());
-            let key: Arc<str> = "k".into();
-            let token: Arc<str> = "t".into();
-            let h = q.join(&key);
-            assert!(q.hold(&key, h, &token, far()));
-            let a = q.join(&key);
-            let b = q.join(&key);
-            let releaser = {
-                let (q, key, token) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&token));
-                thread::spawn(move || {
-                    q.hand_over(&key, &token);
-                    q.release(&key, &token);
-                })
-            };
-            let dropper = {
-                let (q, key) = (Arc::clone(&q), Arc::clone(&key));
-                thread::spawn(move || q.leave(&key, a))
-            };
-            turn(&q, &key, b);
-            for t in [releaser, dropper] {
-                if let Err(e) = t.join() {
-                    std::panic::resume_unwind(e);
-                }
-            }
-            q.leave(&key, b);
-            assert!(q.is_empty());
+        release_racing_a_dropped_waiter(|q, key, token| {
+            q.hand_over(key, token);
+            q.release(key, token);
         });
     }
 
