@@ -101,6 +101,11 @@ impl Redlock {
         F: Future<Output = Settled<T>>,
     {
         let mut out: Vec<Option<Settled<T>>> = (0..self.inner.nodes.len()).map(|_| None).collect();
+        let put = |out: &mut Vec<Option<Settled<T>>>, s: Settled<T>| {
+            if let Some(slot) = out.get_mut(s.index) {
+                *slot = Some(s);
+            }
+        };
         let mut first = first.into_iter();
         loop {
             let s = match first.next() {
@@ -111,18 +116,10 @@ impl Redlock {
                 },
             };
             let done = decided(&s);
-            let index = s.index;
-            if let Some(slot) = out.get_mut(index) {
-                *slot = Some(s);
-            }
+            put(&mut out, s);
             if done {
                 // Answers collected but not judged stay answered.
-                for s in first {
-                    let index = s.index;
-                    if let Some(slot) = out.get_mut(index) {
-                        *slot = Some(s);
-                    }
-                }
+                first.for_each(|s| put(&mut out, s));
                 break;
             }
         }

@@ -166,8 +166,9 @@ impl Redlock {
         self.finish_release(pending, &lock.key);
         // Only now: a future dropped mid-release leaves `Drop` to release.
         lock.released = true;
-        // The next local waiter attempts at once, whatever the outcome: keys
-        // that were not deleted are found busy and waited for.
+        // Unless `hand_over` gave it the turn already, the next local waiter
+        // attempts now, whatever the outcome: keys that were not deleted are
+        // found busy and waited for.
         self.inner.waiting.queues.release(&lock.key, &lock.token);
         let (deleted, report) = self.release_outcome(&settled);
         span.in_scope(|| {
