@@ -46,9 +46,7 @@ impl Redlock {
         // applies it, whatever the outcome here (a late answer, a minority): the
         // validity is lowered to what the new TTL allows before anything is sent,
         // and stays lowered if the extend fails.
-        let capped = validity(ttl, Duration::ZERO, &self.inner.settings)
-            .map_or(start, |v| instant_after(start, v));
-        lock.valid_until = lock.valid_until.min(capped);
+        lock.valid_until = lock.valid_until.min(self.extend_cap(ttl, start));
         let span = tracing::debug_span!(
             "redlock.extend",
             resource = %lock.resource,
@@ -57,6 +55,14 @@ impl Redlock {
         );
         let extended = self.extend_round(lock, ttl, start, &span).await;
         self.apply_extend(lock, ttl, start, extended)
+    }
+
+    /// The latest validity an extend to `ttl` sent from `start` on can leave:
+    /// the keys that apply it expire `ttl` after it reaches them, so nothing
+    /// may count on the lock past `start + ttl - drift`, whatever the outcome.
+    pub(crate) fn extend_cap(&self, ttl: Duration, start: Instant) -> Instant {
+        validity(ttl, Duration::ZERO, &self.inner.settings)
+            .map_or(start, |v| instant_after(start, v))
     }
 
     /// Checks that `lock` may be extended now, and returns the extend's start:

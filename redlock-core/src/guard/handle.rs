@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,12 @@ pub(super) struct Shared {
     pub(super) extensions: AtomicU32,
     pub(super) fencing_token: Option<FencingToken>,
     /// Sticky: once cancelled, the lock stays lost for its holder even if a
-    /// renewal that was in flight succeeds afterwards.
+    /// renewal that was in flight succeeds afterwards. Cancelled by a release
+    /// too: from then on no handle may say "held".
     pub(super) lost: CancellationToken,
+    /// Set when the guard gave the lock up (released or dropped) while it was
+    /// still held, so a release is not reported as a loss.
+    pub(super) released: AtomicBool,
 }
 
 impl Shared {
@@ -44,6 +48,13 @@ impl Shared {
         let ns =
             u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
         self.valid_until_ns.store(ns, Ordering::Release);
+    }
+
+    /// Lowers the validity to `at` if that is earlier (never raises it).
+    pub(super) fn lower_valid_until(&self, at: Instant) {
+        let ns =
+            u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        self.valid_until_ns.fetch_min(ns, Ordering::AcqRel);
     }
 
     pub(super) fn valid_until(&self) -> Instant {
@@ -59,8 +70,23 @@ impl Shared {
             .unwrap_or(self.epoch)
     }
 
-    /// Lost if the renewal task said so, or if the clock passed the deadline,
-    /// whether or not the renewal task has run since.
+    /// The guard gives the lock up: from this call on, every handle answers
+    /// "not held" (`is_lost()`, zero `remaining()`, `lost()` complete), before
+    /// the release is even sent. Never blocks (it runs in `Drop`).
+    pub(super) fn give_up(&self) {
+        if !self.is_lost() {
+            self.released.store(true, Ordering::Release);
+        }
+        self.lost.cancel();
+    }
+
+    /// Whether the guard gave the lock up while it was held.
+    pub(super) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Lost if the renewal task said so, if the guard released it, or if the
+    /// clock passed the deadline, whether or not the renewal task has run since.
     pub(super) fn is_lost(&self) -> bool {
         if self.lost.is_cancelled() {
             return true;
@@ -153,18 +179,30 @@ impl LockHandle {
         self.shared.fencing_token
     }
 
-    /// Whether the lock was lost: a renewal found it gone, the renewal task
-    /// stopped, or the clock reached the confirmed validity less the loss margin.
-    /// Checked against the clock on every call. Once true, another client may
-    /// hold the lock, and it stays true.
+    /// Whether this handle no longer holds the lock: a renewal found it gone,
+    /// the renewal task stopped, the clock reached the confirmed validity less
+    /// the loss margin, or the guard released the lock (or was dropped; see
+    /// [`is_released`](Self::is_released) to tell the two apart). Checked
+    /// against the clock on every call. Once true, another client may hold the
+    /// lock, and it stays true.
+    ///
+    /// A handle kept past the release (cloned into a spawned task, say) thus
+    /// never tells its code that it still holds the lock.
     pub fn is_lost(&self) -> bool {
         self.shared.is_lost()
     }
 
-    /// Completes when the lock is lost, at the latest when the clock reaches the
-    /// confirmed validity less the loss margin (its own timer, not the renewal
-    /// task's). Never completes while the lock is held; after a normal release it
-    /// completes only if the lock had been lost before.
+    /// Whether the guard gave the lock up ([`LockGuard::release`](crate::LockGuard::release)
+    /// or its drop) while it was still held. [`is_lost`](Self::is_lost) is
+    /// true from then on as well: the code under the lock must stop either way.
+    pub fn is_released(&self) -> bool {
+        self.shared.is_released()
+    }
+
+    /// Completes when this handle no longer holds the lock: when it is lost,
+    /// at the latest when the clock reaches the confirmed validity less the loss
+    /// margin (its own timer, not the renewal task's), or when the guard
+    /// releases it. Never completes while the lock is held.
     pub fn lost(&self) -> LostFuture {
         LostFuture::new(Arc::clone(&self.shared))
     }

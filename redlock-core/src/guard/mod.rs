@@ -76,15 +76,7 @@ impl LockGuard {
     pub fn new(lock: Lock, options: &LockOptions) -> Result<Self, Error> {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::NoRuntime("a LockGuard's renewal task"))?;
-        let margin = options
-            .loss_margin
-            .unwrap_or_else(|| lock.redlock().loss_margin());
-        if margin >= options.ttl {
-            return Err(Error::InvalidConfig(format!(
-                "loss margin {margin:?} must be shorter than the TTL {:?}",
-                options.ttl
-            )));
-        }
+        let margin = lock.redlock().loss_margin_for(options)?;
         let shared = Arc::new(Shared {
             resource: Arc::clone(lock.shared_resource()),
             key: Arc::clone(lock.shared_key()),
@@ -96,6 +88,7 @@ impl LockGuard {
             extensions: AtomicU32::new(0),
             fencing_token: lock.fencing_token(),
             lost: CancellationToken::new(),
+            released: std::sync::atomic::AtomicBool::new(false),
         });
         shared.set_valid_until(lock.valid_until());
         let stop = CancellationToken::new();
@@ -157,6 +150,7 @@ impl LockGuard {
     /// quorum (the keys expire by TTL), or [`Error::Lost`] if the renewal task
     /// panicked.
     pub async fn release(mut self) -> Result<Released, Error> {
+        self.handle.shared.give_up();
         self.stop.cancel();
         match self.task.take() {
             Some(task) => task.await.unwrap_or_else(|_| {
@@ -174,7 +168,9 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         // The renewal task sees this, finishes any renewal in flight, then releases
-        // (spawned work: nothing here blocks).
+        // (spawned work: nothing here blocks). Handles kept elsewhere stop saying
+        // "held" now, before the release is sent.
+        self.handle.shared.give_up();
         self.stop.cancel();
     }
 }
@@ -191,9 +187,28 @@ impl Redlock {
         resource: &str,
         options: &LockOptions,
     ) -> Result<LockGuard, Error> {
+        // Checked before any node is asked: a margin that can never hold would
+        // otherwise cost every call a full acquire and release.
+        self.loss_margin_for(options)?;
         let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
         let lock = self.lock_with(resource, options.ttl, retry).await?;
         LockGuard::new(lock, options)
+    }
+
+    /// The loss margin a guard taken with `options` uses: the options' own, or
+    /// the handle's.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when it is not shorter than the TTL.
+    fn loss_margin_for(&self, options: &LockOptions) -> Result<Duration, Error> {
+        let margin = options.loss_margin.unwrap_or_else(|| self.loss_margin());
+        if margin >= options.ttl {
+            return Err(Error::InvalidConfig(format!(
+                "loss margin {margin:?} must be shorter than the TTL {:?}",
+                options.ttl
+            )));
+        }
+        Ok(margin)
     }
 
     /// Runs the future `f` makes while holding the lock, with auto-extension.

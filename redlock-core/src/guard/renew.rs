@@ -112,6 +112,11 @@ pub(super) async fn keep_alive(
                 options.ttl.min(left)
             }
         };
+        // A renewal that shortens the keys (the `max_hold` cap) does so on every
+        // node it reaches, from the moment it is sent: the holder is told the
+        // lower validity first, so a task starved between the send and the
+        // reply cannot leave it counting on the old one.
+        shared.lower_valid_until(redlock.extend_cap(ttl, Instant::now()));
         // The extend may not outlast the holder's deadline: a renewal confirmed
         // after the holder was told "lost" would be no use to it.
         let deadline = shared.deadline();

@@ -116,7 +116,9 @@ impl RequestLock {
 
 impl Drop for RequestLock {
     fn drop(&mut self) {
-        let lost = self.handle.is_lost();
+        // A release marks the handle "not held" too; only a loss before it is
+        // recorded as one.
+        let lost = self.handle.is_lost() && !self.handle.is_released();
         self.span
             .record("hold_ms", self.acquired.elapsed().as_millis() as u64);
         self.span.record("extensions", self.handle.extensions());

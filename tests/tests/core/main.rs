@@ -11,4 +11,5 @@ mod inputs;
 mod safety;
 mod smoke;
 mod tls;
+mod view;
 mod waiting;
