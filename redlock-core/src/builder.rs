@@ -90,8 +90,9 @@ impl RedlockBuilder {
     /// (`SSL_CERT_FILE=/path/ca.pem` is honoured). The `tls` feature uses
     /// rustls with its `ring` provider, installed as the process default at the
     /// first `rediss://` node unless the application installed one before.
-    /// `rediss://host:port/#insecure` (no certificate check at all) works only
-    /// with redis' `tls-rustls-insecure` feature and is for tests only.
+    /// `rediss://host:port/#insecure` (no certificate check at all) is refused
+    /// with [`Error::InvalidUrl`](crate::Error::InvalidUrl): trust the private
+    /// CA instead, as above.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.sources.push(NodeSource::Url(url.into()));
         self

@@ -18,6 +18,20 @@ impl Node {
                 "rediss:// needs the `tls` feature of redlock-core".into(),
             ));
         }
+        if url.starts_with("rediss://") && url.split_once('#').is_some_and(|(_, f)| f == "insecure")
+        {
+            // redis-rs would accept the URL and fail every connect with "Cannot
+            // create insecure client without tls-rustls-insecure feature": say
+            // what to do instead, once, at build time.
+            return Err(invalid_url(
+                url,
+                "`#insecure` (no certificate check) is not supported; to trust a \
+                 private CA, give its PEM with `RedlockBuilder::tls_url(url, \
+                 TlsCertificates { root_cert: Some(ca), client_tls: None })`, or \
+                 set SSL_CERT_FILE=/path/to/ca.pem"
+                    .into(),
+            ));
+        }
         let info = url
             .into_connection_info()
             .map_err(|e| invalid_url(url, e.to_string()))?;

@@ -122,3 +122,25 @@ async fn tls_node_with_an_unknown_ca_is_a_connect_error() {
     }
     assert_no_password(&[format!("{err}"), format!("{err:?}"), format!("{rl:?}")]);
 }
+
+/// Issue 18 ("Also"): `rediss://…/#insecure` used to build, then fail every
+/// connect with redis-rs' "Cannot create insecure client without
+/// tls-rustls-insecure feature". It is refused at build time, with a reason
+/// that says how to trust a private CA, and without the password.
+#[test]
+fn an_insecure_tls_url_is_refused_with_what_to_do_instead() {
+    let err = Redlock::builder()
+        .url("rediss://:hunter2secret@127.0.0.1:6380/#insecure")
+        .build()
+        .expect_err("#insecure is not supported");
+    let Error::InvalidUrl { reason, .. } = &err else {
+        panic!("expected InvalidUrl, got {err:?}");
+    };
+    assert!(
+        reason.contains("tls_url") && reason.contains("SSL_CERT_FILE"),
+        "{reason}"
+    );
+    for shown in [format!("{err}"), format!("{err:?}")] {
+        assert!(!shown.contains("hunter2secret"), "password shown: {shown}");
+    }
+}
