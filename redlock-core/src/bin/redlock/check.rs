@@ -1,0 +1,177 @@
+//! `redlock check`: each node's version, run_id, persistence and latency, and
+//! what would make the set unfit for Redlock: two URLs that reach one server
+//! (same `run_id`), a node down, and with `--fencing`, nodes where the mode is
+//! unsound.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use redlock_core::{FencingMode, NodeInfo, Redlock};
+use serde_json::json;
+
+use crate::run::Fencing;
+use crate::{code, fail};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Also judge each node's persistence for this fencing mode.
+    #[arg(long, value_enum)]
+    fencing: Option<Fencing>,
+    /// JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One node's findings.
+struct Row {
+    url: String,
+    info: Option<NodeInfo>,
+    latency: Option<Duration>,
+    problems: Vec<String>,
+}
+
+/// The median of three inspections of a key nobody uses: one round trip each.
+async fn latency(redlock: &Redlock) -> Option<Duration> {
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let seen = redlock.inspect("redlock-check:latency").await.ok()?;
+        if seen.nodes.iter().any(|n| n.state.is_err()) {
+            return None;
+        }
+        times.push(start.elapsed());
+    }
+    times.sort();
+    times.get(1).copied()
+}
+
+async fn check_one(url: &str, node_timeout: Duration, fencing: Option<FencingMode>) -> Row {
+    let mut row = Row {
+        url: redlock_core::redact_url(url),
+        info: None,
+        latency: None,
+        problems: Vec::new(),
+    };
+    let mut builder = Redlock::builder().url(url).node_timeout(node_timeout);
+    if let Some(mode) = fencing {
+        builder = builder.fencing(mode);
+    }
+    let redlock = match builder.build() {
+        Ok(r) => r,
+        Err(e) => {
+            row.problems.push(e.to_string());
+            return row;
+        }
+    };
+    match redlock.check_nodes().await {
+        Ok(mut infos) => row.info = infos.pop(),
+        Err(e) => row.problems.push(e.to_string()),
+    }
+    if let Some(info) = &row.info {
+        if let Some(e) = &info.error {
+            row.problems.push(format!("unreachable: {e}"));
+        } else {
+            row.latency = latency(&redlock).await;
+        }
+        if let Some(check) = info.fencing.as_ref().filter(|c| !c.is_sound()) {
+            row.problems.push(format!("fencing unsound: {check:?}"));
+        }
+    }
+    row
+}
+
+pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) -> ExitCode {
+    if nodes.is_empty() {
+        return fail(
+            code::USAGE,
+            "no nodes: give --nodes or set REDLOCK_NODES (comma-separated redis:// URLs)",
+        );
+    }
+    let fencing = args.fencing.map(|f| match f {
+        Fencing::Durable => FencingMode::Durable,
+        Fencing::Hybrid => FencingMode::Hybrid,
+    });
+    let mut rows =
+        futures_util::future::join_all(nodes.iter().map(|u| check_one(u, node_timeout, fencing)))
+            .await;
+    // Two URLs, one server: a single failure takes both, so they are one vote.
+    for i in 0..rows.len() {
+        let run_id = rows[i].info.as_ref().and_then(|n| n.run_id.clone());
+        if let Some(run_id) = run_id
+            && let Some(j) = (0..i).find(|&j| {
+                rows[j].info.as_ref().and_then(|n| n.run_id.as_deref()) == Some(run_id.as_str())
+            })
+        {
+            let first = rows[j].url.clone();
+            rows[i]
+                .problems
+                .push(format!("same server as {first} (run_id {run_id})"));
+        }
+    }
+    let healthy = rows.iter().filter(|r| r.problems.is_empty()).count();
+    let quorum = nodes.len() / 2 + 1;
+    if args.json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let info = r.info.as_ref();
+                json!({
+                    "node": r.url,
+                    "version": info.and_then(|i| i.version.clone()),
+                    "run_id": info.and_then(|i| i.run_id.clone()),
+                    "aof_enabled": info.and_then(|i| i.aof_enabled),
+                    "appendfsync": info.and_then(|i| i.appendfsync.clone()),
+                    "latency_us": r.latency.map(|l| u64::try_from(l.as_micros()).unwrap_or(u64::MAX)),
+                    "problems": r.problems,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"nodes": list, "quorum": quorum, "healthy": healthy, "ok": healthy == rows.len()})
+        );
+    } else {
+        let width = rows.iter().map(|r| r.url.len()).max().unwrap_or(4).max(4);
+        println!(
+            "{:<width$}  {:<8}  {:<12}  {:<10}  {:>10}  PROBLEMS",
+            "NODE", "VERSION", "RUN_ID", "AOF/FSYNC", "LATENCY"
+        );
+        for r in &rows {
+            let info = r.info.as_ref();
+            let run_id: String = info
+                .and_then(|i| i.run_id.as_deref())
+                .map_or_else(|| "-".into(), |id| id.chars().take(12).collect());
+            let aof = match info.and_then(|i| i.aof_enabled) {
+                Some(true) => format!(
+                    "yes/{}",
+                    info.and_then(|i| i.appendfsync.as_deref()).unwrap_or("?")
+                ),
+                Some(false) => "no".into(),
+                None => "-".into(),
+            };
+            println!(
+                "{:<width$}  {:<8}  {:<12}  {:<10}  {:>10}  {}",
+                r.url,
+                info.and_then(|i| i.version.as_deref()).unwrap_or("-"),
+                run_id,
+                aof,
+                r.latency
+                    .map_or_else(|| "-".into(), |l| format!("{} us", l.as_micros())),
+                if r.problems.is_empty() {
+                    "ok".to_owned()
+                } else {
+                    r.problems.join("; ")
+                },
+            );
+        }
+        println!(
+            "{healthy} of {} node(s) fit for Redlock (quorum {quorum})",
+            rows.len()
+        );
+    }
+    if healthy == rows.len() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(code::FAILURE)
+    }
+}
