@@ -290,6 +290,29 @@ impl RedlockBuilder {
         self.settings.wake_on_release = on;
         self
     }
+
+    /// Labels the per-lock metrics (see [`crate::metrics`]) with `key`, the
+    /// name `label` gives the resource's Redis key. Off by default: a
+    /// resource key can be anything a client sends, and each distinct label
+    /// value is a new time series. `label` must map keys to a small, bounded
+    /// set (a key's kind, a tenant tier), never return the key itself; it
+    /// returns `&'static str` to make that hard to get wrong.
+    ///
+    /// ```
+    /// let builder = redlock_core::Redlock::builder().metrics_key_label(|key| {
+    ///     if key.starts_with("redlock:/webhooks") { "webhooks" } else { "other" }
+    /// });
+    /// # let _ = builder;
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_key_label(
+        mut self,
+        label: impl Fn(&str) -> &'static str + Send + Sync + 'static,
+    ) -> Self {
+        self.settings.metrics_key = Some(crate::metrics::KeyLabel(std::sync::Arc::new(label)));
+        self
+    }
 }
 
 impl Redlock {

@@ -54,7 +54,16 @@ impl Redlock {
             ttl_ms = ttl.as_millis() as u64,
         );
         let extended = self.extend_round(lock, ttl, start, &span).await;
-        self.apply_extend(lock, ttl, start, extended)
+        let result = self.apply_extend(lock, ttl, start, extended);
+        let outcome = match &result {
+            Ok(()) => "extended",
+            Err(Error::NotHeld { .. }) => "not_held",
+            Err(Error::NoQuorum { .. }) => "no_quorum",
+            Err(Error::Expired { .. }) => "expired",
+            Err(_) => "error",
+        };
+        crate::metrics::extended(self.metrics_key(&lock.key), outcome);
+        result
     }
 
     /// The latest validity an extend to `ttl` sent from `start` on can leave:

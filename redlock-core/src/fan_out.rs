@@ -65,11 +65,15 @@ impl Redlock {
                     let node = &inner.nodes[index];
                     let generation = node.generation();
                     let (result, latency) = node.run(&call, timeout).await;
+                    let result = result.and_then(parse);
+                    if let Err(e) = &result {
+                        crate::metrics::node_error(&node.label, e);
+                    }
                     Settled {
                         index,
                         latency,
                         generation,
-                        result: result.and_then(parse),
+                        result,
                     }
                 }) as NodeFuture<T>
             })

@@ -125,6 +125,8 @@ mod fencing;
 mod guard;
 mod inspect;
 mod lock;
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub mod metrics;
 mod node;
 mod queue;
 mod redlock;

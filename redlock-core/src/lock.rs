@@ -26,6 +26,9 @@ pub struct Lock {
     pub(crate) late: Option<Arc<Late>>,
     pub(crate) released: bool,
     pub(crate) fencing_token: Option<FencingToken>,
+    /// When the lock was acquired (the hold time's start; `started` moves with
+    /// each extension).
+    pub(crate) acquired_at: Instant,
 }
 
 impl std::fmt::Debug for Lock {
@@ -98,8 +101,14 @@ impl Lock {
         self.fencing_token
     }
 
-    /// Marks the lock released for the straggler task, before the release is sent.
+    /// Marks the lock released for the straggler task, before the release is
+    /// sent (once per lock: by the release or by the drop), and ends its hold
+    /// in the metrics.
     pub(crate) fn abandon(&self) {
+        crate::metrics::held(
+            self.redlock.metrics_key(&self.key),
+            Some(self.acquired_at.elapsed()),
+        );
         if let Some(late) = &self.late {
             late.released_everywhere.store(true, Ordering::SeqCst);
             late.abandoned.store(true, Ordering::SeqCst);

@@ -178,6 +178,7 @@ impl Redlock {
                 tracing::debug!(deleted, report = %report, "released");
             }
         });
+        crate::metrics::released(self.metrics_key(&lock.key), answered >= q);
         if answered >= q {
             return Ok(Released { deleted, report });
         }

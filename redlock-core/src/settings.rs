@@ -198,6 +198,8 @@ pub(crate) struct Settings {
     pub(crate) fencing: Option<FencingMode>,
     /// Waiters queue locally and are woken by releases (else they poll).
     pub(crate) wake_on_release: bool,
+    /// The opt-in `key` label of the metrics (none by default).
+    pub(crate) metrics_key: Option<crate::metrics::KeyLabel>,
 }
 
 impl Default for Settings {
@@ -214,6 +216,7 @@ impl Default for Settings {
             loss_margin: None,
             fencing: None,
             wake_on_release: true,
+            metrics_key: None,
         }
     }
 }

@@ -32,10 +32,11 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::Uri;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Extension, Router};
 use futures_util::StreamExt;
 use http::{Method, StatusCode};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redlock_examples::{Args, BoxError, Gauge, Nodes, http_client, percentile, send, serve};
 use redlock_tower::RedlockLayer;
 
@@ -73,7 +74,11 @@ async fn settle(State(accounts): State<Arc<Accounts>>, uri: Uri) -> StatusCode {
     StatusCode::OK
 }
 
-fn app(accounts: Arc<Accounts>, redlock: redlock_core::Redlock) -> Router {
+fn app(
+    accounts: Arc<Accounts>,
+    redlock: redlock_core::Redlock,
+    metrics: PrometheusHandle,
+) -> Router {
     let route = |router: Router<Arc<Accounts>>, key: usize| {
         router.route(&format!("/accounts/{}/settle", KEYS[key]), post(settle))
     };
@@ -97,6 +102,11 @@ fn app(accounts: Arc<Accounts>, redlock: redlock_core::Redlock) -> Router {
         .merge(waiting)
         .with_state(accounts)
         .layer(Extension(redlock))
+        // The lock metrics, as Prometheus scrapes them.
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
 }
 
 /// What one request of the burst got.
@@ -153,7 +163,9 @@ async fn main() -> Result<ExitCode, BoxError> {
         .wake_on_release(!poll)
         .build()?;
     let accounts = Arc::new(Accounts::default());
-    let addr = serve(app(accounts.clone(), redlock), 0).await?;
+    let metrics = PrometheusBuilder::new().install_recorder()?;
+    redlock_core::metrics::describe();
+    let addr = serve(app(accounts.clone(), redlock, metrics), 0).await?;
 
     println!("# redlock demo");
     println!("nodes:   {}", nodes.describe());
@@ -302,6 +314,23 @@ async fn main() -> Result<ExitCode, BoxError> {
     println!("lost updates: {lost} (must be 0)");
     if total.ok == 0 {
         violations.push("no request got through: nothing was exercised".into());
+    }
+    // What an operator's Prometheus sees after the burst (quantile lines left
+    // out for length).
+    let scrape = send(
+        &client,
+        Method::GET,
+        &format!("http://{addr}/metrics"),
+        &[],
+        "",
+    )
+    .await?;
+    println!("\nGET /metrics after the burst (redlock_ series, quantiles omitted):");
+    for line in String::from_utf8_lossy(&scrape.body)
+        .lines()
+        .filter(|l| l.starts_with("redlock_") && !l.contains("quantile="))
+    {
+        println!("  {line}");
     }
     drop(nodes);
     if violations.is_empty() {

@@ -148,6 +148,7 @@ impl Attempt<'_> {
         // From here the `Lock` (and its `Drop`) owns the release.
         self.cleanup.armed = false;
         let late = redlock.drive_stragglers(pending, late, self.key, &self.token);
+        crate::metrics::held(redlock.metrics_key(self.key), None);
         Lock {
             redlock: redlock.clone(),
             resource: Arc::clone(self.resource),
@@ -160,6 +161,7 @@ impl Attempt<'_> {
             late,
             released: false,
             fencing_token,
+            acquired_at: Instant::now(),
         }
     }
 

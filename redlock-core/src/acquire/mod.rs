@@ -10,6 +10,7 @@ use tracing::Instrument;
 use crate::error::{Error, NodeStatus, Report};
 use crate::fencing::fence_key;
 use crate::lock::Lock;
+use crate::metrics;
 use crate::node::{Call, parse_acquire};
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
@@ -45,6 +46,28 @@ impl Redlock {
     /// # Errors
     /// See [`Redlock::lock`].
     pub async fn lock_with(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        let begin = Instant::now();
+        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
+        let result = self.lock_with_retries(resource, ttl, retry).await;
+        let key = self
+            .inner
+            .settings
+            .metrics_key
+            .as_ref()
+            .and_then(|_| self.metrics_key(&self.key_for(resource)));
+        let outcome = metrics::acquire_outcome(&result);
+        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
+        result
+    }
+
+    /// [`Redlock::lock_with`] without its metrics: the checks, then attempts
+    /// until one wins or the policy gives up.
+    async fn lock_with_retries(
         &self,
         resource: &str,
         ttl: Duration,

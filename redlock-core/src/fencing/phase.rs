@@ -58,6 +58,7 @@ impl Redlock {
         tracing::debug!(token = fencing_token.get(), applied, report = %report, "fence");
         let q = self.inner.quorum;
         if applied < q {
+            crate::metrics::fence_refused(self.metrics_key(key));
             return Err(Error::NoFenceQuorum {
                 resource: Arc::clone(resource),
                 applied,

@@ -84,6 +84,10 @@ pub(super) async fn keep_alive(
     let min_ttl = redlock
         .min_ttl()
         .max(redlock.node_timeout().saturating_mul(2));
+    // Why the renewals stopped, for the loss's cause in the metrics: the cap
+    // (`max_hold`, the extension limit) or a failing renewal.
+    let mut stopped_by: &'static str = "expired";
+    let metrics_key = redlock.metrics_key(lock.key());
     loop {
         tokio::select! {
             biased;
@@ -96,6 +100,7 @@ pub(super) async fn keep_alive(
                 resource = lock.resource(),
                 "lock validity ran out before a renewal succeeded"
             );
+            crate::metrics::lost(metrics_key, stopped_by);
             shared.lost.cancel();
             break;
         }
@@ -106,6 +111,7 @@ pub(super) async fn keep_alive(
                 if left < min_ttl {
                     // max_hold reached: stop renewing; the holder is told when the
                     // validity it has runs out.
+                    stopped_by = "max_hold";
                     renew_at = shared.deadline();
                     continue;
                 }
@@ -141,16 +147,23 @@ pub(super) async fn keep_alive(
                 if Instant::now() < shared.deadline() =>
             {
                 tracing::debug!(resource = lock.resource(), error = %e, "renewal failed, retrying");
+                stopped_by = "renewal_failed";
                 renew_at = Instant::now()
                     .checked_add(renewal_retry_step(granted))
                     .map_or(shared.deadline(), |t| t.min(shared.deadline()));
             }
             Some(Err(e @ (Error::ExtensionLimit { .. } | Error::InvalidTtl { .. }))) => {
                 tracing::debug!(resource = lock.resource(), error = %e, "no more renewals");
+                stopped_by = "max_hold";
                 renew_at = shared.deadline();
             }
             Some(Err(e)) => {
                 tracing::warn!(resource = lock.resource(), error = %e, "lock lost");
+                let cause = match e {
+                    Error::NotHeld { .. } => "refused",
+                    _ => "renewal_failed",
+                };
+                crate::metrics::lost(metrics_key, cause);
                 shared.lost.cancel();
                 break;
             }
@@ -159,6 +172,7 @@ pub(super) async fn keep_alive(
                     resource = lock.resource(),
                     "lock validity ran out during a renewal"
                 );
+                crate::metrics::lost(metrics_key, "renewal_failed");
                 shared.lost.cancel();
                 break;
             }

@@ -71,6 +71,8 @@ pub struct RequestLock {
     handle: LockHandle,
     span: tracing::Span,
     acquired: Instant,
+    /// The opt-in `key` label of the request metrics.
+    metrics_key: Option<&'static str>,
 }
 
 impl std::fmt::Debug for RequestLock {
@@ -119,6 +121,9 @@ impl Drop for RequestLock {
         // A release marks the handle "not held" too; only a loss before it is
         // recorded as one.
         let lost = self.handle.is_lost() && !self.handle.is_released();
+        if lost {
+            crate::metrics::request(self.metrics_key, "lost");
+        }
         self.span
             .record("hold_ms", self.acquired.elapsed().as_millis() as u64);
         self.span.record("extensions", self.handle.extensions());
@@ -192,6 +197,34 @@ pub async fn acquire(
     key: Option<String>,
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
+    let metrics_key = redlock.zip(key.as_deref()).and_then(|(r, k)| {
+        r.has_metrics_key()
+            .then(|| r.metrics_key(&r.key_for(&policy.resource_for(k))))
+            .flatten()
+    });
+    let result = acquire_lock(redlock, key, policy).await;
+    let outcome = match &result {
+        Ok(Some(_)) => "locked",
+        Ok(None) => "unlocked",
+        Err(Rejection::Busy { .. }) => "busy",
+        Err(Rejection::Unavailable { .. }) => "unavailable",
+        Err(_) => "error",
+    };
+    crate::metrics::request(metrics_key, outcome);
+    result.map(|held| {
+        held.map(|mut held| {
+            held.metrics_key = metrics_key;
+            held
+        })
+    })
+}
+
+/// [`acquire`] without its metrics.
+async fn acquire_lock(
+    redlock: Option<&Redlock>,
+    key: Option<String>,
+    policy: &LockPolicy,
+) -> Result<Option<RequestLock>, Rejection> {
     let Some(key) = key else {
         return without_key(policy);
     };
@@ -225,6 +258,7 @@ pub async fn acquire(
             guard: Some(guard),
             span,
             acquired: Instant::now(),
+            metrics_key: None,
         })),
         Err(error) => refused(error, key, policy, &span),
     }

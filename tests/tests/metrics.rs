@@ -1,0 +1,213 @@
+//! Lock metrics on real `redis-server` processes, scraped from `/metrics` as
+//! Prometheus would: after a known sequence of lock operations and requests,
+//! the counters, gauges and histogram counts are what happened, no series
+//! carries a resource key, and the README's table lists every metric.
+//!
+//! Its own binary: it installs the process-wide recorder.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use redlock_core::{LockOptions, Redlock};
+use redlock_tests::Cluster;
+use redlock_tower::RedlockLayer;
+
+fn recorder() -> PrometheusHandle {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
+    redlock_core::metrics::describe();
+    handle
+}
+
+/// The value of the series `name{labels}` (labels in the exporter's order).
+fn value(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn scrape(client: &redlock_tests::http::HttpClient, url: &str) -> String {
+    let reply = redlock_tests::http::get(client, url).await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    String::from_utf8(reply.body.to_vec()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_after_known_operations_counts_them() {
+    let handle = recorder();
+    let cluster = Cluster::start(3);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+
+    // 1. Three locks taken and released, one busy try.
+    for i in 0..3 {
+        let lock = rl
+            .try_lock(&format!("m-{i}"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        if i == 0 {
+            let busy = rl.try_lock("m-0", Duration::from_secs(5)).await;
+            assert!(busy.is_err());
+        }
+        rl.unlock(lock).await.unwrap();
+    }
+    // 2. One extend.
+    let mut lock = rl.try_lock("m-ext", Duration::from_secs(5)).await.unwrap();
+    rl.extend(&mut lock, Duration::from_secs(5)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+    // 3. A guarded lock lost: every node paused until the holder is told.
+    let guard = rl
+        .lock_guard("m-lost", &LockOptions::new(Duration::from_millis(500)))
+        .await
+        .unwrap();
+    for n in cluster.nodes() {
+        n.pause();
+    }
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .unwrap();
+    for n in cluster.nodes() {
+        n.resume();
+    }
+    let _ = guard.release().await;
+    // 3b. Two nodes of three paused: no quorum, two node timeouts.
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let none = rl.try_lock("m-down", Duration::from_secs(5)).await;
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    assert!(none.is_err());
+
+    // 4. Two requests through the layer, one of them busy, served beside
+    //    /metrics.
+    let metrics = handle.clone();
+    let app = Router::new()
+        .route(
+            "/work/{id}",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "done"
+            }),
+        )
+        .layer(RedlockLayer::by_path().with_redlock(rl.clone()))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = redlock_tests::http::client();
+    let url = format!("http://{addr}/work/1");
+    let (a, b) = tokio::join!(redlock_tests::http::get(&client, &url), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        redlock_tests::http::get(&client, &url).await
+    });
+    assert_eq!(a.status, http::StatusCode::OK);
+    assert_eq!(b.status, http::StatusCode::CONFLICT);
+
+    let text = scrape(&client, &format!("http://{addr}/metrics")).await;
+    server.abort();
+    eprintln!("{text}");
+
+    // Acquires: 3 + 1 (m-ext) + 1 (m-lost) + 1 (request) acquired; 1 + 1 busy.
+    assert_eq!(
+        value(
+            &text,
+            "redlock_acquire_duration_seconds_count{outcome=\"acquired\"}"
+        ),
+        6.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            "redlock_acquire_duration_seconds_count{outcome=\"busy\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            "redlock_acquire_duration_seconds_count{outcome=\"no_quorum\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&text, "redlock_extensions_total{outcome=\"extended\"}"),
+        1.0
+    );
+    // Usually renewal_failed (the renewal hung until the deadline); expired if
+    // the renewal task was starved past it on a loaded machine.
+    let losses = value(&text, "redlock_losses_total{cause=\"renewal_failed\"}")
+        + value(&text, "redlock_losses_total{cause=\"expired\"}");
+    assert_eq!(losses, 1.0, "{text}");
+    // 3 + m-ext + the request's, confirmed; the lost guard's release ran
+    // while its nodes were paused or just after: either outcome.
+    let confirmed = value(&text, "redlock_releases_total{outcome=\"confirmed\"}");
+    let unconfirmed = value(&text, "redlock_releases_total{outcome=\"unconfirmed\"}");
+    assert!(confirmed >= 5.0, "{text}");
+    assert_eq!(confirmed + unconfirmed, 6.0, "{text}");
+    assert_eq!(value(&text, "redlock_hold_duration_seconds_count"), 6.0);
+    assert_eq!(value(&text, "redlock_held_locks"), 0.0);
+    assert_eq!(
+        value(&text, "redlock_requests_total{outcome=\"locked\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&text, "redlock_requests_total{outcome=\"busy\"}"),
+        1.0
+    );
+    // The paused nodes timed out: errors by node and kind, never a resource
+    // key as a label.
+    let timeouts: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("redlock_node_errors_total{") && l.contains("kind=\"timeout\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(timeouts >= 2.0, "{text}");
+    for line in text.lines().filter(|l| l.starts_with("redlock_")) {
+        assert!(!line.contains("key="), "a series labelled by key: {line}");
+        assert!(!line.contains("m-"), "a resource in a series: {line}");
+    }
+    assert!(
+        text.contains("# TYPE redlock_acquire_duration_seconds summary")
+            || text.contains("# TYPE redlock_acquire_duration_seconds histogram"),
+        "{text}"
+    );
+}
+
+/// Every metric of `redlock_core::metrics::METRICS` is in the README's table,
+/// and the table names no other.
+#[test]
+fn the_readme_table_lists_every_metric() {
+    let readme = include_str!("../../README.md");
+    let in_table: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `redlock_"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    let names: Vec<String> = redlock_core::metrics::METRICS
+        .iter()
+        .map(|m| m.name.trim_start_matches("redlock_").to_owned())
+        .collect();
+    for n in &names {
+        assert!(
+            in_table.contains(&n.as_str()),
+            "redlock_{n} is not in the README's table"
+        );
+    }
+    for t in &in_table {
+        assert!(
+            names.iter().any(|n| n == t),
+            "the README lists redlock_{t}, which does not exist"
+        );
+    }
+}
