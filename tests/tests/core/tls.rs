@@ -61,6 +61,11 @@ async fn lock_cycle(rl: &Redlock, key: &str) {
 /// `RedlockBuilder::tls_url` with the private CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_nodes_lock_and_unlock_with_a_private_ca() {
+    if redlock_tests::tls::skip_without_tls(
+        "core::tls::tls_nodes_lock_and_unlock_with_a_private_ca",
+    ) {
+        return;
+    }
     let ca = TestCa::generate();
     let nodes = nodes(&ca);
     let mut builder = Redlock::builder().node_timeout(Duration::from_millis(500));
@@ -76,6 +81,11 @@ async fn tls_nodes_lock_and_unlock_with_a_private_ca() {
 /// too: the feature brings a crypto provider rustls can find on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_nodes_lock_and_unlock_through_application_pools() {
+    if redlock_tests::tls::skip_without_tls(
+        "core::tls::tls_nodes_lock_and_unlock_through_application_pools",
+    ) {
+        return;
+    }
     let ca = TestCa::generate();
     let nodes = nodes(&ca);
     let mut builder = Redlock::builder().node_timeout(Duration::from_millis(500));
@@ -101,6 +111,11 @@ async fn tls_nodes_lock_and_unlock_through_application_pools() {
 /// says why, and nothing panics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_node_with_an_unknown_ca_is_a_connect_error() {
+    if redlock_tests::tls::skip_without_tls(
+        "core::tls::tls_node_with_an_unknown_ca_is_a_connect_error",
+    ) {
+        return;
+    }
     let ca = TestCa::generate();
     let nodes = nodes(&ca);
     let rl = Redlock::builder()
