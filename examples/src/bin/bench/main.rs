@@ -31,6 +31,7 @@ use redlock_core::{Error, LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
 use redlock_tower::RedlockLayer;
 
+mod cost;
 mod metrics_cost;
 mod waiting;
 
@@ -253,6 +254,7 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let rounds = if setup.quick { 1 } else { 2 };
     let (mut lib_total, mut raw_total, mut lib_time, mut raw_time) = (0u64, 0u64, 0.0, 0.0);
     let (mut lib_cpu, mut raw_cpu) = (Duration::ZERO, Duration::ZERO);
+    let (mut lib_cost, mut raw_cost) = (cost::Cost::default(), cost::Cost::default());
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for round in 0..rounds {
         for pass in 0..2 {
@@ -262,6 +264,7 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             }
             let stop = Arc::new(AtomicBool::new(false));
             let count = Arc::new(AtomicU64::new(0));
+            let before = cost::snapshot(&setup.pools).await?;
             let cpu0 = cpu_time();
             let start = Instant::now();
             let tasks: Vec<_> = (0..64)
@@ -296,6 +299,12 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             }
             let elapsed = start.elapsed().as_secs_f64();
             let cpu = cpu_time() - cpu0;
+            let after = cost::snapshot(&setup.pools).await?;
+            if run_lib {
+                lib_cost.add(before, after);
+            } else {
+                raw_cost.add(before, after);
+            }
             if run_lib {
                 lib_total += count.load(Ordering::Relaxed);
                 lib_time += elapsed;
@@ -320,7 +329,38 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         us(raw_cpu) / raw_total.max(1) as f64,
         "µs",
     );
+    cost_rows(
+        &lib_cost,
+        lib_total,
+        &raw_cost,
+        raw_total,
+        setup.pools.len(),
+    );
     Ok(())
+}
+
+/// Per pair: allocations, the nodes' CPU, and commands per node.
+fn cost_rows(lib: &cost::Cost, lib_pairs: u64, raw: &cost::Cost, raw_pairs: u64, nodes: usize) {
+    let (lp, rp) = (lib_pairs.max(1) as f64, raw_pairs.max(1) as f64);
+    row(
+        "allocations per pair (client)",
+        lib.allocations as f64 / lp,
+        raw.allocations as f64 / rp,
+        "allocs",
+    );
+    row(
+        "server CPU per pair (all nodes)",
+        us(lib.server_cpu) / lp,
+        us(raw.server_cpu) / rp,
+        "µs",
+    );
+    let n = nodes.max(1) as f64;
+    row(
+        "commands per node per pair",
+        lib.commands as f64 / lp / n,
+        raw.commands as f64 / rp / n,
+        "cmds",
+    );
 }
 
 /// 3. 16 tasks on one key, wait mode.

@@ -1,0 +1,88 @@
+//! What one lock+unlock pair costs beyond wall time, on both sides of the
+//! wire: this process's CPU and allocations, the nodes' CPU (`INFO cpu`) and
+//! the commands they ran (`INFO commandstats`). Snapshots are taken around
+//! each block of the library and of the raw loop, in the same run.
+//!
+//! Counting allocations needs a global allocator of the bench's own:
+//! `stats_alloc` wraps the system one (a crate, so the workspace's
+//! `unsafe_code = "forbid"` holds here too).
+
+use std::alloc::System;
+use std::time::Duration;
+
+use deadpool_redis::redis;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+use crate::{BoxError, cpu_time};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Everything counted at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Snapshot {
+    client_cpu: Duration,
+    allocations: u64,
+    server_cpu: Duration,
+    commands: u64,
+}
+
+/// The difference of two snapshots, summed over blocks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Cost {
+    pub(crate) client_cpu: Duration,
+    pub(crate) allocations: u64,
+    pub(crate) server_cpu: Duration,
+    pub(crate) commands: u64,
+}
+
+impl Cost {
+    pub(crate) fn add(&mut self, before: Snapshot, after: Snapshot) {
+        self.client_cpu += after.client_cpu.saturating_sub(before.client_cpu);
+        self.allocations += after.allocations.saturating_sub(before.allocations);
+        self.server_cpu += after.server_cpu.saturating_sub(before.server_cpu);
+        self.commands += after.commands.saturating_sub(before.commands);
+    }
+}
+
+fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// Counts now: this process, and every node of `pools` (one `INFO` each).
+pub(crate) async fn snapshot(pools: &[deadpool_redis::Pool]) -> Result<Snapshot, BoxError> {
+    let mut s = Snapshot {
+        client_cpu: cpu_time(),
+        allocations: GLOBAL.stats().allocations as u64,
+        ..Snapshot::default()
+    };
+    for p in pools {
+        let mut c = p.get().await?;
+        let cpu: String = redis::cmd("INFO").arg("cpu").query_async(&mut c).await?;
+        let secs = |n: &str| {
+            field(&cpu, n)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        s.server_cpu += Duration::from_secs_f64(secs("used_cpu_sys") + secs("used_cpu_user"));
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await?;
+        s.commands += stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
+    }
+    Ok(s)
+}
