@@ -47,11 +47,13 @@ use crate::guard::{LockGuard, LockHandle};
 use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
+mod path;
 mod policy;
 mod rejection;
 mod setters;
 
 pub use http::StatusCode;
+pub use path::{decode_param, normalize_path};
 pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
 };
