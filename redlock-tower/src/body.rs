@@ -54,7 +54,9 @@ enum Kind<B: Body> {
 /// error [`redlock_core::Error::Lost`], on which the server aborts the response,
 /// so the client sees a truncated response rather than a clean end. The loss is
 /// watched at every `poll_frame`, and a body waiting on its producer is woken by
-/// it. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
+/// it; it is checked again after each poll of the producer, so a frame made in
+/// the poll in which the lock was lost (a producer that blocked its thread past
+/// the deadline) is dropped, not sent, and the body is cut off there. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
 /// to watch [`LockHandle::lost`](redlock_core::LockHandle::lost) itself. The error type boxes the handler
 /// body's own errors and this one.
 pub struct LockedBody<B: Body> {
@@ -125,7 +127,7 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
             releasing,
             held,
             settled,
-            ..
+            watch,
         } = &mut self.kind
         else {
             return Poll::Ready(());
@@ -140,6 +142,11 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
                 return Poll::Ready(());
             };
             *settled = true;
+            if let Some(error) = lost_in(watch, &polled) {
+                // Drops the inner body and the frame, and the lock.
+                self.kind = Kind::Cut { error: Some(error) };
+                return Poll::Ready(());
+            }
             let ended = match &polled {
                 None => true,
                 Some(Ok(_)) => body.is_end_stream(),
@@ -173,6 +180,21 @@ impl<B: Body> std::fmt::Debug for LockedBody<B> {
     }
 }
 
+/// The error that cuts the body off if the lock was lost by the end of the
+/// poll that produced `polled` (under [`LostPolicy::Abort`]): whatever the
+/// producer made in that poll, a frame or the end, it made past the holder's
+/// deadline, and must not reach the client as if made under the lock. A
+/// failed body ends the response anyway.
+fn lost_in<T, E>(
+    watch: &Option<LossWatch>,
+    polled: &Option<Result<T, E>>,
+) -> Option<redlock_core::Error> {
+    if matches!(polled, Some(Err(_))) {
+        return None;
+    }
+    watch.as_ref()?.lost_now()
+}
+
 fn boxed<E: Into<BoxError>>(
     polled: Option<Result<Frame<Bytes>, E>>,
 ) -> Option<Result<Frame<Bytes>, BoxError>> {
@@ -193,14 +215,14 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         this.watch_loss(cx);
-        match &mut this.kind {
+        let lost = match &mut this.kind {
             Kind::Inner {
                 body,
                 lock,
                 releasing,
                 held,
                 settled,
-                ..
+                watch,
             } => loop {
                 *settled = true;
                 if let Some(release) = releasing {
@@ -216,6 +238,10 @@ where
                 let Some(lock_held) = lock.take() else {
                     return Poll::Ready(boxed(polled));
                 };
+                if let Some(error) = lost_in(watch, &polled) {
+                    drop(lock_held);
+                    break error;
+                }
                 match polled {
                     // The end: release, then report the end.
                     None => *releasing = Some(lock_held.release()),
@@ -235,9 +261,12 @@ where
                     }
                 }
             },
-            Kind::Rejection { body } => Pin::new(body).poll_frame(cx),
-            Kind::Cut { error } => Poll::Ready(error.take().map(|e| Err(e.into()))),
-        }
+            Kind::Rejection { body } => return Pin::new(body).poll_frame(cx),
+            Kind::Cut { error } => return Poll::Ready(error.take().map(|e| Err(e.into()))),
+        };
+        // Drops the inner body and the frame it made after the loss.
+        this.kind = Kind::Cut { error: None };
+        Poll::Ready(Some(Err(lost.into())))
     }
 
     fn is_end_stream(&self) -> bool {
