@@ -2,11 +2,12 @@
 //! off if the lock is lost first), or the small body of a rejection.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
-use redlock_core::request::{LossWatch, LostPolicy, ReleaseFuture, RequestLock};
+use redlock_core::request::{LossWatch, LostPolicy, Rejection, ReleaseFuture, RequestLock};
 
 use crate::rejection::{BoxError, RejectionBody};
 
@@ -56,7 +57,9 @@ enum Kind<B: Body> {
 /// watched at every `poll_frame`, and a body waiting on its producer is woken by
 /// it; it is checked again after each poll of the producer, so a frame made in
 /// the poll in which the lock was lost (a producer that blocked its thread past
-/// the deadline) is dropped, not sent, and the body is cut off there. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
+/// the deadline) is dropped, not sent, and the body is cut off there. A loss
+/// seen before the head goes out (in the one poll the layer gives the body
+/// first) drops the body, and the answer is the loss's 503. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
 /// to watch [`LockHandle::lost`](redlock_core::LockHandle::lost) itself. The error type boxes the handler
 /// body's own errors and this one.
 pub struct LockedBody<B: Body> {
@@ -92,22 +95,36 @@ impl<B: Body> LockedBody<B> {
         matches!(&self.kind, Kind::Inner { lock: Some(_), .. })
     }
 
-    /// Cuts the body off if the lock it holds is lost; otherwise `cx` is woken
+    /// Cuts the body off if the lock it holds is lost, and returns the answer to
+    /// give instead if the head has not gone out yet; otherwise `cx` is woken
     /// when it is.
-    fn watch_loss(&mut self, cx: &mut Context<'_>) {
+    fn watch_loss(&mut self, cx: &mut Context<'_>) -> Option<Rejection> {
         let Kind::Inner {
             lock: Some(_),
             watch: Some(watch),
             ..
         } = &mut self.kind
         else {
-            return;
+            return None;
         };
         let Poll::Ready(error) = watch.poll_lost(cx) else {
-            return;
+            return None;
         };
-        // Drops the inner body, and the lock (released in the background).
+        self.cut(error)
+    }
+
+    /// Cuts the body off with `error` (already logged): drops the inner body,
+    /// and the lock (released in the background). Returns the rejection to
+    /// answer with instead, if the head is still to be sent.
+    fn cut(&mut self, error: redlock_core::Error) -> Option<Rejection> {
+        let key = match &self.kind {
+            Kind::Inner {
+                lock: Some(lock), ..
+            } => Some(Arc::from(lock.handle().key())),
+            _ => None,
+        };
         self.kind = Kind::Cut { error: Some(error) };
+        key.map(|key| Rejection::Lost { key })
     }
 }
 
@@ -119,8 +136,15 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
     /// flushed the head would split them in two writes, and the second one can
     /// wait for the client's delayed ACK (tens of ms) when Nagle's algorithm is
     /// on. A body that is not done after one poll streams as usual.
-    pub(crate) fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.watch_loss(cx);
+    ///
+    /// `Ready(Some(rejection))` when the lock was lost before the head went
+    /// out, or in that one poll (so what it made was made without the lock):
+    /// the body is cut off, and the response future answers `rejection`
+    /// instead, as it does for a handler that finished after the loss.
+    pub(crate) fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<Option<Rejection>> {
+        if let Some(rejection) = self.watch_loss(cx) {
+            return Poll::Ready(Some(rejection));
+        }
         let Kind::Inner {
             body,
             lock,
@@ -130,22 +154,20 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
             watch,
         } = &mut self.kind
         else {
-            return Poll::Ready(());
+            return Poll::Ready(None);
         };
         if !*settled {
             if lock.is_none() {
                 *settled = true;
-                return Poll::Ready(());
+                return Poll::Ready(None);
             }
             let Poll::Ready(polled) = body.as_mut().poll_frame(cx) else {
                 *settled = true;
-                return Poll::Ready(());
+                return Poll::Ready(None);
             };
             *settled = true;
             if let Some(error) = lost_in(watch, &polled) {
-                // Drops the inner body and the frame, and the lock.
-                self.kind = Kind::Cut { error: Some(error) };
-                return Poll::Ready(());
+                return Poll::Ready(self.cut(error));
             }
             let ended = match &polled {
                 None => true,
@@ -158,7 +180,7 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
             };
             *held = polled;
             if !ended {
-                return Poll::Ready(());
+                return Poll::Ready(None);
             }
             if let Some(lock) = lock.take() {
                 *releasing = Some(lock.release());
@@ -168,7 +190,7 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
             ready!(release.as_mut().poll(cx));
             *releasing = None;
         }
-        Poll::Ready(())
+        Poll::Ready(None)
     }
 }
 
@@ -214,7 +236,8 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        this.watch_loss(cx);
+        // The head is out: a loss can only cut the body off.
+        let _ = this.watch_loss(cx);
         let lost = match &mut this.kind {
             Kind::Inner {
                 body,
