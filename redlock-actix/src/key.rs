@@ -30,9 +30,9 @@ impl KeySource {
     /// policy then decides).
     pub(crate) fn key_of(&self, req: &ServiceRequest) -> Option<String> {
         match self {
-            // The raw path, not the one the router matched (`match_info().as_str()`,
-            // already partly decoded): canonical either way, and there even
-            // for middleware wrapped on the `App`.
+            // From the raw path: its canonical form merges every spelling the
+            // router's requoting (`match_info().as_str()`) merges, and also
+            // those that only `web::Path` merges (`%2B` and `+`, `%2f` and `%2F`).
             KeySource::Path => Some(normalize_path(req.path()).into_owned()),
             KeySource::Header(header, name) => {
                 let value = req.headers().get(header)?.to_str().ok()?;
