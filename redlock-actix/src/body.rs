@@ -58,7 +58,10 @@ pin_project! {
     /// `poll_next` yields the error [`redlock_core::Error::Lost`], on which
     /// actix closes the connection, so the client sees a truncated response
     /// rather than a clean end. The loss is watched at every `poll_next`, and a
-    /// body waiting on its producer is woken by it. Under
+    /// body waiting on its producer is woken by it; it is checked again after
+    /// each poll of the handler's body, so a chunk made in the poll in which the
+    /// lock was lost (a producer that blocked the worker past the deadline) is
+    /// dropped, not sent, and the body is cut off there. Under
     /// [`LostPolicy::Signal`](crate::LostPolicy::Signal) the body keeps
     /// streaming: the handler chose to watch `LockHandle::lost` itself. The
     /// error type boxes the handler body's own errors and this one.
@@ -137,12 +140,12 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
             // Drops the handler's body, and the lock (released in the background).
             kind.set(Kind::Cut { error: Some(error) });
         }
-        match kind.project() {
+        let lost = match kind.as_mut().project() {
             KindProj::Stream {
                 mut body,
                 lock,
                 releasing,
-                ..
+                watch,
             } => loop {
                 if let Some(release) = releasing.as_mut() {
                     ready!(release.as_mut().poll(cx));
@@ -151,6 +154,16 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
                     return Poll::Ready(None);
                 }
                 let chunk = ready!(body.as_mut().poll_next(cx));
+                // Whatever the handler's body made in a poll that ended past
+                // the holder's deadline (a chunk or the end), it made without
+                // the lock: it must not reach the client as if made under it.
+                // A failed body ends the response anyway.
+                if lock.is_some()
+                    && !matches!(chunk, Some(Err(_)))
+                    && let Some(error) = watch.as_ref().and_then(LossWatch::lost_now)
+                {
+                    break error;
+                }
                 match (chunk, lock.take()) {
                     (None, Some(held)) => *releasing = Some(held.release()),
                     // A failed body: the response is over; release in the background.
@@ -164,9 +177,13 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
                     }
                 }
             },
-            KindProj::Whole { bytes } => Poll::Ready(bytes.take().map(Ok)),
-            KindProj::Cut { error } => Poll::Ready(error.take().map(|e| Err(e.into()))),
-        }
+            KindProj::Whole { bytes } => return Poll::Ready(bytes.take().map(Ok)),
+            KindProj::Cut { error } => return Poll::Ready(error.take().map(|e| Err(e.into()))),
+        };
+        // Drops the handler's body with the chunk it made after the loss, and
+        // the lock (released in the background).
+        kind.set(Kind::Cut { error: None });
+        Poll::Ready(Some(Err(lost.into())))
     }
 
     fn try_into_bytes(self) -> Result<Bytes, Self> {

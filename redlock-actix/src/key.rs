@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use actix_web::dev::ServiceRequest;
 use actix_web::http::header::HeaderName;
+use redlock_core::request::{decode_param, normalize_path};
 
 /// A user key function of [`RedlockMiddleware::by_fn`](crate::RedlockMiddleware::by_fn).
 pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
@@ -12,13 +13,13 @@ pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + S
 /// The key source a middleware was built with.
 #[derive(Clone)]
 pub(crate) enum KeySource {
-    /// `req.path()`.
+    /// `req.path()`, in canonical form.
     Path,
     /// One header's value, as `name=value` when named.
     Header(HeaderName, Option<Arc<str>>),
     /// `req.match_pattern()`.
     MatchPattern,
-    /// One parameter of `req.match_info()`, as `name=value`.
+    /// One parameter of `req.match_info()`, decoded, as `name=value`.
     PathParam(Arc<str>),
     /// A user function.
     Custom(KeyFn),
@@ -29,7 +30,10 @@ impl KeySource {
     /// policy then decides).
     pub(crate) fn key_of(&self, req: &ServiceRequest) -> Option<String> {
         match self {
-            KeySource::Path => Some(req.path().to_owned()),
+            // From the raw path: its canonical form merges every spelling the
+            // router's requoting (`match_info().as_str()`) merges, and also
+            // those that only `web::Path` merges (`%2B` and `+`, `%2f` and `%2F`).
+            KeySource::Path => Some(normalize_path(req.path()).into_owned()),
             KeySource::Header(header, name) => {
                 let value = req.headers().get(header)?.to_str().ok()?;
                 if value.is_empty() {
@@ -42,7 +46,9 @@ impl KeySource {
             }
             KeySource::MatchPattern => req.match_pattern(),
             KeySource::PathParam(name) => {
-                let value = req.match_info().get(name)?;
+                // `match_info()` keeps `%2F`, `%25` and `%2B` encoded;
+                // `web::Path` decodes them, and the key follows the handler.
+                let value = decode_param(req.match_info().get(name)?);
                 Some(format!("{name}={value}"))
             }
             KeySource::Custom(f) => f(req),
@@ -94,6 +100,21 @@ mod tests {
         let param = |name: &str| KeySource::PathParam(name.into()).key_of(&req);
         assert_eq!(param("tenant").as_deref(), Some("tenant=acme"));
         assert_eq!(param("job"), None);
+        let encoded = TestRequest::get()
+            .uri("/tenants/a%2Bb/jobs/%34%32")
+            .param("tenant", "a%2Bb")
+            .to_srv_request();
+        assert_eq!(
+            KeySource::Path.key_of(&encoded).as_deref(),
+            Some("/tenants/a+b/jobs/42")
+        );
+        assert_eq!(
+            KeySource::PathParam("tenant".into())
+                .key_of(&encoded)
+                .as_deref(),
+            Some("tenant=a+b"),
+            "as web::Path<String> gives it"
+        );
         let custom = KeySource::Custom(Arc::new(|req: &ServiceRequest| {
             Some(format!("{} {}", req.method(), req.query_string()))
         }));

@@ -103,6 +103,18 @@ impl RedlockMiddleware {
     }
 
     /// One lock per request path (`/orders/42`, without the query string).
+    ///
+    /// The key is the path in canonical form ([`normalize_path`](redlock_core::request::normalize_path)),
+    /// so that it names what the router serves: every percent-encoded octet is
+    /// decoded (`/orders/%34%32` is `/orders/42`, `%4a` is `J`, `%2B` is `+`, as
+    /// actix-web's router and `web::Path` read them) except where decoding
+    /// would change the path's structure (`%2F` stays distinct from `/`), and
+    /// `%` and the octets a path may not carry raw are re-encoded in upper-case
+    /// hex, so decoding stays unambiguous (`%2541` is not `%41`). A key taken
+    /// from the raw `req.path()` would let a client take a second lock on the
+    /// same resource by spelling its path another way. Under a tail route
+    /// (`/files/{rest:.*}`), whose `web::Path` decodes `a%2Fb` and `a/b` alike,
+    /// key on the parameter with [`by_path_param`](Self::by_path_param).
     pub fn by_path() -> Self {
         Self::with_key(KeySource::Path)
     }
@@ -134,6 +146,11 @@ impl RedlockMiddleware {
 
     /// One lock per value of a path parameter (`tenant` in
     /// `/tenants/{tenant}/…`), keyed `tenant=<value>`.
+    ///
+    /// The value is the parameter decoded as `web::Path<String>` gives it to
+    /// the handler (`a%2Bb` is `a+b`), as text: parameters that the handler's
+    /// type compares equal (`042` and `42` as numbers) are different keys
+    /// unless [`by_fn`](Self::by_fn) normalises them.
     ///
     /// It reads `req.match_info()`, which actix fills only once the scope or
     /// resource that declares the parameter has matched. So wrap that scope or

@@ -2,11 +2,12 @@
 //! off if the lock is lost first), or the small body of a rejection.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
-use redlock_core::request::{LossWatch, LostPolicy, ReleaseFuture, RequestLock};
+use redlock_core::request::{LossWatch, LostPolicy, Rejection, ReleaseFuture, RequestLock};
 
 use crate::rejection::{BoxError, RejectionBody};
 
@@ -54,7 +55,11 @@ enum Kind<B: Body> {
 /// error [`redlock_core::Error::Lost`], on which the server aborts the response,
 /// so the client sees a truncated response rather than a clean end. The loss is
 /// watched at every `poll_frame`, and a body waiting on its producer is woken by
-/// it. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
+/// it; it is checked again after each poll of the producer, so a frame made in
+/// the poll in which the lock was lost (a producer that blocked its thread past
+/// the deadline) is dropped, not sent, and the body is cut off there. A loss
+/// seen before the head goes out (in the one poll the layer gives the body
+/// first) drops the body, and the answer is the loss's 503. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
 /// to watch [`LockHandle::lost`](redlock_core::LockHandle::lost) itself. The error type boxes the handler
 /// body's own errors and this one.
 pub struct LockedBody<B: Body> {
@@ -90,22 +95,36 @@ impl<B: Body> LockedBody<B> {
         matches!(&self.kind, Kind::Inner { lock: Some(_), .. })
     }
 
-    /// Cuts the body off if the lock it holds is lost; otherwise `cx` is woken
+    /// Cuts the body off if the lock it holds is lost, and returns the answer to
+    /// give instead if the head has not gone out yet; otherwise `cx` is woken
     /// when it is.
-    fn watch_loss(&mut self, cx: &mut Context<'_>) {
+    fn watch_loss(&mut self, cx: &mut Context<'_>) -> Option<Rejection> {
         let Kind::Inner {
             lock: Some(_),
             watch: Some(watch),
             ..
         } = &mut self.kind
         else {
-            return;
+            return None;
         };
         let Poll::Ready(error) = watch.poll_lost(cx) else {
-            return;
+            return None;
         };
-        // Drops the inner body, and the lock (released in the background).
+        self.cut(error)
+    }
+
+    /// Cuts the body off with `error` (already logged): drops the inner body,
+    /// and the lock (released in the background). Returns the rejection to
+    /// answer with instead, if the head is still to be sent.
+    fn cut(&mut self, error: redlock_core::Error) -> Option<Rejection> {
+        let key = match &self.kind {
+            Kind::Inner {
+                lock: Some(lock), ..
+            } => Some(Arc::from(lock.handle().key())),
+            _ => None,
+        };
         self.kind = Kind::Cut { error: Some(error) };
+        key.map(|key| Rejection::Lost { key })
     }
 }
 
@@ -117,29 +136,39 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
     /// flushed the head would split them in two writes, and the second one can
     /// wait for the client's delayed ACK (tens of ms) when Nagle's algorithm is
     /// on. A body that is not done after one poll streams as usual.
-    pub(crate) fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.watch_loss(cx);
+    ///
+    /// `Ready(Some(rejection))` when the lock was lost before the head went
+    /// out, or in that one poll (so what it made was made without the lock):
+    /// the body is cut off, and the response future answers `rejection`
+    /// instead, as it does for a handler that finished after the loss.
+    pub(crate) fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<Option<Rejection>> {
+        if let Some(rejection) = self.watch_loss(cx) {
+            return Poll::Ready(Some(rejection));
+        }
         let Kind::Inner {
             body,
             lock,
             releasing,
             held,
             settled,
-            ..
+            watch,
         } = &mut self.kind
         else {
-            return Poll::Ready(());
+            return Poll::Ready(None);
         };
         if !*settled {
             if lock.is_none() {
                 *settled = true;
-                return Poll::Ready(());
+                return Poll::Ready(None);
             }
             let Poll::Ready(polled) = body.as_mut().poll_frame(cx) else {
                 *settled = true;
-                return Poll::Ready(());
+                return Poll::Ready(None);
             };
             *settled = true;
+            if let Some(error) = lost_in(watch, &polled) {
+                return Poll::Ready(self.cut(error));
+            }
             let ended = match &polled {
                 None => true,
                 Some(Ok(_)) => body.is_end_stream(),
@@ -151,7 +180,7 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
             };
             *held = polled;
             if !ended {
-                return Poll::Ready(());
+                return Poll::Ready(None);
             }
             if let Some(lock) = lock.take() {
                 *releasing = Some(lock.release());
@@ -161,7 +190,7 @@ impl<B: Body<Data = Bytes>> LockedBody<B> {
             ready!(release.as_mut().poll(cx));
             *releasing = None;
         }
-        Poll::Ready(())
+        Poll::Ready(None)
     }
 }
 
@@ -171,6 +200,21 @@ impl<B: Body> std::fmt::Debug for LockedBody<B> {
             .field("holds_lock", &self.holds_lock())
             .finish()
     }
+}
+
+/// The error that cuts the body off if the lock was lost by the end of the
+/// poll that produced `polled` (under [`LostPolicy::Abort`]): whatever the
+/// producer made in that poll, a frame or the end, it made past the holder's
+/// deadline, and must not reach the client as if made under the lock. A
+/// failed body ends the response anyway.
+fn lost_in<T, E>(
+    watch: &Option<LossWatch>,
+    polled: &Option<Result<T, E>>,
+) -> Option<redlock_core::Error> {
+    if matches!(polled, Some(Err(_))) {
+        return None;
+    }
+    watch.as_ref()?.lost_now()
 }
 
 fn boxed<E: Into<BoxError>>(
@@ -192,15 +236,16 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        this.watch_loss(cx);
-        match &mut this.kind {
+        // The head is out: a loss can only cut the body off.
+        let _ = this.watch_loss(cx);
+        let lost = match &mut this.kind {
             Kind::Inner {
                 body,
                 lock,
                 releasing,
                 held,
                 settled,
-                ..
+                watch,
             } => loop {
                 *settled = true;
                 if let Some(release) = releasing {
@@ -216,6 +261,10 @@ where
                 let Some(lock_held) = lock.take() else {
                     return Poll::Ready(boxed(polled));
                 };
+                if let Some(error) = lost_in(watch, &polled) {
+                    drop(lock_held);
+                    break error;
+                }
                 match polled {
                     // The end: release, then report the end.
                     None => *releasing = Some(lock_held.release()),
@@ -235,9 +284,12 @@ where
                     }
                 }
             },
-            Kind::Rejection { body } => Pin::new(body).poll_frame(cx),
-            Kind::Cut { error } => Poll::Ready(error.take().map(|e| Err(e.into()))),
-        }
+            Kind::Rejection { body } => return Pin::new(body).poll_frame(cx),
+            Kind::Cut { error } => return Poll::Ready(error.take().map(|e| Err(e.into()))),
+        };
+        // Drops the inner body and the frame it made after the loss.
+        this.kind = Kind::Cut { error: None };
+        Poll::Ready(Some(Err(lost.into())))
     }
 
     fn is_end_stream(&self) -> bool {

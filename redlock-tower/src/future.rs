@@ -178,11 +178,19 @@ where
                     let Some(mut ready) = response.take() else {
                         return Poll::Ready(Ok(reject(Rejection::MissingHandle, this.config)));
                     };
-                    if ready.body_mut().poll_settle(cx).is_pending() {
-                        *response = Some(ready);
-                        return Poll::Pending;
-                    }
-                    return Poll::Ready(Ok(ready));
+                    return match ready.body_mut().poll_settle(cx) {
+                        Poll::Pending => {
+                            *response = Some(ready);
+                            Poll::Pending
+                        }
+                        // Lost before the head: the handler's response is
+                        // dropped, as a handler that finished late is.
+                        Poll::Ready(Some(rejection)) => {
+                            drop(ready);
+                            Poll::Ready(Ok(reject(rejection, this.config)))
+                        }
+                        Poll::Ready(None) => Poll::Ready(Ok(ready)),
+                    };
                 }
                 StateProj::Rejected { rejection } => {
                     let rejection = rejection.take().unwrap_or(Rejection::MissingHandle);

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use http::HeaderName;
 use http::request::Parts;
+use redlock_core::request::normalize_path;
 
 /// Computes the lock key of a request. `None` means "this request has no key"; the
 /// layer then follows its missing-key policy (pass through by default).
@@ -34,7 +35,17 @@ where
     }
 }
 
-/// The request path, e.g. `/orders/42` (no query string). Every request has one.
+/// The request path, e.g. `/orders/42` (no query string), in its canonical
+/// form. Every request has one.
+///
+/// The key names what the router serves, not how the client spelled it: the
+/// path goes through [`normalize_path`], so `/orders/%34%32` and `/orders/42`
+/// (one handler, one `Path(42)` in axum) take one lock, and so do `%4a`, `%4A`
+/// and `J`. Keyed on the raw path, a client could walk around the lock by
+/// spelling a path another way. `%2F` stays another path than a real `/`, as
+/// it is for the router's matching; under a wildcard route (`/files/{*rest}`),
+/// which hands both to the handler as `a/b`, key on the parameter with
+/// `by_path_param` instead.
 ///
 /// With the `axum` feature, inside a nested router this is the full path the
 /// client sent (axum's `OriginalUri`), not the path with the nest prefix removed,
@@ -46,9 +57,9 @@ impl KeyExtractor for ByPath {
     fn extract(&self, req: &mut Parts) -> Option<String> {
         #[cfg(feature = "axum")]
         if let Some(original) = req.extensions.get::<axum::extract::OriginalUri>() {
-            return Some(original.path().to_owned());
+            return Some(normalize_path(original.path()).into_owned());
         }
-        Some(req.uri.path().to_owned())
+        Some(normalize_path(req.uri.path()).into_owned())
     }
 }
 
@@ -97,6 +108,13 @@ impl KeyExtractor for ByHeader {
 /// One named parameter of the axum route that matched, e.g. `tenant` in
 /// `/tenants/{tenant}/jobs`. Needs the layer to be applied with `Router::layer`
 /// or `route_layer` (the router fills the parameters in before the layer runs).
+///
+/// The key is the parameter percent-decoded, as the router gives it to `Path`
+/// (`%34%32` is `42`; a parameter that does not decode to UTF-8 gives no key,
+/// and axum answers 400 to such a request anyway). It is text, not the type the
+/// handler parses it into: `042` and `42` are two keys even when both parse to
+/// the same number. Where such spellings name one resource, compute the key
+/// from the parsed value with `by_fn`.
 #[cfg(feature = "axum")]
 #[derive(Debug, Clone)]
 pub struct ByPathParam(pub(crate) Arc<str>);

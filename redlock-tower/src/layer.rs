@@ -77,6 +77,15 @@ impl<K: std::fmt::Debug> std::fmt::Debug for RedlockLayer<K> {
 impl RedlockLayer<ByPath> {
     /// One lock per request path (`/orders/42`), with the `Redlock` handle taken
     /// from the request extensions unless one is bound.
+    ///
+    /// The key is the path in canonical form ([`normalize_path`](redlock_core::request::normalize_path)),
+    /// so that it names what the router serves: every percent-encoded octet is
+    /// decoded (`/orders/%34%32` is `/orders/42`, `%4a` is `J`) except where
+    /// decoding would change the path's structure (`%2F` stays distinct from
+    /// `/`), and `%` and the octets a path may not carry raw are re-encoded in
+    /// upper-case hex, so decoding stays unambiguous (`%2541` is not `%41`).
+    /// A key taken from the raw path would let a client take a second lock on
+    /// the same resource by spelling its path another way. See [`ByPath`].
     pub fn by_path() -> Self {
         Self::with_key(ByPath)
     }
@@ -103,6 +112,11 @@ impl RedlockLayer<ByPathParam> {
     /// One lock per value of a named route parameter (`tenant` in
     /// `/tenants/{tenant}/…`), keyed `tenant=<value>`. Apply with
     /// `Router::layer` or `route_layer`.
+    ///
+    /// The value is the decoded parameter as the router gives it, as text:
+    /// parameters that the handler's type compares equal (`042` and `42` as
+    /// numbers) are different keys unless `by_fn` normalises them. See
+    /// [`ByPathParam`].
     pub fn by_path_param(name: &str) -> Self {
         Self::with_key(ByPathParam(name.into()))
     }

@@ -250,6 +250,38 @@ pub fn counted_chunks(
     })
 }
 
+/// What [`chunk_made_across_the_loss`] tells the test.
+#[derive(Debug, Default)]
+pub struct AcrossTheLoss {
+    /// The producer made its second chunk after it saw the lock lost.
+    pub made_after_the_loss: std::sync::atomic::AtomicBool,
+}
+
+/// A stream of two chunks: `before the loss\n` at once, then `made after the
+/// loss\n`, made in a poll that blocks its thread until `lock` is lost
+/// (checked every 5 ms, for at most 10 s): a producer that runs past its
+/// lock's deadline without yielding, so that the loss happens inside the poll
+/// that makes the chunk. On a runtime with one thread (a current-thread
+/// runtime, an actix-web worker) the renewal task cannot run meanwhile, and
+/// the clock runs the lock out.
+pub fn chunk_made_across_the_loss(
+    lock: redlock_core::LockHandle,
+    state: Arc<AcrossTheLoss>,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+    let first = futures_util::stream::iter([Ok(Bytes::from("before the loss\n"))]);
+    let second = futures_util::stream::once(async move {
+        let started = Instant::now();
+        while !lock.is_lost() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        state
+            .made_after_the_loss
+            .store(lock.is_lost(), Ordering::SeqCst);
+        Ok(Bytes::from("made after the loss\n"))
+    });
+    futures_util::StreamExt::chain(first, second)
+}
+
 /// A response body as the client saw it: the text, and how it ended.
 #[derive(Debug)]
 pub struct Received {

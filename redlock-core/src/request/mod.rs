@@ -47,11 +47,13 @@ use crate::guard::{LockGuard, LockHandle};
 use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
+mod path;
 mod policy;
 mod rejection;
 mod setters;
 
 pub use http::StatusCode;
+pub use path::{decode_param, normalize_path};
 pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
 };
@@ -138,7 +140,9 @@ pub use crate::guard::LostFuture;
 
 /// Watches, for a response body, the loss of the lock it holds: the body asks
 /// at each poll, and is woken by the loss while it waits on its producer
-/// instead of learning of it only at its next frame.
+/// instead of learning of it only at its next frame; and it asks again
+/// ([`lost_now`](Self::lost_now)) after each poll of its producer, so a frame
+/// made after the loss is never sent.
 ///
 /// Only under [`LostPolicy::Abort`]: with [`LostPolicy::Signal`] the handler
 /// watches [`LockHandle::lost`] itself and the body streams on.
@@ -172,13 +176,27 @@ impl LossWatch {
         if !self.handle.is_lost() && self.lost.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
+        Poll::Ready(self.loss())
+    }
+
+    /// The error that ends the body if the lock is lost by now (the loss is
+    /// logged then), read from the clock and the renewal's signal without
+    /// polling. For what the body's producer returned from the poll that just
+    /// ended: a producer that blocked its thread past the deadline in that poll
+    /// made its frame without the lock, so the frame must not go out, as
+    /// [`Guarded`] refuses a handler that finished after the loss.
+    pub fn lost_now(&self) -> Option<Error> {
+        self.handle.is_lost().then(|| self.loss())
+    }
+
+    fn loss(&self) -> Error {
         Rejection::Lost {
             key: Arc::from(self.handle.key()),
         }
         .log();
-        Poll::Ready(Error::Lost {
+        Error::Lost {
             resource: Arc::from(self.handle.resource()),
-        })
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //! handler that blocks its worker does to it (loses it, and is stopped with a
 //! 503), unlike one that moves the work to `web::block`. A streamed body whose
 //! lock is lost is cut off (default `LostPolicy::Abort`), or streams on
-//! (`LostPolicy::Signal`).
+//! (`LostPolicy::Signal`); a chunk made in the poll in which the lock was lost
+//! is never given out.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,6 +21,7 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use redlock_actix::{LockHandle, LostPolicy, RedlockMiddleware, ReleasePolicy};
 use redlock_tests::Cluster;
+use redlock_tests::http::{AcrossTheLoss, chunk_made_across_the_loss};
 
 const TTL: Duration = Duration::from_millis(300);
 const KEY: &str = "redlock:/stream";
@@ -542,4 +544,61 @@ async fn signal_mode_lets_a_streamed_body_run_to_its_end_after_a_loss() {
         LONG_CHUNKS,
         "the handler's stream made every chunk"
     );
+}
+
+async fn across_the_loss(
+    state: web::Data<AcrossTheLoss>,
+    lock: web::ReqData<LockHandle>,
+) -> HttpResponse {
+    HttpResponse::Ok().streaming(chunk_made_across_the_loss(
+        lock.into_inner(),
+        state.into_inner(),
+    ))
+}
+
+/// A chunk made in the poll in which the lock was lost (its producer blocked
+/// the worker's thread, so no renewal ran, until the clock ran the lock out)
+/// is not given out: the body is cut off instead, as a handler that finishes
+/// after the loss gets no answer but 503. The body is read in process, chunk
+/// by chunk, so what it gives out is what the test sees.
+#[actix_web::test]
+async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
+    use actix_web::body::MessageBody;
+    use actix_web::test;
+
+    let cluster = Cluster::start(3);
+    let state = web::Data::new(AcrossTheLoss::default());
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .app_data(state.clone())
+            .wrap(RedlockMiddleware::by_path().ttl(LOSS_TTL))
+            .route("/across", web::get().to(across_the_loss)),
+    )
+    .await;
+    let response =
+        test::call_service(&app, test::TestRequest::get().uri("/across").to_request()).await;
+    assert_eq!(response.status(), 200);
+    let mut body = std::pin::pin!(response.into_body());
+    let first = std::future::poll_fn(|cx| body.as_mut().poll_next(cx))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, "before the loss\n");
+
+    let second = within(
+        Duration::from_secs(15),
+        "the second chunk",
+        std::future::poll_fn(|cx| body.as_mut().poll_next(cx)),
+    )
+    .await;
+    assert!(
+        state.made_after_the_loss.load(Ordering::SeqCst),
+        "the producer never saw the loss"
+    );
+    match second {
+        Some(Ok(chunk)) => panic!("a chunk made after the loss was given out: {chunk:?}"),
+        Some(Err(error)) => assert!(error.to_string().contains("was lost"), "{error}"),
+        None => panic!("the body ended cleanly after the loss"),
+    }
 }

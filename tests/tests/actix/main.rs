@@ -8,3 +8,4 @@ mod fencing;
 mod holding;
 mod loss;
 mod middleware;
+mod path_keys;

@@ -3,7 +3,8 @@
 //! to the response head with `ReleasePolicy::ResponseHead`, and through a handler
 //! that runs for several TTLs (auto-extension). A streamed body whose lock is
 //! lost is cut off (default `LostPolicy::Abort`), or streams on
-//! (`LostPolicy::Signal`).
+//! (`LostPolicy::Signal`); a frame made in the poll in which the lock was lost
+//! is never given out.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +22,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
+use redlock_tests::http::{AcrossTheLoss, chunk_made_across_the_loss};
 use redlock_tower::{LostPolicy, RedlockLayer, ReleasePolicy};
 
 const TTL: Duration = Duration::from_millis(300);
@@ -476,4 +478,147 @@ async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_response() 
         lost && remaining == Duration::ZERO,
         "the spawned task's handle says it holds a released lock: is_lost={lost}, remaining={remaining:?}"
     );
+/// A chunk made in the poll in which the lock was lost (its producer blocked
+/// the runtime's only thread, so no renewal ran, until the clock ran the lock
+/// out) is not given out: the body is cut off instead, as a handler that
+/// finishes after the loss gets no answer but 503. The body is read in
+/// process, frame by frame, so what it gives out is what the test sees.
+#[tokio::test(flavor = "current_thread")]
+async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
+    use tower::{Layer, Service, ServiceExt};
+
+    let cluster = Cluster::start(3);
+    let state = Arc::new(AcrossTheLoss::default());
+    let handler = tower::service_fn({
+        let state = state.clone();
+        move |req: http::Request<Body>| {
+            let state = state.clone();
+            async move {
+                let lock = req.extensions().get::<LockHandle>().cloned();
+                let body = chunk_made_across_the_loss(lock.expect("the lock's handle"), state);
+                Ok::<_, Infallible>(http::Response::new(Body::from_stream(body)))
+            }
+        }
+    });
+    let mut service = RedlockLayer::by_path()
+        .ttl(LOSS_TTL)
+        .with_redlock(redlock(&cluster))
+        .layer(handler);
+    let request = http::Request::get("/across").body(Body::empty()).unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, "before the loss\n");
+
+    let second = within(Duration::from_secs(15), "the second frame", body.frame()).await;
+    assert!(
+        state.made_after_the_loss.load(Ordering::SeqCst),
+        "the producer never saw the loss"
+    );
+    match second {
+        Some(Ok(frame)) => panic!(
+            "a frame made after the loss was given out: {:?}",
+            frame.into_data()
+        ),
+        Some(Err(error)) => assert!(
+            matches!(
+                error.downcast_ref::<redlock_core::Error>(),
+                Some(redlock_core::Error::Lost { .. })
+            ),
+            "{error}"
+        ),
+        None => panic!("the body ended cleanly after the loss"),
+    }
+}
+
+/// A body of one frame, made in its first poll, which blocks its thread until
+/// `lock` is lost (checked every 5 ms, for at most 10 s); it reports its end
+/// with that frame, as an in-memory body does.
+struct WholeAfterTheLoss {
+    lock: LockHandle,
+    state: Arc<AcrossTheLoss>,
+    done: bool,
+}
+
+impl hyper::body::Body for WholeAfterTheLoss {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        self.done = true;
+        let started = Instant::now();
+        while !self.lock.is_lost() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(ms(5));
+        }
+        let lost = self.lock.is_lost();
+        self.state.made_after_the_loss.store(lost, Ordering::SeqCst);
+        let frame = hyper::body::Frame::data(Bytes::from("made after the loss\n"));
+        std::task::Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// The same for a body whose one poll (the layer's, before the head) makes
+/// its whole content past the deadline: it is not given out, though the lock
+/// was released at once, as for any whole body; and as the head has not gone
+/// out, the answer is the loss's 503.
+#[tokio::test(flavor = "current_thread")]
+async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
+    use tower::{Layer, Service, ServiceExt};
+
+    let cluster = Cluster::start(3);
+    let state = Arc::new(AcrossTheLoss::default());
+    let handler = tower::service_fn({
+        let state = state.clone();
+        move |req: http::Request<Body>| {
+            let state = state.clone();
+            async move {
+                let lock = req.extensions().get::<LockHandle>().cloned();
+                let body = WholeAfterTheLoss {
+                    lock: lock.expect("the lock's handle"),
+                    state,
+                    done: false,
+                };
+                Ok::<_, Infallible>(http::Response::new(body))
+            }
+        }
+    });
+    let mut service = RedlockLayer::by_path()
+        .ttl(LOSS_TTL)
+        .with_redlock(redlock(&cluster))
+        .layer(handler);
+    let request = http::Request::get("/whole").body(Body::empty()).unwrap();
+    let response = within(
+        Duration::from_secs(15),
+        "the response",
+        service.ready().await.unwrap().call(request),
+    )
+    .await
+    .unwrap();
+    assert!(
+        state.made_after_the_loss.load(Ordering::SeqCst),
+        "the body never saw the loss"
+    );
+    let (head, body) = response.into_parts();
+    let body = within(Duration::from_secs(15), "the body", body.collect())
+        .await
+        .map(|body| String::from_utf8_lossy(&body.to_bytes()).into_owned());
+    assert_eq!(
+        head.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the head has not gone out: the answer is the loss's ({body:?})"
+    );
+    let body = body.unwrap();
+    assert!(!body.contains("made after the loss"), "{body}");
+    assert!(body.contains("Lock lost"), "{body}");
 }

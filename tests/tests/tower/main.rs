@@ -8,4 +8,5 @@ mod extract;
 mod fencing;
 mod holding;
 mod loss;
+mod path_keys;
 mod responses;
