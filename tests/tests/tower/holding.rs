@@ -415,69 +415,6 @@ async fn signal_mode_lets_a_streamed_body_run_to_its_end_after_a_loss() {
     );
 }
 
-/// Issue 18 item 2, through the layer: a handler clones its `Held` handle into
-/// a spawned task and answers `202`. Once the response is done the layer has
-/// released the lock, and the task's handle must say so. Before the fix it
-/// still said "held" (`is_lost() == false`, most of the TTL `remaining()`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_response() {
-    use redlock_tower::Held;
-    use tokio::sync::{Notify, mpsc};
-
-    type Report = mpsc::UnboundedSender<(bool, Duration)>;
-    let cluster = Cluster::start(3);
-    let go = Arc::new(Notify::new());
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let app = Router::new()
-        .route(
-            "/jobs/{id}",
-            axum::routing::post(
-                |Held(lock): Held, State((go, tx)): State<(Arc<Notify>, Report)>| async move {
-                    tokio::spawn(async move {
-                        go.notified().await;
-                        let _ = tx.send((lock.is_lost(), lock.remaining()));
-                    });
-                    StatusCode::ACCEPTED
-                },
-            ),
-        )
-        .with_state((Arc::clone(&go), tx))
-        .layer(
-            RedlockLayer::by_path()
-                .ttl(Duration::from_secs(10))
-                .with_redlock(redlock(&cluster)),
-        );
-    let server = Server::start(app).await;
-    let client = client();
-    let reply = within(
-        CLIENT_TIMEOUT,
-        "the 202",
-        redlock_tests::http::send(
-            &client,
-            http::Method::POST,
-            &server.url("/jobs/7"),
-            &[],
-            Bytes::new(),
-        ),
-    )
-    .await
-    .unwrap();
-    assert_eq!(reply.status, StatusCode::ACCEPTED);
-    // The response is done: the layer released the lock.
-    assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:/jobs/7")
-            == 0)
-        .await
-    );
-    go.notify_one();
-    let (lost, remaining) = within(CLIENT_TIMEOUT, "the task's report", rx.recv())
-        .await
-        .unwrap();
-    assert!(
-        lost && remaining == Duration::ZERO,
-        "the spawned task's handle says it holds a released lock: is_lost={lost}, remaining={remaining:?}"
-    );
 /// A chunk made in the poll in which the lock was lost (its producer blocked
 /// the runtime's only thread, so no renewal ran, until the clock ran the lock
 /// out) is not given out: the body is cut off instead, as a handler that
@@ -621,4 +558,69 @@ async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_o
     let body = body.unwrap();
     assert!(!body.contains("made after the loss"), "{body}");
     assert!(body.contains("Lock lost"), "{body}");
+}
+
+/// Issue 18 item 2, through the layer: a handler clones its `Held` handle into
+/// a spawned task and answers `202`. Once the response is done the layer has
+/// released the lock, and the task's handle must say so. Before the fix it
+/// still said "held" (`is_lost() == false`, most of the TTL `remaining()`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_response() {
+    use redlock_tower::Held;
+    use tokio::sync::{Notify, mpsc};
+
+    type Report = mpsc::UnboundedSender<(bool, Duration)>;
+    let cluster = Cluster::start(3);
+    let go = Arc::new(Notify::new());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            axum::routing::post(
+                |Held(lock): Held, State((go, tx)): State<(Arc<Notify>, Report)>| async move {
+                    tokio::spawn(async move {
+                        go.notified().await;
+                        let _ = tx.send((lock.is_lost(), lock.remaining()));
+                    });
+                    StatusCode::ACCEPTED
+                },
+            ),
+        )
+        .with_state((Arc::clone(&go), tx))
+        .layer(
+            RedlockLayer::by_path()
+                .ttl(Duration::from_secs(10))
+                .with_redlock(redlock(&cluster)),
+        );
+    let server = Server::start(app).await;
+    let client = client();
+    let reply = within(
+        CLIENT_TIMEOUT,
+        "the 202",
+        redlock_tests::http::send(
+            &client,
+            http::Method::POST,
+            &server.url("/jobs/7"),
+            &[],
+            Bytes::new(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status, StatusCode::ACCEPTED);
+    // The response is done: the layer released the lock.
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key("redlock:/jobs/7")
+            == 0)
+        .await
+    );
+    go.notify_one();
+    let (lost, remaining) = within(CLIENT_TIMEOUT, "the task's report", rx.recv())
+        .await
+        .unwrap();
+    assert!(
+        lost && remaining == Duration::ZERO,
+        "the spawned task's handle says it holds a released lock: is_lost={lost}, remaining={remaining:?}"
+    );
 }
