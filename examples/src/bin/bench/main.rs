@@ -181,6 +181,35 @@ fn row(name: &str, lib: f64, raw: f64, unit: &str) {
     println!("| {name:<38} | {lib:>12.1} | {raw:>12.1} | {unit:<8} | {ratio:>6.3} |");
 }
 
+/// A row with the peer (rslock) as well: its figure and its ratio to raw.
+fn row3(name: &str, lib: f64, raw: f64, peer: f64, unit: &str) {
+    let ratio = |x: f64| if raw > 0.0 { x / raw } else { f64::NAN };
+    println!(
+        "| {name:<38} | {lib:>12.1} | {raw:>12.1} | {unit:<8} | {:>6.3} | {peer:>12.1} | {:>6.3} |",
+        ratio(lib),
+        ratio(peer)
+    );
+}
+
+fn header3(title: &str) {
+    println!("\n### {title}\n");
+    println!(
+        "| {:<38} | {:>12} | {:>12} | {:<8} | {:>6} | {:>12} | {:>6} |",
+        "metric", "library", "raw", "unit", "ratio", "rslock 0.10", "ratio"
+    );
+    println!(
+        "|{:-<40}|{:->14}|{:->14}|{:-<10}|{:->8}|{:->14}|{:->8}|",
+        "", "", "", "", "", "", ""
+    );
+}
+
+/// rslock over the same nodes, one attempt per call (as `try_lock`).
+fn peer(setup: &Setup) -> rslock::LockManager {
+    let mut m = rslock::LockManager::new(setup.urls.clone());
+    m.set_retry(1, Duration::ZERO);
+    m
+}
+
 fn header(title: &str) {
     println!("\n### {title}\n");
     println!(
@@ -206,21 +235,32 @@ async fn sequential(setup: &Setup) -> Result<(), BoxError> {
         raw.lock(&format!("bench:rwarm:{i}"), &t).await;
         raw.unlock(&format!("bench:rwarm:{i}"), &t).await;
     }
-    let (mut lib_lat, mut raw_lat) = (Vec::new(), Vec::new());
+    let rsl = peer(setup);
+    for i in 0..300 {
+        let l = rsl.lock(format!("bench:pwarm:{i}").as_str(), TTL).await?;
+        rsl.unlock(&l).await;
+    }
+    let (mut lib_lat, mut raw_lat, mut peer_lat) = (Vec::new(), Vec::new(), Vec::new());
     let mut n = 0u64;
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for b in 0..blocks {
-        for pass in 0..2 {
-            let lib_first = b % 2 == 0;
-            let run_lib = (pass == 0) == lib_first;
-            if (only == "lib" && !run_lib) || (only == "raw" && run_lib) {
+        for pass in 0..3 {
+            // Which of library (0), raw (1) and rslock (2) runs, in an order
+            // that rotates from block to block.
+            let who = (pass + b) % 3;
+            let run_lib = who == 0;
+            if (only == "lib" && who != 0) || (only == "raw" && who != 1) {
                 continue;
             }
             for _ in 0..per_block {
                 n += 1;
                 let key = format!("bench:seq:{n}");
                 let start = Instant::now();
-                if run_lib {
+                if who == 2 {
+                    let l = rsl.lock(key.as_str(), TTL).await?;
+                    rsl.unlock(&l).await;
+                    peer_lat.push(start.elapsed());
+                } else if run_lib {
                     let l = lib.try_lock(&key, TTL).await?;
                     lib.unlock(l).await?;
                     lib_lat.push(start.elapsed());
@@ -235,31 +275,45 @@ async fn sequential(setup: &Setup) -> Result<(), BoxError> {
             }
         }
     }
-    let (l, r) = (Stats::new(lib_lat), Stats::new(raw_lat));
-    header(&format!(
+    let (l, r, p) = (
+        Stats::new(lib_lat),
+        Stats::new(raw_lat),
+        Stats::new(peer_lat),
+    );
+    header3(&format!(
         "1. sequential lock+unlock, distinct keys ({} pairs each)",
         l.sorted.len()
     ));
-    row("p50", us(l.pct(0.5)), us(r.pct(0.5)), "µs");
-    row("p99", us(l.pct(0.99)), us(r.pct(0.99)), "µs");
-    row("max", us(l.max()), us(r.max()), "µs");
+    row3("p50", us(l.pct(0.5)), us(r.pct(0.5)), us(p.pct(0.5)), "µs");
+    row3(
+        "p99",
+        us(l.pct(0.99)),
+        us(r.pct(0.99)),
+        us(p.pct(0.99)),
+        "µs",
+    );
+    row3("max", us(l.max()), us(r.max()), us(p.max()), "µs");
     Ok(())
 }
 
-/// 2. 64 tasks on distinct keys for a fixed time.
+/// 2. 64 tasks on distinct keys for a fixed time: the library, raw and rslock
+/// in turn, in an order that rotates from round to round.
 async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let raw = Arc::new(Raw::new(&setup.pools).await?);
+    let rsl = Arc::new(peer(setup));
     let secs = if setup.quick { 1.0 } else { 5.0 };
     let rounds = if setup.quick { 1 } else { 2 };
-    let (mut lib_total, mut raw_total, mut lib_time, mut raw_time) = (0u64, 0u64, 0.0, 0.0);
-    let (mut lib_cpu, mut raw_cpu) = (Duration::ZERO, Duration::ZERO);
-    let (mut lib_cost, mut raw_cost) = (cost::Cost::default(), cost::Cost::default());
+    // Per contender (library, raw, rslock): pairs, seconds, client CPU, cost.
+    let mut total = [0u64; 3];
+    let mut time = [0.0f64; 3];
+    let mut cpu = [Duration::ZERO; 3];
+    let mut costs = [cost::Cost::default(); 3];
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for round in 0..rounds {
-        for pass in 0..2 {
-            let run_lib = (pass == 0) == (round % 2 == 0);
-            if (only == "lib" && !run_lib) || (only == "raw" && run_lib) {
+        for pass in 0..3 {
+            let who = (pass + round) % 3;
+            if (only == "lib" && who != 0) || (only == "raw" && who != 1) {
                 continue;
             }
             let stop = Arc::new(AtomicBool::new(false));
@@ -269,24 +323,41 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             let start = Instant::now();
             let tasks: Vec<_> = (0..64)
                 .map(|t| {
-                    let (stop, count, lib, raw) =
-                        (stop.clone(), count.clone(), lib.clone(), raw.clone());
+                    let (stop, count, lib, raw, rsl) = (
+                        stop.clone(),
+                        count.clone(),
+                        lib.clone(),
+                        raw.clone(),
+                        rsl.clone(),
+                    );
                     tokio::spawn(async move {
                         let mut i = 0u64;
                         while !stop.load(Ordering::Relaxed) {
                             i += 1;
                             let key = format!("bench:conc:{round}:{pass}:{t}:{i}");
-                            if run_lib {
-                                if let Ok(l) = lib.try_lock(&key, TTL).await {
-                                    let _ = lib.unlock(l).await;
-                                    count.fetch_add(1, Ordering::Relaxed);
+                            let done = match who {
+                                0 => match lib.try_lock(&key, TTL).await {
+                                    Ok(l) => lib.unlock(l).await.is_ok(),
+                                    Err(_) => false,
+                                },
+                                1 => {
+                                    let tok = Raw::token();
+                                    let ok = raw.lock(&key, &tok).await;
+                                    if ok {
+                                        raw.unlock(&key, &tok).await;
+                                    }
+                                    ok
                                 }
-                            } else {
-                                let tok = Raw::token();
-                                if raw.lock(&key, &tok).await {
-                                    raw.unlock(&key, &tok).await;
-                                    count.fetch_add(1, Ordering::Relaxed);
-                                }
+                                _ => match rsl.lock(key.as_str(), TTL).await {
+                                    Ok(l) => {
+                                        rsl.unlock(&l).await;
+                                        true
+                                    }
+                                    Err(_) => false,
+                                },
+                            };
+                            if done {
+                                count.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     })
@@ -297,70 +368,53 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             for t in tasks {
                 t.await?;
             }
-            let elapsed = start.elapsed().as_secs_f64();
-            let cpu = cpu_time() - cpu0;
+            time[who] += start.elapsed().as_secs_f64();
+            cpu[who] += cpu_time() - cpu0;
             let after = cost::snapshot(&setup.pools).await?;
-            if run_lib {
-                lib_cost.add(before, after);
-            } else {
-                raw_cost.add(before, after);
-            }
-            if run_lib {
-                lib_total += count.load(Ordering::Relaxed);
-                lib_time += elapsed;
-                lib_cpu += cpu;
-            } else {
-                raw_total += count.load(Ordering::Relaxed);
-                raw_time += elapsed;
-                raw_cpu += cpu;
-            }
+            costs[who].add(before, after);
+            total[who] += count.load(Ordering::Relaxed);
         }
     }
-    header("2. 64 tasks, distinct keys");
-    row(
+    header3("2. 64 tasks, distinct keys");
+    let per_s = |w: usize| total[w] as f64 / time[w].max(1e-9);
+    row3(
         "lock+unlock pairs/s",
-        lib_total as f64 / lib_time,
-        raw_total as f64 / raw_time,
+        per_s(0),
+        per_s(1),
+        per_s(2),
         "pairs/s",
     );
-    row(
+    let per_pair = |w: usize, x: f64| x / total[w].max(1) as f64;
+    row3(
         "client CPU per pair",
-        us(lib_cpu) / lib_total.max(1) as f64,
-        us(raw_cpu) / raw_total.max(1) as f64,
+        per_pair(0, us(cpu[0])),
+        per_pair(1, us(cpu[1])),
+        per_pair(2, us(cpu[2])),
         "µs",
     );
-    cost_rows(
-        &lib_cost,
-        lib_total,
-        &raw_cost,
-        raw_total,
-        setup.pools.len(),
-    );
-    Ok(())
-}
-
-/// Per pair: allocations, the nodes' CPU, and commands per node.
-fn cost_rows(lib: &cost::Cost, lib_pairs: u64, raw: &cost::Cost, raw_pairs: u64, nodes: usize) {
-    let (lp, rp) = (lib_pairs.max(1) as f64, raw_pairs.max(1) as f64);
-    row(
+    row3(
         "allocations per pair (client)",
-        lib.allocations as f64 / lp,
-        raw.allocations as f64 / rp,
+        per_pair(0, costs[0].allocations as f64),
+        per_pair(1, costs[1].allocations as f64),
+        per_pair(2, costs[2].allocations as f64),
         "allocs",
     );
-    row(
+    row3(
         "server CPU per pair (all nodes)",
-        us(lib.server_cpu) / lp,
-        us(raw.server_cpu) / rp,
+        per_pair(0, us(costs[0].server_cpu)),
+        per_pair(1, us(costs[1].server_cpu)),
+        per_pair(2, us(costs[2].server_cpu)),
         "µs",
     );
-    let n = nodes.max(1) as f64;
-    row(
+    let n = setup.pools.len().max(1) as f64;
+    row3(
         "commands per node per pair",
-        lib.commands as f64 / lp / n,
-        raw.commands as f64 / rp / n,
+        per_pair(0, costs[0].commands as f64) / n,
+        per_pair(1, costs[1].commands as f64) / n,
+        per_pair(2, costs[2].commands as f64) / n,
         "cmds",
     );
+    Ok(())
 }
 
 /// 3. 16 tasks on one key, wait mode.
