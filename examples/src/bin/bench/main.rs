@@ -296,8 +296,10 @@ async fn sequential(setup: &Setup) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// 2. 64 tasks on distinct keys for a fixed time: the library, raw and rslock
-/// in turn, in an order that rotates from round to round.
+/// 2. 64 tasks on distinct keys for a fixed time.
+///
+/// The library, raw and rslock run in turn, in an order that rotates from
+/// round to round.
 async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let raw = Arc::new(Raw::new(&setup.pools).await?);
