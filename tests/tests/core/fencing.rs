@@ -408,3 +408,38 @@ async fn fencing_off_costs_nothing_and_on_costs_one_script() {
         }
     }
 }
+
+/// Issue 18 item 11: a value that encodes to no Redis argument is refused
+/// before the script runs, so the record is not raised for a write that never
+/// happened; the same with a value of two arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_if_fresh_refuses_a_value_of_no_argument_and_writes_nothing() {
+    let store_node = RedisNode::start();
+    let client = redis::Client::open(store_node.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (record, data) = ("{order:7}:fence", "{order:7}:state");
+    let t1 = FencingToken::new(41);
+    assert_eq!(
+        fence::set_if_fresh(&mut conn, record, t1, data, "paid")
+            .await
+            .unwrap(),
+        fence::Outcome::Applied
+    );
+    let t2 = FencingToken::new(42);
+    let empty: Vec<String> = Vec::new();
+    let err = fence::set_if_fresh(&mut conn, record, t2, data, empty).await;
+    assert!(
+        matches!(&err, Err(fence::StoreError::BadValue { key, args: 0 }) if key == data),
+        "{err:?}"
+    );
+    assert_eq!(store_node.get(record).as_deref(), Some("41"), "{err:?}");
+    assert_eq!(store_node.get(data).as_deref(), Some("paid"));
+    let two = vec!["a", "b"];
+    let err = fence::set_if_fresh(&mut conn, record, t2, data, two).await;
+    assert!(
+        matches!(err, Err(fence::StoreError::BadValue { args: 2, .. })),
+        "{err:?}"
+    );
+    assert_eq!(store_node.get(record).as_deref(), Some("41"), "{err:?}");
+    assert_eq!(store_node.get(data).as_deref(), Some("paid"));
+}
