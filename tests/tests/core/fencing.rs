@@ -443,3 +443,45 @@ async fn set_if_fresh_refuses_a_value_of_no_argument_and_writes_nothing() {
     assert_eq!(store_node.get(record).as_deref(), Some("41"), "{err:?}");
     assert_eq!(store_node.get(data).as_deref(), Some("paid"));
 }
+
+/// Issue 18 item 10: a failed fenced attempt costs three rounds (`SET`s,
+/// fence, release), and the retry deadline reserves all three. Every reply is
+/// delayed 170 ms (node timeout 200 ms) and the 250 ms TTL has no validity
+/// left after the fence, so each attempt fails with `NoValidity` after about
+/// 3 × 175 ms. With two rounds reserved, a second attempt started before
+/// 1000 − 400 ms and ended near 1.1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_deadline_counts_the_fence_round() {
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        proxies.push(FaultProxy::start(i, node.port(), None).await.unwrap());
+    }
+    let rl = Redlock::builder()
+        .urls(proxies.iter().map(|p| p.url()))
+        .node_timeout(ms(200))
+        .fencing(FencingMode::Hybrid)
+        .build()
+        .unwrap();
+    // Connected, and the fence and release scripts loaded, before the delay.
+    let lock = rl.try_lock("warm", Duration::from_secs(2)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+    for p in &proxies {
+        p.delay(Direction::Reply, ms(170), Duration::ZERO);
+    }
+    let deadline = ms(1000);
+    let retry = RetryPolicy::deadline(deadline)
+        .with_delay(Duration::ZERO)
+        .with_jitter(Duration::ZERO);
+    let started = std::time::Instant::now();
+    let result = rl.lock_with("fenced:deadline", ms(250), &retry).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(Error::NoValidity { .. })),
+        "{result:?}"
+    );
+    assert!(
+        took <= deadline + ms(50),
+        "lock_with took {took:?} for a deadline of {deadline:?}"
+    );
+}
