@@ -118,6 +118,7 @@
 mod acquire;
 mod builder;
 mod error;
+mod eviction;
 mod extend;
 mod fan_out;
 pub mod fence;
@@ -142,6 +143,7 @@ mod wake;
 
 pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
+pub use eviction::EvictionCheck;
 pub use fencing::{FencingCheck, FencingMode, FencingToken};
 pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use lock::Lock;

@@ -39,6 +39,16 @@ fn counter(node: &RedisNode, key: &str) -> Option<u64> {
     v.map(|s| s.parse().unwrap())
 }
 
+/// The node's `PTTL` of the fence counter of lock key `key` (`-1`: no
+/// expiry, `-2`: no counter).
+fn counter_pttl(node: &RedisNode, key: &str) -> i64 {
+    let client = redis::Client::open(node.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut k = b"\xfffence:".to_vec();
+    k.extend_from_slice(key.as_bytes());
+    redis::cmd("PTTL").arg(k).query(&mut conn).unwrap()
+}
+
 /// Restarts node `i` (`kill -9`, then the same port and dir) and waits until
 /// it has loaded its dataset: `INFO` answers during `LOADING`, commands do not.
 fn restart(cluster: &Cluster, i: usize) {
@@ -483,5 +493,76 @@ async fn the_retry_deadline_counts_the_fence_round() {
     assert!(
         took <= deadline + ms(50),
         "lock_with took {took:?} for a deadline of {deadline:?}"
+    );
+}
+
+/// Issue 18 item 5: a `Hybrid` counter expires, at least an hour (the floor)
+/// and by default a day after its last fence, and a later fence refreshes it;
+/// a `Durable` counter never expires, and a `Durable` fence makes a counter
+/// left with an expiry permanent again. A counter TTL under the floor is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_counters_expire_after_the_floor_and_durable_ones_never() {
+    let cluster = Cluster::start(3);
+    let hour: i64 = 3_600_000;
+    let day = 24 * hour;
+    let rl = fenced(cluster.urls(), FencingMode::Hybrid);
+    let lock = rl
+        .try_lock("fenced:ttl", Duration::from_secs(2))
+        .await
+        .unwrap();
+    rl.unlock(lock).await.unwrap();
+    let fenced_on = |key: &str, check: &dyn Fn(i64) -> bool| {
+        cluster
+            .nodes()
+            .iter()
+            .filter(|n| check(counter_pttl(n, key)))
+            .count()
+    };
+    // The fence is decided at quorum; the third node's may still be on its way.
+    assert!(fenced_on("fenced:ttl", &|p| p > day - 60_000 && p <= day) >= 2);
+
+    let custom = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .fencing(FencingMode::Hybrid)
+        .fence_counter_ttl(Duration::from_secs(2 * 3600))
+        .build()
+        .unwrap();
+    let lock = custom
+        .try_lock("fenced:ttl2", Duration::from_secs(2))
+        .await
+        .unwrap();
+    custom.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl2", &|p| p > 2 * hour - 60_000 && p <= 2 * hour) >= 2);
+    // A lock's TTL above the hour gets the counter its TTL plus the hour.
+    let long = Duration::from_secs(3 * 3600);
+    let lock = custom.try_lock("fenced:ttl3", long).await.unwrap();
+    custom.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl3", &|p| p > 4 * hour - 60_000 && p <= 4 * hour) >= 2);
+
+    let durable = fenced(cluster.urls(), FencingMode::Durable);
+    let lock = durable
+        .try_lock("fenced:ttl4", Duration::from_secs(2))
+        .await
+        .unwrap();
+    durable.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl4", &|p| p == -1) >= 2);
+    // The Hybrid counter of "fenced:ttl", fenced again in Durable mode.
+    let lock = durable
+        .try_lock("fenced:ttl", Duration::from_secs(2))
+        .await
+        .unwrap();
+    durable.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl", &|p| p == -1) >= 2);
+
+    let refused = Redlock::builder()
+        .urls(cluster.urls())
+        .fencing(FencingMode::Hybrid)
+        .fence_counter_ttl(Duration::from_secs(3599))
+        .build();
+    assert!(
+        matches!(refused, Err(Error::InvalidConfig(ref m)) if m.contains("fence_counter_ttl")),
+        "{refused:?}"
     );
 }

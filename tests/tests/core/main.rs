@@ -8,6 +8,7 @@ mod fencing;
 mod guard;
 mod holder;
 mod inputs;
+mod memory;
 mod safety;
 mod smoke;
 mod tls;
