@@ -38,14 +38,17 @@ pub enum FencingMode {
     /// `T = max(counter) + 1`. Monotone as long as no node loses a counter
     /// write it acknowledged: every node must run with `appendonly yes` and
     /// `appendfsync always`. On a node that restarts without its data, tokens
-    /// can repeat or go backwards.
+    /// can repeat or go backwards. The counters never expire (about 90 bytes
+    /// per resource ever locked, per node).
     Durable,
     /// `T = max(counter, TIME in µs) + 1`, from the nodes' own clocks (never the
     /// client's). Monotone without persistence if a restarted node stays down
     /// longer than the clock skew between the nodes, and no node's wall clock
     /// ever steps backwards (an NTP step, a manual `date`): a backward step can
     /// hand out a smaller token after a restart. Tokens are then microsecond
-    /// timestamps, not small integers.
+    /// timestamps, not small integers. The counters expire once idle for
+    /// [`RedlockBuilder::fence_counter_ttl`](crate::RedlockBuilder::fence_counter_ttl),
+    /// which the same clock rule makes safe (see there).
     Hybrid,
 }
 

@@ -146,3 +146,35 @@ async fn check_nodes_reports_policies_that_evict_lock_keys() {
     }
     assert!(!infos[1].eviction.as_ref().unwrap().is_sound());
 }
+
+/// A user refused `CONFIG` (as managed services often are) still gets the
+/// policy, from `INFO memory`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_nodes_reads_the_policy_without_config() {
+    let cluster = Cluster::start(3);
+    let mut urls = Vec::new();
+    for node in cluster.nodes() {
+        node.cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lfu"]);
+        node.cmd(&[
+            "ACL", "SETUSER", "locker", "on", ">secret", "~*", "&*", "+@all", "-config",
+        ]);
+        urls.push(format!("redis://locker:secret@127.0.0.1:{}", node.port()));
+    }
+    let rl = Redlock::builder().urls(urls).build().unwrap();
+    for info in rl.check_nodes().await.unwrap() {
+        assert!(info.error.is_none(), "{info:?}");
+        assert_eq!(info.appendfsync, None, "CONFIG is refused: {info:?}");
+        assert_eq!(
+            info.maxmemory_policy.as_deref(),
+            Some("allkeys-lfu"),
+            "{info:?}"
+        );
+        assert_eq!(info.maxmemory, Some(0), "{info:?}");
+        match &info.eviction {
+            Some(EvictionCheck::Unsound { reason }) => {
+                assert!(reason.contains("maxmemory is 0"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
