@@ -242,9 +242,12 @@ impl RedlockBuilder {
     ///
     /// It costs each acquire one more round trip (the fence phase, decided at
     /// quorum); extend and release are unchanged. The counters live on the
-    /// nodes in keys that never expire, one per resource ever locked: the byte
-    /// `0xFF`, `fence:`, then the lock key (no UTF-8 key can collide with
-    /// that). Pick the mode for the nodes' persistence and check it with
+    /// nodes, one key per resource locked: the byte `0xFF`, `fence:`, then
+    /// the lock key (no UTF-8 key can collide with that). A
+    /// [`FencingMode::Durable`] counter never expires; a
+    /// [`FencingMode::Hybrid`] one expires a day (see
+    /// [`fence_counter_ttl`](Self::fence_counter_ttl)) after its last fence.
+    /// Pick the mode for the nodes' persistence and check it with
     /// [`Redlock::check_nodes`]: [`FencingMode::Durable`] needs
     /// `appendonly yes` + `appendfsync always` on every node;
     /// [`FencingMode::Hybrid`] needs restarted nodes to stay down longer than
@@ -269,6 +272,26 @@ impl RedlockBuilder {
     /// ```
     pub fn fencing(mut self, mode: FencingMode) -> Self {
         self.settings.fencing = Some(mode);
+        self
+    }
+
+    /// How long a [`FencingMode::Hybrid`] counter lives after the last fence
+    /// that wrote it (default: one day; at least one hour, or
+    /// [`build`](Self::build) refuses it with [`Error::InvalidConfig`]).
+    /// Each fence also gives it at least its lock's TTL plus one hour, so a
+    /// counter outlives every holder fenced with it.
+    ///
+    /// Why a counter may expire at all: a `Hybrid` token is at least the
+    /// node's clock (`TIME`, µs), and a counter holds at most the clock of
+    /// the node that wrote it plus the clock skew between nodes. Once it has
+    /// been idle for longer than that skew, the node's own `TIME` is above
+    /// every token it ever held, as after the empty restart the mode already
+    /// allows; the hour's floor keeps a wide margin over any skew of
+    /// NTP-synced servers. Without expiry, client-chosen keys (`by_path`)
+    /// leave one counter per distinct key for ever. [`FencingMode::Durable`]
+    /// counters do not expire: their order rests on them alone.
+    pub fn fence_counter_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.fence_counter_ttl = ttl;
         self
     }
 

@@ -127,6 +127,17 @@ pub enum StoreError {
         /// What it holds.
         found: String,
     },
+    /// The value does not encode to exactly one Redis argument (an empty
+    /// `Vec`, `()`, a tuple or a list of several), so `SET` could not store
+    /// it. Refused before the script runs: nothing was written, the record
+    /// included.
+    #[error("the value for {key:?} encodes to {args} Redis arguments, not one")]
+    BadValue {
+        /// The value key.
+        key: String,
+        /// How many arguments the value encoded to.
+        args: usize,
+    },
 }
 
 /// Sets `key` to `value` only if `token` is at least the last token recorded
@@ -134,7 +145,8 @@ pub enum StoreError {
 ///
 /// # Errors
 /// [`StoreError::Redis`] when the script fails, [`StoreError::BadRecord`] when
-/// `record` holds something else than a token.
+/// `record` holds something else than a token, [`StoreError::BadValue`] when
+/// `value` is not one Redis argument (then nothing is sent).
 pub async fn set_if_fresh<C, V>(
     conn: &mut C,
     record: &str,
@@ -146,6 +158,19 @@ where
     C: redis::aio::ConnectionLike + Send,
     V: ToRedisArgs,
 {
+    // The script raises the record before it writes the value: a value that
+    // is not exactly one argument would make the second `SET` fail after the
+    // first, leaving a record that claims a write that never happened.
+    let mut args = value.to_redis_args();
+    let value = match (args.pop(), args.is_empty()) {
+        (Some(one), true) => one,
+        (last, _) => {
+            return Err(StoreError::BadValue {
+                key: key.to_owned(),
+                args: args.len() + usize::from(last.is_some()),
+            });
+        }
+    };
     let reply: Value = SET_IF_FRESH
         .key(record)
         .key(key)

@@ -99,10 +99,14 @@
 //! counters, unlike lock keys, must outlive every holder.
 //!
 //! [`Redlock::check_nodes`] reads each node's persistence and says whether the
-//! chosen mode is sound there ([`FencingCheck`]). The counters are keys that
-//! never expire, one per fenced resource (the byte `0xFF`, `fence:`, then the
-//! lock key: no UTF-8 key collides with them); deleting one, or a `FLUSHALL`,
-//! is a restart without data for that node. Tokens order holders; they do not
+//! chosen mode is sound there ([`FencingCheck`]), and its eviction policy
+//! ([`EvictionCheck`]: only `noeviction` keeps lock keys and counters). The
+//! counters are keys, one per fenced resource (the byte `0xFF`, `fence:`, then
+//! the lock key: no UTF-8 key collides with them); deleting one, or a
+//! `FLUSHALL`, is a restart without data for that node. [`FencingMode::Durable`]
+//! counters never expire; [`FencingMode::Hybrid`] ones expire once idle for
+//! [`RedlockBuilder::fence_counter_ttl`] (a day by default, an hour at least),
+//! which the mode's clock rule makes as safe as a restart after the skew. Tokens order holders; they do not
 //! make a holder's validity longer, and they do not protect a resource from a
 //! client that writes without a lock.
 //!
@@ -118,6 +122,7 @@
 mod acquire;
 mod builder;
 mod error;
+mod eviction;
 mod extend;
 mod fan_out;
 pub mod fence;
@@ -145,6 +150,7 @@ mod wake;
 
 pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
+pub use eviction::EvictionCheck;
 pub use fencing::{FencingCheck, FencingMode, FencingToken};
 pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};

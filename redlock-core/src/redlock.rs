@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::error::{Error, NodeError};
+use crate::eviction::{EvictionCheck, check_eviction};
 use crate::fencing::{FencingCheck, check_persistence};
 use crate::node::Node;
 use crate::settings::{RetryPolicy, Settings};
@@ -84,6 +85,15 @@ pub struct NodeInfo {
     /// With [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing): whether
     /// the mode keeps tokens monotone on this node. `None` without fencing.
     pub fencing: Option<FencingCheck>,
+    /// The `maxmemory` limit in bytes (`0`: none), from `INFO memory`, else
+    /// `CONFIG GET maxmemory`.
+    pub maxmemory: Option<u64>,
+    /// The `maxmemory-policy` (`noeviction`, `allkeys-lru`, …), from `INFO
+    /// memory`, else `CONFIG GET maxmemory-policy`.
+    pub maxmemory_policy: Option<String>,
+    /// Whether the node can evict lock keys or fencing counters. `None` when
+    /// the node did not answer.
+    pub eviction: Option<EvictionCheck>,
 }
 
 impl Redlock {
@@ -139,7 +149,10 @@ impl Redlock {
     /// Also reads each node's persistence (`INFO persistence`, `CONFIG GET
     /// appendfsync`) and, with fencing on, judges whether the
     /// [`FencingMode`](crate::FencingMode) is sound there ([`NodeInfo::fencing`]);
-    /// a node where it is not is logged at warn level.
+    /// and its eviction policy (`INFO memory`, else `CONFIG GET`), judging
+    /// whether it can evict lock keys or fencing counters
+    /// ([`NodeInfo::eviction`]: only `noeviction` is sound). A node where
+    /// either is unsound is logged at warn level.
     ///
     /// # Errors
     /// [`Error::DuplicateNode`] with `by: "run_id"`.
@@ -166,6 +179,9 @@ impl Redlock {
                         aof_enabled: None,
                         appendfsync: None,
                         fencing: None,
+                        maxmemory: None,
+                        maxmemory_policy: None,
+                        eviction: None,
                     };
                     match node.query(cmd, timeout).await {
                         Ok(v) => {
@@ -186,6 +202,7 @@ impl Redlock {
                     }
                     if info.error.is_none() {
                         self.read_persistence(node, timeout, &mut info).await;
+                        self.read_eviction(node, timeout, &mut info).await;
                     }
                     info
                 }
@@ -233,6 +250,50 @@ impl Redlock {
             tracing::warn!(node = %node.label, ?mode, check = ?check, "fencing tokens are not backed by durable counters on this node");
         }
         info.fencing = Some(check);
+    }
+
+    /// Fills `info`'s memory fields from `node` (`INFO memory`, which ACLs
+    /// deny less often than `CONFIG`; `CONFIG GET` for what it lacks), and
+    /// judges whether the node can evict the keys the locks rely on. A node
+    /// where it can, or where it is unknown, is logged at warn level.
+    async fn read_eviction(&self, node: &Node, timeout: Duration, info: &mut NodeInfo) {
+        let mut memory = redis::cmd("INFO");
+        memory.arg("memory");
+        if let Ok(v) = node.query(&memory, timeout).await {
+            let text = reply_text(v);
+            info.maxmemory = info_field(&text, "maxmemory").and_then(|v| v.parse().ok());
+            info.maxmemory_policy = info_field(&text, "maxmemory_policy");
+        }
+        if info.maxmemory_policy.is_none() {
+            let mut get = redis::cmd("CONFIG");
+            get.arg("GET").arg("maxmemory-policy");
+            info.maxmemory_policy = node.query(&get, timeout).await.ok().and_then(config_value);
+        }
+        if info.maxmemory.is_none() {
+            let mut get = redis::cmd("CONFIG");
+            get.arg("GET").arg("maxmemory");
+            info.maxmemory = node
+                .query(&get, timeout)
+                .await
+                .ok()
+                .and_then(config_value)
+                .and_then(|v| v.parse().ok());
+        }
+        let check = check_eviction(
+            info.maxmemory_policy.as_deref(),
+            info.maxmemory,
+            self.inner.settings.fencing,
+        );
+        match &check {
+            EvictionCheck::Sound { .. } => {}
+            EvictionCheck::Unsound { reason } => {
+                tracing::warn!(node = %node.label, %reason, "this node can evict lock keys: mutual exclusion is not guaranteed");
+            }
+            EvictionCheck::Unknown { reason } => {
+                tracing::warn!(node = %node.label, %reason, "cannot tell whether this node evicts lock keys");
+            }
+        }
+        info.eviction = Some(check);
     }
 
     pub(crate) fn check_resource(resource: &str) -> Result<(), Error> {

@@ -68,6 +68,12 @@ impl Report {
         })
     }
 
+    /// How many nodes refused a write because they are over `maxmemory`
+    /// ([`NodeError::OutOfMemory`]): up, but full.
+    pub fn out_of_memory_count(&self) -> usize {
+        self.count(|s| matches!(s, NodeStatus::Failed(NodeError::OutOfMemory)))
+    }
+
     /// How many nodes had not answered when the outcome was decided.
     pub fn pending_count(&self) -> usize {
         self.count(|s| matches!(s, NodeStatus::Pending))

@@ -196,6 +196,9 @@ pub(crate) struct Settings {
     pub(crate) loss_margin: Option<Duration>,
     /// `None`: no fencing tokens, no fence round trip.
     pub(crate) fencing: Option<FencingMode>,
+    /// How long a [`FencingMode::Hybrid`] counter lives without a fence (at
+    /// least the floor of `fencing::counter_ttl`).
+    pub(crate) fence_counter_ttl: Duration,
     /// Waiters queue locally and are woken by releases (else they poll).
     pub(crate) wake_on_release: bool,
     /// The opt-in `key` label of the metrics (none by default).
@@ -215,6 +218,7 @@ impl Default for Settings {
             max_extensions: None,
             loss_margin: None,
             fencing: None,
+            fence_counter_ttl: crate::fencing::DEFAULT_FENCE_COUNTER_TTL,
             wake_on_release: true,
             metrics_key: None,
         }
@@ -241,6 +245,13 @@ impl Settings {
             return Err(Error::InvalidConfig(format!(
                 "ttl bounds {:?}..={:?} are empty or start under 1 ms",
                 s.min_ttl, s.max_ttl
+            )));
+        }
+        if s.fence_counter_ttl < crate::fencing::MIN_FENCE_COUNTER_TTL {
+            return Err(Error::InvalidConfig(format!(
+                "fence_counter_ttl {:?} is under the floor of {:?}",
+                s.fence_counter_ttl,
+                crate::fencing::MIN_FENCE_COUNTER_TTL
             )));
         }
         if s.node_timeout >= s.max_ttl {

@@ -73,8 +73,8 @@ pub(crate) fn retry_delay(policy: &RetryPolicy) -> Duration {
 
 /// Spec step 5's bound on retrying: whether an attempt may follow attempt
 /// number `attempt` at `now`, given the policy's attempt count and the latest
-/// instant an attempt may start (the deadline less one acquire and one
-/// release round).
+/// instant an attempt may start (the deadline less one acquire round, the
+/// fence round of a fencing lock, and one release round).
 pub(crate) fn may_retry(
     attempt: u32,
     policy: &RetryPolicy,

@@ -71,6 +71,13 @@
 //!   which from the client's view is the same as a message lost.
 //! * [`Persistence::None`]: the node restarts with no keys and all counters 0.
 //!
+//! Counter expiry (hybrid rule, `FencingMode::Hybrid`'s counter TTL; off unless
+//! [`Fencing::counter_expiry`] is set): a node's counter drops to 0
+//! ([`Action::ExpireCounter`]) at any step once at least that many ticks passed
+//! since a fence was last applied on the node (every applied fence sets or
+//! refreshes the counter's expiry, as the fence script does). The node stays
+//! up and keeps its key.
+//!
 //! Time exists only for the hybrid mode: a global clock `now` (bounded by
 //! [`Fencing::max_time`]) advances by [`Action::Tick`]; node `i` reads
 //! `TIME_i = now + offset_i`, with the offsets fixed per run and their spread
@@ -97,7 +104,11 @@
 //!   clock unit can push the counters past every clock, and a node restarted
 //!   without its counter then hands out a too small `TIME`.
 //!   (`FencingMode::Hybrid`; the crate doc names (2) and the wall clock never
-//!   stepping back; (1) and (3) are stated here.)
+//!   stepping back; (1) and (3) are stated here.) And (4) **a counter expires
+//!   only after it was idle longer than the skew** (`skew + 1` ticks since its
+//!   last fence); the library's floor of an hour is far above any skew. Under
+//!   (3), a counter written at `w` holds at most `w + skew` in the writing
+//!   node's clock, so the node's own `TIME` after the expiry is above it.
 //!
 //! # The property
 //!
@@ -108,7 +119,8 @@
 //! keeps the largest token handed out so far and a flag set by a violation.
 //! A `Sometimes` property ([`HOLDER_AFTER_RESTART`]) keeps the passing checks
 //! honest: some run must have two holders, one of which got the lock after a
-//! node crashed and restarted.
+//! node crashed and restarted (with crashes allowed), or after a counter
+//! expired ([`HOLDER_AFTER_EXPIRY`], with counter expiry on).
 //!
 //! # Negative controls (each must yield a counterexample, printed)
 //!
@@ -125,7 +137,11 @@
 //!   crash without persistence suffices; this is why `FencingMode::Durable`
 //!   requires `appendfsync always` on every node;
 //! * `hybrid_restart_within_skew_finds_a_counterexample`: [`Rule::Hybrid`] with
-//!   assumption B(2) broken (restart at once, skew 1).
+//!   assumption B(2) broken (restart at once, skew 1);
+//! * `hybrid_counter_expiry_within_skew_finds_a_counterexample`: [`Rule::Hybrid`]
+//!   with assumption B(4) broken (a counter expires right after its fence, on
+//!   a node whose clock is 1 behind another's): the next holder reads the
+//!   behind node's `TIME` and hands out the same token.
 //!
 //! Each negative control is checked breadth-first, so the printed
 //! counterexample is a shortest one, then again with the symmetry reduction
@@ -145,14 +161,16 @@
 //!
 //! `cargo test` runs small bounds — 2 clients with 1 attempt each, or 3 for
 //! the crash-free naive control; assumption A with 2 crashes; assumption B with
-//! 1 crash, skew 0 (restart after 1 tick) and `max_time` 2 — each test under
-//! 15 s in a debug build (under 2 s in release); every test prints its state
-//! counts and time (`--nocapture`).
+//! 1 crash, skew 0 (restart after 1 tick) and `max_time` 2; counter expiry
+//! (B(4)) with no crash, skew 0 (expiry after 1 idle tick) and `max_time` 3
+//! — each test under 15 s in a debug build on an idle machine (under 2 s in
+//! release); every test prints its state counts and time (`--nocapture`).
 //!
-//! The ignored test `deeper_bounds` checks both passing assumptions with
+//! The ignored test `deeper_bounds` checks the passing assumptions with
 //! larger bounds (assumption A with 3 clients; assumption B with skew 1, all
-//! three offset vectors, and `max_time` 3); run it in release, about 40 s
-//! (see its doc for the numbers measured):
+//! three offset vectors, and `max_time` 3; B(4) with skew 1, expiry after 2
+//! idle ticks and `max_time` 4); run it in release, about two minutes (see
+//! its doc for the numbers measured):
 //!
 //! ```text
 //! cargo test -p redlock-tests --release --test model_fencing -- --ignored --nocapture deeper_bounds
@@ -165,8 +183,10 @@
 //!   cargo test -p redlock-tests --release --test model_fencing -- --ignored --nocapture custom_bounds
 //! ```
 //!
-//! with `durable,<clients>,<attempts>,<crashes>` or
-//! `hybrid,<clients>,<attempts>,<crashes>,<max_time>,<skew>` (at most 3 clients, 2 attempts each, skew ≤ 1). `REDLOCK_MODEL_THREADS=<n>`
+//! with `durable,<clients>,<attempts>,<crashes>`,
+//! `hybrid,<clients>,<attempts>,<crashes>,<max_time>,<skew>` (at most 3 clients, 2 attempts each, skew ≤ 1),
+//! or `expiry,<idle>,<skew>,<max_time>` (counter expiry after `idle` ticks, 2
+//! clients × 1 attempt, no crash; `idle` ≤ `skew` breaks B(4)). `REDLOCK_MODEL_THREADS=<n>`
 //! sets the checker's threads (default 1).
 
 use std::time::{Duration, Instant};
@@ -191,6 +211,8 @@ const NODE_NAMES: [char; N] = ['A', 'B', 'C'];
 const MONOTONE: &str = "tokens strictly increase in the order holders start";
 /// The sometimes-property that keeps a passing check from being vacuous.
 const HOLDER_AFTER_RESTART: &str = "two holders, one after a restart";
+/// Its counterpart for the checks with counter expiry.
+const HOLDER_AFTER_EXPIRY: &str = "two holders, one after a counter expired";
 
 /// How a client turns what the OK nodes said into a token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -232,6 +254,9 @@ struct Fencing {
     max_time: u8,
     /// Node clock offsets, one initial state each.
     offsets: Vec<[u8; N]>,
+    /// Counters expire ([`Action::ExpireCounter`]) once this many ticks
+    /// passed since the last fence applied on the node; `None`: never.
+    counter_expiry: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -254,6 +279,10 @@ struct State {
     violated: bool,
     /// An attempt became holder after some node had restarted.
     held_after_restart: bool,
+    /// Some counter expired.
+    counter_expired: bool,
+    /// An attempt became holder after a counter had expired.
+    held_after_expiry: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -267,6 +296,9 @@ struct Node {
     down_ticks: u8,
     /// The key lost in the last crash without persistence (for the restart rule).
     lost: Option<u8>,
+    /// Ticks since a fence was last applied here (which sets or refreshes
+    /// the counter's expiry), counted up to [`Fencing::counter_expiry`].
+    idle_ticks: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -316,6 +348,8 @@ enum Action {
     Abandon(usize),
     /// A dead attempt's key vanishes from a node (TTL, or a late release).
     Expire(usize),
+    /// A node's counter expires: idle for [`Fencing::counter_expiry`] ticks.
+    ExpireCounter(usize),
     Crash(usize),
     Restart(usize),
     /// Real time advances one unit (hybrid rule only).
@@ -381,6 +415,9 @@ impl Fencing {
         if usize::from(s.crashes) > down {
             s.held_after_restart = true;
         }
+        if s.counter_expired {
+            s.held_after_expiry = true;
+        }
         s.max_token = s.max_token.max(t);
         s.holders += 1;
     }
@@ -445,6 +482,7 @@ impl Fencing {
             Action::Hold(c) => format!("c{c} counts a quorum of fence acks: holds the lock"),
             Action::Abandon(c) => format!("c{c}'s attempt dies (gives up / validity ends)"),
             Action::Expire(i) => format!("{}: the dead attempt's key expires", NODE_NAMES[i]),
+            Action::ExpireCounter(i) => format!("{}: the idle counter expires", NODE_NAMES[i]),
             Action::Crash(i) => format!("{} crashes", NODE_NAMES[i]),
             Action::Restart(i) => format!("{} restarts", NODE_NAMES[i]),
             Action::Tick => "time advances".into(),
@@ -495,6 +533,7 @@ impl Model for Fencing {
             counter: 0,
             down_ticks: 0,
             lost: None,
+            idle_ticks: 0,
         };
         let mut clients = [Client {
             started: ABSENT,
@@ -518,6 +557,8 @@ impl Model for Fencing {
                 max_token: 0,
                 violated: false,
                 held_after_restart: false,
+                counter_expired: false,
+                held_after_expiry: false,
             })
             .collect()
     }
@@ -580,6 +621,10 @@ impl Model for Fencing {
             if self.can_restart(s, i) {
                 actions.push(Action::Restart(i));
             }
+            if n.up && n.counter > 0 && self.counter_expiry.is_some_and(|idle| n.idle_ticks >= idle)
+            {
+                actions.push(Action::ExpireCounter(i));
+            }
         }
         if self.rule == Rule::Hybrid && s.now < self.max_time {
             actions.push(Action::Tick);
@@ -627,6 +672,10 @@ impl Model for Fencing {
             }
             Action::Abandon(c) => s.clients[c].phase = Phase::Idle,
             Action::Expire(i) => s.nodes[i].key = None,
+            Action::ExpireCounter(i) => {
+                s.nodes[i].counter = 0;
+                s.counter_expired = true;
+            }
             Action::Crash(i) => {
                 s.crashes += 1;
                 let n = &mut s.nodes[i];
@@ -643,10 +692,12 @@ impl Model for Fencing {
             }
             Action::Tick => {
                 s.now += 1;
+                let idle_max = self.counter_expiry.unwrap_or(0);
                 for n in &mut s.nodes {
                     if !n.up {
                         n.down_ticks = (n.down_ticks + 1).min(self.min_down_ticks);
                     }
+                    n.idle_ticks = (n.idle_ticks + 1).min(idle_max);
                 }
                 for cl in &mut s.clients {
                     if let Phase::Acquiring { fresh, .. } = &mut cl.phase {
@@ -697,6 +748,7 @@ impl Model for Fencing {
                         let i = node as usize;
                         if s.nodes[i].key == Some(a) {
                             s.nodes[i].counter = s.nodes[i].counter.max(t);
+                            s.nodes[i].idle_ticks = 0;
                             let c = (a / PER_CLIENT) as usize;
                             if let Some(Phase::Fencing { t: ft, applied }) = self.live(&s, a) {
                                 s.clients[c].phase = Phase::Fencing {
@@ -713,12 +765,18 @@ impl Model for Fencing {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always(MONOTONE, |_, s: &State| !s.violated),
-            Property::sometimes(HOLDER_AFTER_RESTART, |_, s: &State| {
+        let mut p = vec![Property::always(MONOTONE, |_, s: &State| !s.violated)];
+        if self.crashes > 0 {
+            p.push(Property::sometimes(HOLDER_AFTER_RESTART, |_, s: &State| {
                 s.held_after_restart && s.holders >= 2
-            }),
-        ]
+            }));
+        }
+        if self.counter_expiry.is_some() {
+            p.push(Property::sometimes(HOLDER_AFTER_EXPIRY, |_, s: &State| {
+                s.held_after_expiry && s.holders >= 2
+            }));
+        }
+        p
     }
 }
 
@@ -784,20 +842,21 @@ fn representative(s: &State) -> State {
     let s = r;
     let node_key = |i: usize| {
         let n = &s.nodes[i];
-        let mut k = [0u8; 6 + 2 * MAX_ATTEMPTS + 4 * MAX_CLIENTS];
-        k[..6].copy_from_slice(&[
+        let mut k = [0u8; 7 + 2 * MAX_ATTEMPTS + 4 * MAX_CLIENTS];
+        k[..7].copy_from_slice(&[
             s.offsets[i],
             u8::from(n.up),
             n.key.map_or(0, |a| a + 1),
             n.counter,
             n.down_ticks,
             n.lost.map_or(0, |a| a + 1),
+            n.idle_ticks,
         ]);
         for a in 0..MAX_ATTEMPTS {
-            k[6 + 2 * a] = (s.sets[a] >> i) & 1;
-            k[7 + 2 * a] = (s.fences[a] >> i) & 1;
+            k[7 + 2 * a] = (s.sets[a] >> i) & 1;
+            k[8 + 2 * a] = (s.fences[a] >> i) & 1;
         }
-        let base = 6 + 2 * MAX_ATTEMPTS;
+        let base = 7 + 2 * MAX_ATTEMPTS;
         for (c, cl) in s.clients.iter().enumerate() {
             let (ok, read, at, applied) = match cl.phase {
                 Phase::Acquiring { ok, read, fresh } => {
@@ -870,6 +929,7 @@ fn durable(clients: usize, attempts: u8, crashes: u8) -> Fencing {
         crashes,
         max_time: 0,
         offsets: offsets(0),
+        counter_expiry: None,
     }
 }
 
@@ -887,6 +947,19 @@ fn hybrid_delayed_restart(clients: usize, attempts: u8, crashes: u8, max_time: u
         crashes,
         max_time,
         offsets: offsets(skew),
+        counter_expiry: None,
+    }
+}
+
+/// The hybrid rule with counters that expire after `idle` ticks without a
+/// fence (`FencingMode::Hybrid`'s counter TTL), and no crash: the expiry is
+/// the only way a counter is lost.
+fn hybrid_counter_expiry(idle: u8, skew: u8, max_time: u8) -> Fencing {
+    Fencing {
+        crashes: 0,
+        counter_expiry: Some(idle),
+        offsets: offsets(skew),
+        ..hybrid_delayed_restart(2, 1, 0, max_time)
     }
 }
 
@@ -914,7 +987,7 @@ struct Outcome {
 
 fn report(name: &str, model: &Fencing, o: &Outcome) {
     println!(
-        "{name}: {:?}/{:?}, {} clients x {} attempts, {} crashes, max_time {}, skew {}: \
+        "{name}: {:?}/{:?}, {} clients x {} attempts, {} crashes, max_time {}, skew {}{}: \
          {} unique states ({} generated), max depth {}, {:.2?}{}",
         model.rule,
         model.persistence,
@@ -923,6 +996,9 @@ fn report(name: &str, model: &Fencing, o: &Outcome) {
         model.crashes,
         model.max_time,
         model.skew(),
+        model.counter_expiry.map_or(String::new(), |i| format!(
+            ", counters expire after {i} idle ticks"
+        )),
         o.unique,
         o.total,
         o.depth,
@@ -1033,6 +1109,17 @@ fn hybrid_without_persistence_with_delayed_restart_keeps_tokens_monotone() {
     );
 }
 
+/// Assumption B(4): a counter idle longer than the skew (skew 0 here, one
+/// tick) may expire; `max_time` 3 leaves time for a holder, the expiry, and
+/// a second holder that reads after it.
+#[test]
+fn hybrid_counter_expiry_after_the_skew_keeps_tokens_monotone() {
+    check_passes(
+        "hybrid_counter_expiry_after_the_skew_keeps_tokens_monotone",
+        hybrid_counter_expiry(1, 0, 3),
+    );
+}
+
 #[test]
 fn naive_incr_without_fsync_finds_a_counterexample() {
     let trace = check_fails(
@@ -1047,6 +1134,7 @@ fn naive_incr_without_fsync_finds_a_counterexample() {
             crashes: 1,
             max_time: 0,
             offsets: offsets(0),
+            counter_expiry: None,
         },
     );
     assert!(trace.contains("crashes"), "{trace}");
@@ -1066,6 +1154,7 @@ fn naive_incr_without_crashes_finds_a_counterexample() {
             crashes: 0,
             max_time: 0,
             offsets: offsets(0),
+            counter_expiry: None,
         },
     );
 }
@@ -1097,18 +1186,37 @@ fn hybrid_restart_within_skew_finds_a_counterexample() {
     assert!(trace.contains("restarts"), "{trace}");
 }
 
+/// Assumption B(4) broken: a counter expires as soon as it was written,
+/// within the clock skew (1) of a node whose clock is behind another's.
+#[test]
+fn hybrid_counter_expiry_within_skew_finds_a_counterexample() {
+    let trace = check_fails(
+        "hybrid_counter_expiry_within_skew_finds_a_counterexample",
+        Fencing {
+            offsets: vec![[1, 0, 0]],
+            ..hybrid_counter_expiry(0, 1, 2)
+        },
+    );
+    assert!(trace.contains("idle counter expires"), "{trace}");
+}
+
 /// Larger bounds for both passing assumptions; see the module doc. Measured
 /// in release, one thread: `durable 3x1, 1 crash` 9 359 598 states
 /// (representatives), 32 s; `hybrid 2x1, 1 crash, max_time 3, skew 1`
-/// 4 250 452 states, 8 s. (Two attempts per client, `durable,2,2,1`, did not
-/// finish within 5 minutes.)
+/// 4 250 452 states, 8 s; `expiry 2x1, idle 2, skew 1, max_time 4` (all
+/// three offset vectors) 7 237 897 states, 65 s on a loaded machine. (Two
+/// attempts per client, `durable,2,2,1`, did not finish within 5 minutes.)
 #[test]
-#[ignore = "about a minute in release: see the module doc"]
+#[ignore = "about two minutes in release: see the module doc"]
 fn deeper_bounds() {
     check_passes("deeper: durable 3x1, 1 crash", durable(3, 1, 1));
     check_passes(
         "deeper: hybrid 2x1, 1 crash, max_time 3, skew 1",
         hybrid_delayed_restart(2, 1, 1, 3),
+    );
+    check_passes(
+        "deeper: hybrid counter expiry 2x1, idle 2, skew 1, max_time 4",
+        hybrid_counter_expiry(2, 1, 4),
     );
 }
 
@@ -1130,13 +1238,15 @@ fn custom_bounds() {
     };
     let (clients, attempts, crashes) = (num(1, 2) as usize, num(2, 1), num(3, 1));
     let model = match parts[0] {
+        // expiry,<idle>,<skew>,<max_time>
+        "expiry" => hybrid_counter_expiry(num(1, 2), num(2, 1), num(3, 4)),
         "durable" => durable(clients, attempts, crashes),
         "hybrid" => Fencing {
             min_down_ticks: num(5, 1) + 1,
             offsets: offsets(num(5, 1)),
             ..hybrid_delayed_restart(clients, attempts, crashes, num(4, 3))
         },
-        other => panic!("unknown mode {other:?}: durable or hybrid"),
+        other => panic!("unknown mode {other:?}: durable, hybrid or expiry"),
     };
     check_passes(&format!("custom {spec}"), model);
 }

@@ -79,13 +79,19 @@ impl Redlock {
         let key: Arc<str> = self.key_for(&resource).into();
         let begin = Instant::now();
         // The last attempt must be able to finish inside the deadline: its acquire
-        // round and, if it fails, the release round of the failed attempt. A
+        // round, the fence round of a fencing lock, and, if it fails, the release
+        // round of the failed attempt; each bounded by the node timeout. A
         // deadline past the end of time is no deadline.
+        let rounds = if self.inner.settings.fencing.is_some() {
+            3
+        } else {
+            2
+        };
         let latest_start = retry
             .deadline
             .and_then(|d| begin.checked_add(d))
             .map(|end| {
-                end.checked_sub(self.inner.settings.node_timeout.saturating_mul(2))
+                end.checked_sub(self.inner.settings.node_timeout.saturating_mul(rounds))
                     .unwrap_or(begin)
             });
         if retry.max_attempts > 1 && self.inner.waiting.enabled() {

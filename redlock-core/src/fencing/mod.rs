@@ -22,6 +22,7 @@
 
 use crate::error::NodeError;
 use std::fmt;
+use std::time::Duration;
 
 mod phase;
 
@@ -37,14 +38,17 @@ pub enum FencingMode {
     /// `T = max(counter) + 1`. Monotone as long as no node loses a counter
     /// write it acknowledged: every node must run with `appendonly yes` and
     /// `appendfsync always`. On a node that restarts without its data, tokens
-    /// can repeat or go backwards.
+    /// can repeat or go backwards. The counters never expire (about 90 bytes
+    /// per resource ever locked, per node).
     Durable,
     /// `T = max(counter, TIME in µs) + 1`, from the nodes' own clocks (never the
     /// client's). Monotone without persistence if a restarted node stays down
     /// longer than the clock skew between the nodes, and no node's wall clock
     /// ever steps backwards (an NTP step, a manual `date`): a backward step can
     /// hand out a smaller token after a restart. Tokens are then microsecond
-    /// timestamps, not small integers.
+    /// timestamps, not small integers. The counters expire once idle for
+    /// [`RedlockBuilder::fence_counter_ttl`](crate::RedlockBuilder::fence_counter_ttl),
+    /// which the same clock rule makes safe (see there).
     Hybrid,
 }
 
@@ -140,13 +144,63 @@ pub(crate) struct FenceRead {
 ///
 /// `0xFF` never occurs in UTF-8, and every key this library locks is a Rust
 /// string, so no lock key can ever be a counter key, whatever the resource
-/// names. The counter has no expiry: it must outlive every holder.
+/// names. A [`FencingMode::Durable`] counter has no expiry: it must outlive
+/// every holder. A [`FencingMode::Hybrid`] counter expires after
+/// [`counter_ttl`] without a fence (see there why that is safe).
 pub(crate) fn fence_key(key: &str) -> Vec<u8> {
     const PREFIX: &[u8] = b"\xfffence:";
     let mut k = Vec::with_capacity(PREFIX.len() + key.len());
     k.extend_from_slice(PREFIX);
     k.extend_from_slice(key.as_bytes());
     k
+}
+
+/// The smallest [`RedlockBuilder::fence_counter_ttl`](crate::RedlockBuilder::fence_counter_ttl)
+/// a handle accepts: one hour.
+pub(crate) const MIN_FENCE_COUNTER_TTL: Duration = Duration::from_secs(3600);
+
+/// The default [`RedlockBuilder::fence_counter_ttl`](crate::RedlockBuilder::fence_counter_ttl):
+/// one day.
+pub(crate) const DEFAULT_FENCE_COUNTER_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The expiry a fence gives the counter of a lock of `lock_ttl`, or `None`
+/// for a counter that never expires ([`FencingMode::Durable`]).
+///
+/// Why a [`FencingMode::Hybrid`] counter may expire. Every token is
+/// `max(counters, TIME) + 1` over the nodes read, and at least a
+/// microsecond passes between an acquire's reads and its fence (assumption
+/// of the mode, see the model check). So, by induction over holders, a
+/// counter written at instant `w` of node X's clock holds at most
+/// `w + skew`, where `skew` bounds how far any node's clock runs ahead of
+/// X's. The counter expires once X's clock reads `w' + ttl`, `w'` its last
+/// fence (`w' ≥ w`); X's `TIME` is then past `w + ttl`, and every later
+/// token read on X is larger than every token the counter ever held as soon
+/// as `ttl ≥ skew`. Expiry thus costs no more than the empty restart the
+/// mode already allows after `skew`, and is judged by the same clock that
+/// `TIME` reads (a forward step expires keys early but moves `TIME` as far).
+///
+/// The floor is far above that bound: at least [`MIN_FENCE_COUNTER_TTL`]
+/// (an hour, where NTP keeps servers within milliseconds and the mode
+/// already assumes no backward step), and at least `lock_ttl` plus that
+/// hour, so that a counter never expires under a holder that was fenced
+/// with it, and the token order then rests on the counters, not on the
+/// clocks, as long as a resource is in use.
+pub(crate) fn counter_ttl(
+    mode: FencingMode,
+    configured: Duration,
+    lock_ttl: Duration,
+) -> Option<Duration> {
+    // Past a century `PX` would overflow the node's clock arithmetic.
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    match mode {
+        FencingMode::Durable => None,
+        FencingMode::Hybrid => Some(
+            configured
+                .max(MIN_FENCE_COUNTER_TTL)
+                .max(lock_ttl.saturating_add(MIN_FENCE_COUNTER_TTL))
+                .min(CENTURY),
+        ),
+    }
 }
 
 /// Fencing step 2: the token for an attempt whose quorum read `reads`, one
@@ -226,6 +280,28 @@ mod tests {
             Some(FencingToken(201))
         );
         assert_eq!(pick_token(FencingMode::Durable, []), None);
+    }
+
+    #[test]
+    fn hybrid_counters_expire_after_the_floor_durable_ones_never() {
+        let h = Duration::from_secs(3600);
+        let ms = Duration::from_millis;
+        assert_eq!(counter_ttl(FencingMode::Durable, h, ms(5)), None);
+        assert_eq!(
+            counter_ttl(FencingMode::Hybrid, DEFAULT_FENCE_COUNTER_TTL, ms(5000)),
+            Some(DEFAULT_FENCE_COUNTER_TTL)
+        );
+        assert_eq!(
+            counter_ttl(FencingMode::Hybrid, ms(1), ms(5000)),
+            Some(h + ms(5000))
+        );
+        assert_eq!(
+            counter_ttl(FencingMode::Hybrid, h, 3 * h),
+            Some(4 * h),
+            "a lock's own TTL plus the hour"
+        );
+        let century = counter_ttl(FencingMode::Hybrid, Duration::MAX, Duration::MAX).unwrap();
+        assert!(century < Duration::from_secs(u64::MAX / 1000 / 1000));
     }
 
     #[test]

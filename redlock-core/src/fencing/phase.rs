@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::{FencingMode, FencingToken, fence_key, pick_token};
+use super::{FencingMode, FencingToken, counter_ttl, fence_key, pick_token};
 use crate::error::{Error, NodeStatus};
 use crate::fan_out::Settled;
 use crate::node::{AcquireReply, Call, FENCE, parse_flag};
@@ -46,7 +46,10 @@ impl Redlock {
     ) -> Result<Fenced, Error> {
         let fencing_token = self.pick_fencing_token(resource, mode, acquired)?;
         let targets = fence_targets(self.inner.nodes.len(), acquired);
-        let (applied, settled) = self.send_fences(key, token, fencing_token, targets).await;
+        let expiry = counter_ttl(mode, self.inner.settings.fence_counter_ttl, ttl);
+        let (applied, settled) = self
+            .send_fences(key, token, fencing_token, expiry, targets)
+            .await;
         let elapsed = start.elapsed();
         let report = self.report(&settled, |&b| {
             if b {
@@ -106,20 +109,27 @@ impl Redlock {
 
     /// Fencing step 3: raises the counter to `fencing_token` on every node of
     /// `targets` at once (the script checks the key still holds `token`
-    /// first), decided at quorum. Returns how many nodes applied it, and the
-    /// answers that came before the outcome was decided.
+    /// first), and gives it `expiry` (none: permanent), decided at quorum.
+    /// Returns how many nodes applied it, and the answers that came before
+    /// the outcome was decided.
     async fn send_fences(
         &self,
         key: &Arc<str>,
         token: &str,
         fencing_token: FencingToken,
+        expiry: Option<Duration>,
         targets: Vec<usize>,
     ) -> (usize, Vec<Option<Settled<bool>>>) {
         let q = self.inner.quorum;
+        let expiry_ms = expiry.map_or(0, |d| d.as_millis()).to_string();
         let call = Arc::new(Call::keys(
             &FENCE,
             &[key.as_bytes(), &fence_key(key)],
-            &[token.as_bytes(), fencing_token.get().to_string().as_bytes()],
+            &[
+                token.as_bytes(),
+                fencing_token.get().to_string().as_bytes(),
+                expiry_ms.as_bytes(),
+            ],
         ));
         let sent = targets.len();
         let (mut applied, mut refused) = (0, 0);

@@ -45,13 +45,25 @@ impl LuaScript {
 /// expired (and another holder may have read the counter) must not count.
 /// Counters are decimal strings compared by length, then digits, so that the
 /// whole `u64` range compares right (Lua numbers are doubles).
+///
+/// `ARGV[3]` is the counter's expiry in ms (`fencing::counter_ttl`), `0` for
+/// none: every applied fence sets or refreshes it, so a counter expires only
+/// after that long without a holder; a `Durable` fence makes it permanent.
 const FENCE_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local c = redis.call('GET', KEYS[2])
 if not c or #c < #ARGV[2] or (#c == #ARGV[2] and c < ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
+  if ARGV[3] == '0' then
+    redis.call('SET', KEYS[2], ARGV[2])
+  else
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  end
+elseif ARGV[3] == '0' then
+  redis.call('PERSIST', KEYS[2])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 return 1
 "#;

@@ -318,6 +318,16 @@ fn refused(
             status: policy.busy_status,
             retry_after: report.busy_pttls().max(),
         },
+        // A node that answered OOM is up and refused the write: the backend
+        // is not down but full, and with client-chosen keys (`by_path`) any
+        // client can fill it. Running unlocked then would hand exclusion to
+        // whoever fills the nodes, so even fail-open refuses.
+        e @ Error::NoQuorum { .. } if e.report().is_some_and(|r| r.out_of_memory_count() > 0) => {
+            Rejection::Unavailable { key, error: e }
+        }
+        // The keys were set on a quorum, so the nodes are up; the fence did
+        // not reach a quorum in time. Never a reason to run unlocked.
+        e @ Error::NoFenceQuorum { .. } => Rejection::Unavailable { key, error: e },
         e @ (Error::NoQuorum { .. } | Error::NoValidity { .. }) => {
             // No node that answered saw another holder (a node still
             // pending when the attempt was decided is no evidence either

@@ -33,7 +33,9 @@ pub enum UnavailablePolicy {
     /// Reject with 503 and `Retry-After` (the default): no exclusion, no service.
     FailClosed,
     /// Run the request without a lock. Only for work where a rare duplicate is
-    /// better than an outage.
+    /// better than an outage. Only for nodes that fail to answer: a node
+    /// that says another holder has the key gets the busy answer, and one
+    /// out of memory (`OOM`) still gets 503.
     FailOpen,
 }
 

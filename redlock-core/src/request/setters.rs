@@ -118,7 +118,9 @@ macro_rules! lock_policy_setters {
 
         /// Runs requests unlocked when no quorum of nodes answers (default:
         /// 503, fail closed). Never when a node that answered said another
-        /// holder has the key: that request gets the busy answer instead.
+        /// holder has the key: that request gets the busy answer instead;
+        /// nor when a node answered that it is out of memory (`OOM`), or a
+        /// fencing lock's fence failed: those get 503.
         pub fn fail_open(self) -> Self {
             self.$apply($crate::request::__private::Setting::FailOpen)
         }

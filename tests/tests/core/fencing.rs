@@ -39,6 +39,16 @@ fn counter(node: &RedisNode, key: &str) -> Option<u64> {
     v.map(|s| s.parse().unwrap())
 }
 
+/// The node's `PTTL` of the fence counter of lock key `key` (`-1`: no
+/// expiry, `-2`: no counter).
+fn counter_pttl(node: &RedisNode, key: &str) -> i64 {
+    let client = redis::Client::open(node.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut k = b"\xfffence:".to_vec();
+    k.extend_from_slice(key.as_bytes());
+    redis::cmd("PTTL").arg(k).query(&mut conn).unwrap()
+}
+
 /// Restarts node `i` (`kill -9`, then the same port and dir) and waits until
 /// it has loaded its dataset: `INFO` answers during `LOADING`, commands do not.
 fn restart(cluster: &Cluster, i: usize) {
@@ -407,4 +417,152 @@ async fn fencing_off_costs_nothing_and_on_costs_one_script() {
             }
         }
     }
+}
+
+/// Issue 18 item 11: a value that encodes to no Redis argument is refused
+/// before the script runs, so the record is not raised for a write that never
+/// happened; the same with a value of two arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_if_fresh_refuses_a_value_of_no_argument_and_writes_nothing() {
+    let store_node = RedisNode::start();
+    let client = redis::Client::open(store_node.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (record, data) = ("{order:7}:fence", "{order:7}:state");
+    let t1 = FencingToken::new(41);
+    assert_eq!(
+        fence::set_if_fresh(&mut conn, record, t1, data, "paid")
+            .await
+            .unwrap(),
+        fence::Outcome::Applied
+    );
+    let t2 = FencingToken::new(42);
+    let empty: Vec<String> = Vec::new();
+    let err = fence::set_if_fresh(&mut conn, record, t2, data, empty).await;
+    assert!(
+        matches!(&err, Err(fence::StoreError::BadValue { key, args: 0 }) if key == data),
+        "{err:?}"
+    );
+    assert_eq!(store_node.get(record).as_deref(), Some("41"), "{err:?}");
+    assert_eq!(store_node.get(data).as_deref(), Some("paid"));
+    let two = vec!["a", "b"];
+    let err = fence::set_if_fresh(&mut conn, record, t2, data, two).await;
+    assert!(
+        matches!(err, Err(fence::StoreError::BadValue { args: 2, .. })),
+        "{err:?}"
+    );
+    assert_eq!(store_node.get(record).as_deref(), Some("41"), "{err:?}");
+    assert_eq!(store_node.get(data).as_deref(), Some("paid"));
+}
+
+/// Issue 18 item 10: a failed fenced attempt costs three rounds (`SET`s,
+/// fence, release), and the retry deadline reserves all three. Every reply is
+/// delayed 170 ms (node timeout 200 ms) and the 250 ms TTL has no validity
+/// left after the fence, so each attempt fails with `NoValidity` after about
+/// 3 × 175 ms. With two rounds reserved, a second attempt started before
+/// 1000 − 400 ms and ended near 1.1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_deadline_counts_the_fence_round() {
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        proxies.push(FaultProxy::start(i, node.port(), None).await.unwrap());
+    }
+    let rl = Redlock::builder()
+        .urls(proxies.iter().map(|p| p.url()))
+        .node_timeout(ms(200))
+        .fencing(FencingMode::Hybrid)
+        .build()
+        .unwrap();
+    // Connected, and the fence and release scripts loaded, before the delay.
+    let lock = rl.try_lock("warm", Duration::from_secs(2)).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+    for p in &proxies {
+        p.delay(Direction::Reply, ms(170), Duration::ZERO);
+    }
+    let deadline = ms(1000);
+    let retry = RetryPolicy::deadline(deadline)
+        .with_delay(Duration::ZERO)
+        .with_jitter(Duration::ZERO);
+    let started = std::time::Instant::now();
+    let result = rl.lock_with("fenced:deadline", ms(250), &retry).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(Error::NoValidity { .. })),
+        "{result:?}"
+    );
+    assert!(
+        took <= deadline + ms(50),
+        "lock_with took {took:?} for a deadline of {deadline:?}"
+    );
+}
+
+/// Issue 18 item 5: a `Hybrid` counter expires, at least an hour (the floor)
+/// and by default a day after its last fence, and a later fence refreshes it;
+/// a `Durable` counter never expires, and a `Durable` fence makes a counter
+/// left with an expiry permanent again. A counter TTL under the floor is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_counters_expire_after_the_floor_and_durable_ones_never() {
+    let cluster = Cluster::start(3);
+    let hour: i64 = 3_600_000;
+    let day = 24 * hour;
+    let rl = fenced(cluster.urls(), FencingMode::Hybrid);
+    let lock = rl
+        .try_lock("fenced:ttl", Duration::from_secs(2))
+        .await
+        .unwrap();
+    rl.unlock(lock).await.unwrap();
+    let fenced_on = |key: &str, check: &dyn Fn(i64) -> bool| {
+        cluster
+            .nodes()
+            .iter()
+            .filter(|n| check(counter_pttl(n, key)))
+            .count()
+    };
+    // The fence is decided at quorum; the third node's may still be on its way.
+    assert!(fenced_on("fenced:ttl", &|p| p > day - 60_000 && p <= day) >= 2);
+
+    let custom = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .fencing(FencingMode::Hybrid)
+        .fence_counter_ttl(Duration::from_secs(2 * 3600))
+        .build()
+        .unwrap();
+    let lock = custom
+        .try_lock("fenced:ttl2", Duration::from_secs(2))
+        .await
+        .unwrap();
+    custom.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl2", &|p| p > 2 * hour - 60_000 && p <= 2 * hour) >= 2);
+    // A lock's TTL above the hour gets the counter its TTL plus the hour.
+    let long = Duration::from_secs(3 * 3600);
+    let lock = custom.try_lock("fenced:ttl3", long).await.unwrap();
+    custom.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl3", &|p| p > 4 * hour - 60_000 && p <= 4 * hour) >= 2);
+
+    let durable = fenced(cluster.urls(), FencingMode::Durable);
+    let lock = durable
+        .try_lock("fenced:ttl4", Duration::from_secs(2))
+        .await
+        .unwrap();
+    durable.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl4", &|p| p == -1) >= 2);
+    // The Hybrid counter of "fenced:ttl", fenced again in Durable mode.
+    let lock = durable
+        .try_lock("fenced:ttl", Duration::from_secs(2))
+        .await
+        .unwrap();
+    durable.unlock(lock).await.unwrap();
+    assert!(fenced_on("fenced:ttl", &|p| p == -1) >= 2);
+
+    let refused = Redlock::builder()
+        .urls(cluster.urls())
+        .fencing(FencingMode::Hybrid)
+        .fence_counter_ttl(Duration::from_secs(3599))
+        .build();
+    assert!(
+        matches!(refused, Err(Error::InvalidConfig(ref m)) if m.contains("fence_counter_ttl")),
+        "{refused:?}"
+    );
 }

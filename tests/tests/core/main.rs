@@ -9,6 +9,7 @@ mod guard;
 mod holder;
 mod inputs;
 mod inspect;
+mod memory;
 mod safety;
 mod smoke;
 mod tls;
