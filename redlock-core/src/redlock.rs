@@ -94,6 +94,12 @@ pub struct NodeInfo {
     /// Whether the node can evict lock keys or fencing counters. `None` when
     /// the node did not answer.
     pub eviction: Option<EvictionCheck>,
+    /// `master` or `slave` (`role` in `INFO replication`). Redlock needs
+    /// independent masters: a replica refuses writes, and a master with
+    /// replicas can lose a lock on failover.
+    pub role: Option<String>,
+    /// How many replicas are attached to this master (`connected_slaves`).
+    pub connected_replicas: Option<u64>,
 }
 
 impl Redlock {
@@ -182,6 +188,8 @@ impl Redlock {
                         maxmemory: None,
                         maxmemory_policy: None,
                         eviction: None,
+                        role: None,
+                        connected_replicas: None,
                     };
                     match node.query(cmd, timeout).await {
                         Ok(v) => {
@@ -203,6 +211,7 @@ impl Redlock {
                     if info.error.is_none() {
                         self.read_persistence(node, timeout, &mut info).await;
                         self.read_eviction(node, timeout, &mut info).await;
+                        read_role(node, timeout, &mut info).await;
                     }
                     info
                 }
@@ -352,5 +361,20 @@ fn config_value(v: Value) -> Option<String> {
         Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
         Value::SimpleString(s) => Some(s),
         _ => None,
+    }
+}
+
+/// Fills `info`'s role and replica count from `INFO replication`.
+async fn read_role(node: &Node, timeout: Duration, info: &mut NodeInfo) {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("replication");
+    if let Ok(v) = node.query(&cmd, timeout).await {
+        let text = reply_text(v);
+        info.role = info_field(&text, "role");
+        info.connected_replicas =
+            info_field(&text, "connected_slaves").and_then(|n| n.parse().ok());
+        if info.role.as_deref() != Some("master") {
+            tracing::warn!(node = %node.label, role = ?info.role, "a Redlock node must be an independent master");
+        }
     }
 }

@@ -421,3 +421,34 @@ fn usage_errors_exit_64() {
         "the help has a cron example"
     );
 }
+
+#[test]
+fn check_flags_replicas_and_evicting_policies() {
+    let master = RedisNode::start();
+    let replica = RedisNode::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let evicting = RedisNode::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    wait_for("the replica to attach", Duration::from_secs(20), || {
+        let info: String = master.raw(&["INFO", "replication"]).unwrap_or_default();
+        info.contains("connected_slaves:1")
+    });
+    let nodes = [&master, &replica, &evicting]
+        .iter()
+        .map(|n| n.url())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = run_to_end({
+        let mut c = redlock(&nodes);
+        c.args(["check", "--node-timeout", "500ms"]);
+        c
+    });
+    let text = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("1 replica(s) attached"), "{text}");
+    assert!(text.contains("role slave"), "{text}");
+    assert!(
+        text.contains("eviction:") && text.contains("allkeys-lru"),
+        "{text}"
+    );
+    assert!(text.contains("0 of 3 node(s) fit"), "{text}");
+    eprintln!("{text}");
+}

@@ -1,12 +1,13 @@
-//! `redlock check`: each node's version, run_id, persistence and latency, and
-//! what would make the set unfit for Redlock: two URLs that reach one server
-//! (same `run_id`), a node down, and with `--fencing`, nodes where the mode is
-//! unsound.
+//! `redlock check`: each node's version, run_id, role, persistence and
+//! latency, and what would make the set unfit for Redlock: two URLs that reach
+//! one server (same `run_id`), a node down, a replica or a master with
+//! replicas, an eviction policy that can evict lock keys, and with
+//! `--fencing`, nodes where the mode is unsound.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use redlock_core::{FencingMode, NodeInfo, Redlock};
+use redlock_core::{EvictionCheck, FencingMode, NodeInfo, Redlock};
 use serde_json::json;
 
 use crate::run::Fencing;
@@ -76,6 +77,20 @@ async fn check_one(url: &str, node_timeout: Duration, fencing: Option<FencingMod
         if let Some(check) = info.fencing.as_ref().filter(|c| !c.is_sound()) {
             row.problems.push(format!("fencing unsound: {check:?}"));
         }
+        match info.role.as_deref() {
+            Some("master") | None => {}
+            Some(role) => row
+                .problems
+                .push(format!("role {role}: Redlock needs independent masters")),
+        }
+        if let Some(n) = info.connected_replicas.filter(|n| *n > 0) {
+            row.problems.push(format!(
+                "{n} replica(s) attached: a failover can lose a held lock"
+            ));
+        }
+        if let Some(EvictionCheck::Unsound { reason }) = &info.eviction {
+            row.problems.push(format!("eviction: {reason}"));
+        }
     }
     row
 }
@@ -119,6 +134,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                     "node": r.url,
                     "version": info.and_then(|i| i.version.clone()),
                     "run_id": info.and_then(|i| i.run_id.clone()),
+                    "role": info.and_then(|i| i.role.clone()),
+                    "maxmemory_policy": info.and_then(|i| i.maxmemory_policy.clone()),
                     "aof_enabled": info.and_then(|i| i.aof_enabled),
                     "appendfsync": info.and_then(|i| i.appendfsync.clone()),
                     "latency_us": r.latency.map(|l| u64::try_from(l.as_micros()).unwrap_or(u64::MAX)),
@@ -133,8 +150,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     } else {
         let width = rows.iter().map(|r| r.url.len()).max().unwrap_or(4).max(4);
         println!(
-            "{:<width$}  {:<8}  {:<12}  {:<10}  {:>10}  PROBLEMS",
-            "NODE", "VERSION", "RUN_ID", "AOF/FSYNC", "LATENCY"
+            "{:<width$}  {:<8}  {:<12}  {:<6}  {:<10}  {:>10}  PROBLEMS",
+            "NODE", "VERSION", "RUN_ID", "ROLE", "AOF/FSYNC", "LATENCY"
         );
         for r in &rows {
             let info = r.info.as_ref();
@@ -150,10 +167,11 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                 None => "-".into(),
             };
             println!(
-                "{:<width$}  {:<8}  {:<12}  {:<10}  {:>10}  {}",
+                "{:<width$}  {:<8}  {:<12}  {:<6}  {:<10}  {:>10}  {}",
                 r.url,
                 info.and_then(|i| i.version.as_deref()).unwrap_or("-"),
                 run_id,
+                info.and_then(|i| i.role.as_deref()).unwrap_or("-"),
                 aof,
                 r.latency
                     .map_or_else(|| "-".into(), |l| format!("{} us", l.as_micros())),
