@@ -56,7 +56,15 @@ impl Redlock {
             ttl_ms = ttl.as_millis() as u64,
         );
         let extended = self.extend_round(lock, ttl, start, &span).await;
-        self.apply_extend(lock, ttl, start, extended)
+        let applied = self.apply_extend(lock, ttl, start, extended);
+        // The local queue's turn follows the validity: a lock renewed for many
+        // TTLs keeps its local waiters queued for the hand-over at its release
+        // instead of sending them to contend (and poll) at its first expiry.
+        self.inner
+            .waiting
+            .queues
+            .renew(&lock.key, &lock.token, lock.valid_until);
+        applied
     }
 
     /// Checks that `lock` may be extended now, and returns the extend's start:
