@@ -206,12 +206,13 @@ async fn a_release_wakes_the_waiter_long_before_its_poll() {
 /// The holder's own release still wakes it at once.
 ///
 /// The premise is a lock held on all three nodes and a waiter that found all
-/// three busy. With a 100 ms node timeout on a loaded machine, the holder's
-/// `SET` on one node (its first call there, on a cold connection) sometimes
-/// timed out: it held two nodes, the waiter took the third in each attempt
-/// (and released it), and one more node's announcement then rightly made a
-/// quorum with the node it took: the failure seen on a fresh clone. Hence
-/// patient handles, and the premise checked.
+/// three busy. On a loaded machine the holder sometimes held two: `try_lock`
+/// returns once a quorum answered, and its `SET` on the third node was late
+/// (or, with a 100 ms node timeout on a cold connection, never sent). The
+/// waiter then took the third node in each attempt (and released it), and
+/// one more node's announcement rightly made a quorum with the node it took:
+/// the failure seen on a fresh clone. Hence patient handles, and a waiter
+/// that starts once the holder holds every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_lock() {
     let cluster = Cluster::start(3);
@@ -219,9 +220,12 @@ async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_lock() {
     let key = "waiting:cleanup";
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
     let held = a.try_lock(key, Duration::from_secs(20)).await.unwrap();
+    // `try_lock` returns once a quorum answered; the last node's `SET` may
+    // still be on its way (it then joins the lock).
     let token = held.token().to_owned();
     assert!(
-        (0..3).all(|n| cluster.node(n).get(key).as_deref() == Some(token.as_str())),
+        cluster.wait_until(ms(5000), |c| (0..3)
+            .all(|n| c.node(n).get(key).as_deref() == Some(token.as_str()))),
         "the holder does not hold every node"
     );
     let base = sets();
