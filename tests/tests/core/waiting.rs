@@ -66,6 +66,19 @@ fn subscribers(cluster: &Cluster, node: usize, key: &str) -> i64 {
     }
 }
 
+/// Waits until `token` holds `key` on every node: an acquire returns once a
+/// quorum answered, and the last node's `SET` may still be on its way (it
+/// then joins the lock).
+fn held_everywhere(cluster: &Cluster, key: &str, token: &str) {
+    assert!(
+        cluster.wait_until(ms(5000), |c| c
+            .nodes()
+            .iter()
+            .all(|n| n.get(key).as_deref() == Some(token))),
+        "the holder does not hold every node"
+    );
+}
+
 /// How many `SET` commands `node` has run.
 fn set_calls(cluster: &Cluster, node: usize) -> u64 {
     let info: String = cluster
@@ -220,14 +233,7 @@ async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_lock() {
     let key = "waiting:cleanup";
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
     let held = a.try_lock(key, Duration::from_secs(20)).await.unwrap();
-    // `try_lock` returns once a quorum answered; the last node's `SET` may
-    // still be on its way (it then joins the lock).
-    let token = held.token().to_owned();
-    assert!(
-        cluster.wait_until(ms(5000), |c| (0..3)
-            .all(|n| c.node(n).get(key).as_deref() == Some(token.as_str()))),
-        "the holder does not hold every node"
-    );
+    held_everywhere(&cluster, key, held.token());
     let base = sets();
     let waiter = tokio::spawn(async move {
         let lock = b
@@ -498,6 +504,7 @@ async fn a_renewed_holder_keeps_its_local_waiters_queued_for_the_hand_over() {
         .await
         .unwrap();
     let handle = guard.handle();
+    held_everywhere(&cluster, key, handle.token());
     let first = handle.valid_until();
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
     let before = sets();
@@ -542,6 +549,7 @@ async fn a_release_in_another_database_wakes_no_waiter() {
     let key = "waiting:db";
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
     let held = holder.try_lock(key, Duration::from_secs(20)).await.unwrap();
+    held_everywhere(&cluster, key, held.token());
     let base = sets();
     let waiting = tokio::spawn(async move {
         let lock = waiter
@@ -558,6 +566,10 @@ async fn a_release_in_another_database_wakes_no_waiter() {
     let other = db1.try_lock(key, Duration::from_secs(10)).await.unwrap();
     db1.unlock(other).await.unwrap();
     let before = base + 9;
+    assert!(
+        cluster.wait_until(ms(5000), |_| sets() >= before),
+        "database 1's SETs never ran"
+    );
     // Time for a wrong wake-up to show (it would follow within a round trip).
     tokio::time::sleep(ms(300)).await;
     assert_eq!(
