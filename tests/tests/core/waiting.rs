@@ -696,6 +696,12 @@ async fn a_silently_dead_subscription_is_replaced() {
         cluster.wait_until(ms(10_000), |_| proxy.stats().accepted > accepted),
         "the dead subscription was never replaced"
     );
+    // The new one answers its `PING`s, and is kept.
+    let replaced = proxy.stats().accepted;
+    assert!(
+        !cluster.wait_until(ms(2500), |_| proxy.stats().accepted > replaced),
+        "a live subscription was replaced"
+    );
     let released = Instant::now();
     holder.unlock(held).await.unwrap();
     let (acquired, lock) = waiting.await.unwrap();
