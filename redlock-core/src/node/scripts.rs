@@ -84,7 +84,7 @@ pub(crate) enum Call {
     Keys { evalsha: Cmd, eval: Cmd },
     /// The release script for `key` and `token`: its last argument is each
     /// node's own database (the channel it announces on), so it is encoded
-    /// per node, by [`Call::release_for`].
+    /// per node (`release_parts`).
     Release { key: Arc<str>, token: String },
 }
 
