@@ -299,11 +299,12 @@ impl RedlockBuilder {
     /// by releases (default: on). On, the waiters of a key in this process
     /// queue first come, first served, only the first contends on the nodes,
     /// and it sleeps until releases published on the key's channel
-    /// (`redlock:released:` then the key) free a quorum, or a fallback timer
-    /// fires: the holder's remaining TTL, the retry policy's delay (a
-    /// safety-net poll), or a node's subscription lost or regained. It opens
-    /// one pub/sub connection per node (outside the pool), subscribed only
-    /// while a waiter of this process waits. Nodes given as pools rather
+    /// (`redlock:released:`, the node's database, `:` and the key) free a
+    /// quorum, or a fallback timer fires: the holder's remaining TTL, the
+    /// retry policy's delay (a safety-net poll), or a node's subscription
+    /// lost or regained. It opens one pub/sub connection per node (outside
+    /// the pool) when a waiter of this process first waits, subscribed only
+    /// while one waits, and checked by `PING` when silent. Nodes given as pools rather
     /// than URLs cannot be subscribed to: their releases are found by the
     /// fallback timers.
     ///

@@ -55,6 +55,13 @@ impl Redlock {
         );
         let extended = self.extend_round(lock, ttl, start, &span).await;
         let result = self.apply_extend(lock, ttl, start, extended);
+        // The local queue's turn follows the validity: a lock renewed for many
+        // TTLs keeps its local waiters queued for the hand-over at its release
+        // instead of sending them to contend (and poll) at its first expiry.
+        self.inner
+            .waiting
+            .queues
+            .renew(&lock.key, &lock.token, lock.valid_until);
         let outcome = match &result {
             Ok(()) => "extended",
             Err(Error::NotHeld { .. }) => "not_held",

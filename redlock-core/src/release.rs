@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::fan_out::{NodeFuture, Settled, send_now};
 use crate::lock::Lock;
-use crate::node::{Call, RELEASE, parse_flag};
+use crate::node::{Call, parse_flag};
 use crate::redlock::Redlock;
 
 /// What a release confirmed on a quorum of nodes did.
@@ -65,11 +65,7 @@ impl Redlock {
         if (0..self.inner.nodes.len()).all(skip) {
             return (0, Report::default());
         }
-        let call = Arc::new(Call::script(
-            &RELEASE,
-            Arc::clone(key),
-            vec![token.to_string()],
-        ));
+        let call = Arc::new(Call::release(Arc::clone(key), token.to_string()));
         let mut pending = self.fan_out(
             &call,
             parse_flag,
@@ -140,11 +136,7 @@ impl Redlock {
     pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
         lock.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
-        let call = Arc::new(Call::script(
-            &RELEASE,
-            Arc::clone(&lock.key),
-            vec![lock.token.to_string()],
-        ));
+        let call = Arc::new(Call::release(Arc::clone(&lock.key), lock.token.to_string()));
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
         let mut pending = self.fan_out(&call, parse_flag, 0..n);

@@ -10,7 +10,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::error::NodeError;
 use crate::fan_out::NodeFuture;
-use crate::node::{AcquireReply, Call, RELEASE};
+use crate::node::{AcquireReply, Call};
 use crate::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.
@@ -73,7 +73,7 @@ impl Redlock {
     /// gets a longer timeout than a call on the hot path, and one retry: a key it
     /// fails to delete blocks the resource for a whole TTL.
     async fn release_on(&self, index: usize, key: &Arc<str>, token: &Arc<str>) {
-        let call = Call::script(&RELEASE, Arc::clone(key), vec![token.to_string()]);
+        let call = Call::release(Arc::clone(key), token.to_string());
         let timeout = self.inner.settings.node_timeout.saturating_mul(4);
         for attempt in 1..=2 {
             let (result, _) = self.inner.nodes[index].run(&call, timeout).await;

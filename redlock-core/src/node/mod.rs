@@ -23,8 +23,8 @@ pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_flag};
 #[cfg(test)]
 pub(crate) use scripts::RELEASE_LUA;
-use scripts::eval;
 pub(crate) use scripts::{Call, EXTEND, FENCE, RELEASE};
+use scripts::{LuaScript, eval, release_parts};
 
 /// One independent Redis master.
 pub(crate) struct Node {
@@ -45,6 +45,9 @@ pub(crate) struct Node {
     /// How to open this node's pub/sub connection for wake-ups; known only for
     /// nodes given by URL.
     pub(crate) pubsub: Option<redis::ConnectionInfo>,
+    /// The node's database, when known (0 for a node given as a pool): the
+    /// release announces itself on a channel of this database's.
+    pub(crate) db: i64,
 }
 
 impl Node {
@@ -55,11 +58,13 @@ impl Node {
             pool,
             shared: Arc::new(Shared::new()),
             pubsub: None,
+            db: 0,
         }
     }
 
     /// Lets waiters subscribe to this node's release messages.
     pub(crate) fn with_pubsub(mut self, info: redis::ConnectionInfo) -> Self {
+        self.db = info.redis_settings().db();
         self.pubsub = Some(info);
         self
     }
@@ -106,7 +111,8 @@ impl Node {
         used: &mut Option<u64>,
     ) -> Result<Value, NodeError> {
         let (generation, mut conn) = self.connection(timeout, used).await?;
-        let (script, evalsha, key, args) = match call {
+        let release;
+        let (script, evalsha, key, args): (&LuaScript, _, _, _) = match call {
             Call::Acquire { pipeline } => {
                 // Error replies stay in the array: `parse_acquire` judges by the
                 // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
@@ -136,7 +142,11 @@ impl Node {
                 evalsha,
                 key,
                 args,
-            } => (script, evalsha, key, args),
+            } => (*script, evalsha, key, args),
+            Call::Release { key, token } => {
+                release = release_parts(key, token, self.db);
+                (&RELEASE, &release.0, key, &release.1)
+            }
         };
         // Error replies are made errors (by `send`) so they are classified.
         match self.send(generation, &mut conn, evalsha).await {

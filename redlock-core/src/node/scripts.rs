@@ -17,10 +17,14 @@ return 0
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
 /// A delete is announced on the key's channel (`wake::channel`) to wake the
 /// waiters; by `pcall`, so that a user not allowed to publish still releases.
+/// `PUBLISH` reaches every database of the server, and a script cannot read
+/// which database it runs in: the node's database comes as `ARGV[2]` and is
+/// part of the channel, so a release in one database wakes no waiter of
+/// another.
 pub(crate) const RELEASE_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.pcall('PUBLISH', 'redlock:released:' .. KEYS[1], '1')
+  redis.pcall('PUBLISH', 'redlock:released:' .. (ARGV[2] or '0') .. ':' .. KEYS[1], '1')
   return 1
 end
 return 0
@@ -90,6 +94,10 @@ pub(crate) enum Call {
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
     Keys { evalsha: Cmd, eval: Cmd },
+    /// The release script for `key` and `token`: its last argument is each
+    /// node's own database (the channel it announces on), so it is encoded
+    /// per node (`release_parts`).
+    Release { key: Arc<str>, token: String },
 }
 
 impl Call {
@@ -103,6 +111,11 @@ impl Call {
             key,
             args,
         }
+    }
+
+    /// The release (compare-and-delete) of `key` held with `token`.
+    pub(crate) fn release(key: Arc<str>, token: String) -> Self {
+        Call::Release { key, token }
     }
 
     /// The acquire pipeline for `key`, `token` and `ttl_ms`.
@@ -151,6 +164,15 @@ fn acquire_pipeline(key: &str, token: &str, ttl_ms: u128) -> Pipeline {
         .cmd("TYPE")
         .arg(key);
     pipeline
+}
+
+/// The release's `EVALSHA` and arguments as node `db` runs it: the database
+/// names the channel the release is announced on.
+pub(super) fn release_parts(key: &str, token: &str, db: i64) -> (Cmd, Vec<String>) {
+    let args = vec![token.to_owned(), db.to_string()];
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(&RELEASE.sha).arg(1).arg(key).arg(&args);
+    (evalsha, args)
 }
 
 /// `EVAL body 1 key args..`: the fallback after `NOSCRIPT` (a restarted or flushed

@@ -64,6 +64,11 @@ struct KeyQueue {
     /// the head should attempt again at once.
     kicked: bool,
     head_waker: Option<Waker>,
+    /// The token whose release, as it was sent, handed the turn on
+    /// ([`Queues::hand_over`]). Its decided release must not kick the head:
+    /// every waiter that got the turn since attempts after the release was
+    /// sent, and a kick would cost it one of its attempts for nothing.
+    handed: Option<Arc<str>>,
 }
 
 impl KeyQueue {
@@ -82,10 +87,6 @@ impl KeyQueue {
 
     fn is_idle(&self) -> bool {
         self.turn.is_none() && self.waiting.is_empty()
-    }
-
-    fn holds(&self, token: &str) -> bool {
-        matches!(&self.turn, Some(Turn::Holder { token: t, .. }) if **t == *token)
     }
 }
 
@@ -152,6 +153,19 @@ impl Queues {
         }
     }
 
+    /// The holder of `token` had its validity moved to `until` (an extend, or
+    /// a renewal of a guarded lock): its turn lasts as long, so that a lock
+    /// held for many TTLs keeps its local waiters queued for the hand-over.
+    pub(crate) fn renew(&self, key: &str, token: &str, until: Instant) {
+        self.with_key(key, |q| {
+            if let Some(Turn::Holder { token: t, until: u }) = &mut q.turn
+                && **t == *token
+            {
+                *u = until;
+            }
+        });
+    }
+
     /// The token and validity end of the local holder that has the turn, if
     /// any: a waiter times [`Queues::expire`] by it.
     pub(crate) fn holder(&self, key: &str) -> Option<(Arc<str>, Instant)> {
@@ -187,6 +201,7 @@ impl Queues {
             });
             q.kicked = false;
             q.head_waker = None;
+            q.handed = None;
             true
         })
         .unwrap_or(false)
@@ -199,11 +214,16 @@ impl Queues {
     /// [`Queues::release`] follows once the release is decided.
     pub(crate) fn hand_over(&self, key: &str, token: &str) -> bool {
         self.with_key(key, |q| {
-            if !q.holds(token) || q.waiting.is_empty() || q.streak >= HAND_OVER_STREAK {
+            let holder = match &q.turn {
+                Some(Turn::Holder { token: t, .. }) if **t == *token => Arc::clone(t),
+                _ => return false,
+            };
+            if q.waiting.is_empty() || q.streak >= HAND_OVER_STREAK {
                 return false;
             }
             q.streak = q.streak.saturating_add(1);
             q.pass();
+            q.handed = Some(holder);
             true
         })
         .unwrap_or(false)
@@ -211,12 +231,17 @@ impl Queues {
 
     /// The lock of `token` was released in this process: its turn goes to the
     /// next waiter (unless [`Queues::hand_over`] gave it already), and a head
-    /// that is contending is told to attempt at once.
+    /// that is contending is told to attempt at once, unless it got the turn
+    /// from this very release's hand-over (then its attempt follows the
+    /// release already).
     pub(crate) fn release(&self, key: &str, token: &str) {
         self.with_key(key, |q| match &q.turn {
             Some(Turn::Holder { token: t, .. }) if **t == *token => {
                 q.streak = 0;
                 q.pass();
+            }
+            Some(Turn::Waiter(_)) if q.handed.as_deref() == Some(token) => {
+                q.handed = None;
             }
             Some(Turn::Waiter(_)) => {
                 q.kicked = true;
@@ -230,9 +255,12 @@ impl Queues {
 
     /// The holder of `token` kept its turn past its validity without a
     /// release: the next waiter gets the turn (and contends on the nodes).
+    /// Read against the validity now in the queue, which a renewal may have
+    /// moved since the waiter looked.
     pub(crate) fn expire(&self, key: &str, token: &str) {
         self.with_key(key, |q| {
-            if matches!(&q.turn, Some(Turn::Holder { token: t, .. }) if **t == *token) {
+            if matches!(&q.turn, Some(Turn::Holder { token: t, until }) if **t == *token && Instant::now() >= *until)
+            {
                 q.pass();
             }
         });

@@ -98,6 +98,59 @@ mod unit {
         assert!(q.poll_kick(&key, b, cx).is_pending());
         assert!(poll_turn(&q, &key, b));
     }
+
+    #[test]
+    fn the_release_that_handed_the_turn_over_does_not_kick_the_new_head() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let cx = &mut Context::from_waker(Waker::noop());
+        let (a, b, c) = (q.join(&key), q.join(&key), q.join(&key));
+        let (ta, tb, tc): (Arc<str>, Arc<str>, Arc<str>) = ("ta".into(), "tb".into(), "tc".into());
+        assert!(q.hold(&key, a, &ta, far));
+        assert!(q.hand_over(&key, &ta));
+        assert!(poll_turn(&q, &key, b));
+        // B attempts right behind A's release; A's decided release must not
+        // send it to attempt again.
+        q.release(&key, &ta);
+        assert!(q.poll_kick(&key, b, cx).is_pending());
+        // Nor the head after B, should B give up before the release decides.
+        assert!(q.hold(&key, b, &tb, far));
+        q.release(&key, &tb);
+        assert!(q.hold(&key, c, &tc, far));
+        let d = q.join(&key);
+        let e = q.join(&key);
+        assert!(q.hand_over(&key, &tc));
+        q.leave(&key, d);
+        assert!(poll_turn(&q, &key, e));
+        q.release(&key, &tc);
+        assert!(q.poll_kick(&key, e, cx).is_pending());
+        // Another holder's release (a `try_lock`) still kicks.
+        q.release(&key, &ta);
+        assert!(q.poll_kick(&key, e, cx).is_ready());
+        q.leave(&key, e);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_renewed_holder_keeps_its_turn_until_the_renewed_validity() {
+        let q = Queues::default();
+        let key: Arc<str> = "k".into();
+        let (a, b) = (q.join(&key), q.join(&key));
+        let ta: Arc<str> = "ta".into();
+        assert!(q.hold(&key, a, &ta, Instant::now()));
+        let later = Instant::now() + std::time::Duration::from_secs(60);
+        q.renew(&key, "other", later);
+        q.renew(&key, &ta, later);
+        assert_eq!(q.holder(&key).map(|h| h.1), Some(later));
+        // A waiter that read the first validity finds the turn still held.
+        q.expire(&key, &ta);
+        assert!(!poll_turn(&q, &key, b));
+        q.release(&key, &ta);
+        assert!(poll_turn(&q, &key, b));
+        q.leave(&key, b);
+        assert!(q.is_empty());
+    }
 }
 
 /// Model-checked cancellation paths: run with

@@ -7,7 +7,14 @@
 //! shared by all keys, and subscribed to a key's channel only while a local
 //! waiter of that key listens (reference-counted). Each node's connection is
 //! owned by a task that subscribes, unsubscribes and reconnects; after a
-//! reconnect it subscribes again to every channel still wanted.
+//! reconnect it subscribes again to every channel still wanted. While no
+//! waiter listens, the task makes no connection at all (a node that is down
+//! is not retried for nobody), and while one does, a subscribed connection
+//! that stays silent is asked a `PING` and replaced if it does not answer.
+//!
+//! The channel names the node's database (`PUBLISH` reaches every database
+//! of a server); the waiters' subscriptions are kept by key, and each node's
+//! task names the channel in its own database.
 //!
 //! Pub/sub is at-most-once: a message sent while a connection was down, or
 //! never sent (a key that expired), is not delivered. So a waiter is also woken
@@ -31,15 +38,28 @@ pub(crate) use news::Found;
 use news::{Chan, NodeSub};
 use node_task::node_task;
 
-/// What the release script's channel names start with; the key follows. Keys
-/// are unique, so channels of different keys never collide, and the prefix
-/// keeps them apart from the application's own channels.
+/// What the release script's channel names start with; the database, a colon
+/// and the key follow. Keys are unique within a database, so channels of
+/// different keys never collide, and the prefix keeps them apart from the
+/// application's own channels.
 pub(crate) const CHANNEL_PREFIX: &str = "redlock:released:";
 
-/// The channel a release of `key` is published on.
-pub(crate) fn channel(key: &str) -> String {
-    format!("{CHANNEL_PREFIX}{key}")
+/// What the channels of database `db`'s releases start with; the key follows.
+fn channel_prefix(db: i64) -> String {
+    format!("{CHANNEL_PREFIX}{db}:")
 }
+
+/// The channel a release of `key` in database `db` is published on.
+#[cfg(test)]
+pub(crate) fn channel(db: i64, key: &str) -> String {
+    format!("{}{key}", channel_prefix(db))
+}
+
+/// How long a subscribed connection may stay silent before it is asked a
+/// `PING`; without an answer within the subscription limit it is replaced.
+/// A connection that died without a word (a path that drops everything, a
+/// peer gone) is thus found within this plus the limit.
+const HEALTH_CHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// The shortest and longest wait before a failed pub/sub connection is tried
 /// again: soon after a blip, rarely while a node stays down.
@@ -54,6 +74,9 @@ struct Entry {
 /// A node's pub/sub connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Link {
+    /// Not connected because no waiter listens: the next waiter's
+    /// subscription makes the task connect.
+    Idle,
     Connecting,
     Up,
     Down,
@@ -80,25 +103,30 @@ impl Shared {
         }
     }
 
-    fn wanted(&self, channel: &str) -> bool {
-        self.channels().contains_key(channel)
+    fn wanted(&self, key: &str) -> bool {
+        self.channels().contains_key(key)
     }
 
+    /// The keys some local waiter listens for.
     fn desired(&self) -> Vec<String> {
         self.channels().keys().cloned().collect()
     }
 
-    /// `node` confirmed these subscriptions. It also wakes their waiters: a
-    /// release published before the confirmation may have been missed.
-    fn confirm(&self, node: usize, channels: &[String]) {
+    /// `node` confirmed the subscriptions of these keys. A node that was not
+    /// subscribed before also wakes their waiters: a release published before
+    /// the confirmation may have been missed. A confirmation of what was
+    /// confirmed already is no news, and wakes nobody.
+    fn confirm(&self, node: usize, keys: &[String]) {
         let map = self.channels();
-        for c in channels {
-            if let Some(e) = map.get(c) {
-                e.state.send_modify(|s| {
-                    if let Some(n) = s.nodes.get_mut(node) {
+        for k in keys {
+            if let Some(e) = map.get(k) {
+                e.state.send_if_modified(|s| match s.nodes.get_mut(node) {
+                    Some(n) if *n != NodeSub::Subscribed => {
                         *n = NodeSub::Subscribed;
+                        s.changes = s.changes.wrapping_add(1);
+                        true
                     }
-                    s.changes = s.changes.wrapping_add(1);
+                    _ => false,
                 });
             }
         }
@@ -120,9 +148,9 @@ impl Shared {
         }
     }
 
-    /// `node` announced a release on `channel`.
-    fn wake(&self, channel: &str, node: usize) {
-        if let Some(e) = self.channels().get(channel) {
+    /// `node` announced a release of `key`.
+    fn wake(&self, key: &str, node: usize) {
+        if let Some(e) = self.channels().get(key) {
             e.state.send_modify(|s| {
                 if let Some(n) = s.released.get_mut(node) {
                     *n = n.wrapping_add(1);
@@ -137,7 +165,9 @@ struct NodeLink {
     /// `None`: the node was given as a pool, whose connection details cannot
     /// be read back; waiters poll that node.
     client: Option<redis::Client>,
-    /// The node task's inbox: the channels whose subscription to reconcile.
+    /// The node's database, which its channels name.
+    db: i64,
+    /// The node task's inbox: the keys whose subscription to reconcile.
     task: Mutex<Option<mpsc::UnboundedSender<String>>>,
 }
 
@@ -165,13 +195,14 @@ impl Waiting {
                     .as_ref()
                     .filter(|_| enabled)
                     .and_then(|info| redis::Client::open(info.clone()).ok()),
+                db: n.db,
                 task: Mutex::new(None),
             })
             .collect();
         let state = links
             .iter()
             .map(|l| match l.client {
-                Some(_) => Link::Connecting,
+                Some(_) => Link::Idle,
                 None => Link::Down,
             })
             .collect();
@@ -202,7 +233,7 @@ impl Waiting {
         if self.links.iter().all(|l| l.client.is_none()) {
             return None;
         }
-        let channel = channel(key);
+        let channel = key.to_owned();
         let (rx, fresh) = {
             let mut channels = self.shared.channels();
             match channels.get_mut(&channel) {
@@ -217,7 +248,7 @@ impl Waiting {
                         .iter()
                         .map(|l| match l {
                             Link::Down => NodeSub::Down,
-                            Link::Connecting | Link::Up => NodeSub::Pending,
+                            Link::Idle | Link::Connecting | Link::Up => NodeSub::Pending,
                         })
                         .collect();
                     let released = vec![0; nodes.len()];
@@ -275,6 +306,7 @@ impl Waiting {
         rt.spawn(node_task(
             node,
             client.clone(),
+            channel_prefix(link.db),
             Arc::clone(&self.shared),
             rx,
             self.limit,
@@ -286,6 +318,7 @@ impl Waiting {
 /// when it was the key's last.
 pub(crate) struct Subscription<'a> {
     waiting: &'a Waiting,
+    /// The key (each node names its channel in its own database).
     channel: String,
     rx: watch::Receiver<Chan>,
     /// The state at the waiter's last attempt.
@@ -355,8 +388,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn release_script_publishes_on_the_channel() {
-        assert!(crate::node::RELEASE_LUA.contains(&format!("'{CHANNEL_PREFIX}' ..")));
-        assert_eq!(channel("invoice:42"), "redlock:released:invoice:42");
+    fn release_script_publishes_on_the_channel_of_its_database() {
+        assert!(
+            crate::node::RELEASE_LUA
+                .contains(&format!("'{CHANNEL_PREFIX}' .. (ARGV[2] or '0') .. ':' .."))
+        );
+        assert_eq!(channel(0, "invoice:42"), "redlock:released:0:invoice:42");
+        assert_eq!(channel(3, "a:b"), "redlock:released:3:a:b");
+    }
+
+    #[test]
+    fn only_a_new_confirmation_wakes_the_waiters() {
+        let shared = Shared {
+            channels: Mutex::new(HashMap::new()),
+            links: Mutex::new(vec![Link::Up; 2]),
+        };
+        let (tx, rx) = watch::channel(Chan {
+            changes: 0,
+            released: vec![0; 2],
+            nodes: vec![NodeSub::Pending; 2],
+        });
+        shared
+            .channels()
+            .insert("k".into(), Entry { refs: 1, state: tx });
+        let keys = ["k".to_owned()];
+        shared.confirm(0, &keys);
+        assert_eq!(rx.borrow().changes, 1);
+        assert_eq!(rx.borrow().nodes, [NodeSub::Subscribed, NodeSub::Pending]);
+        // The same node confirming again (a key unsubscribed and wanted again
+        // before its task caught up sends two requests) is no news.
+        shared.confirm(0, &keys);
+        assert_eq!(rx.borrow().changes, 1);
+        // A subscription regained after it was lost is.
+        shared.node_down(0);
+        shared.confirm(0, &keys);
+        assert_eq!(rx.borrow().changes, 3);
     }
 }

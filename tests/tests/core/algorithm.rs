@@ -85,16 +85,12 @@ fn is_script_call(c: &[String]) -> bool {
     c[0].eq_ignore_ascii_case("EVALSHA") || c[0].eq_ignore_ascii_case("EVAL")
 }
 
-/// Acquire calls on `key`, as `(token, ttl_ms)`: the acquire script
-/// (`EVAL[SHA] sha 1 key token ttl_ms`, the same shape as an extend, which these
-/// tests do not make) or a plain `SET key token NX PX ttl_ms`.
+/// Acquire calls on `key`, as `(token, ttl_ms)`: `SET key token NX PX ttl_ms`.
 fn acquire_calls(cmds: &[Vec<String>], key: &str) -> Vec<(String, String)> {
     cmds.iter()
         .filter(|c| c.len() == 6)
         .filter_map(|c| {
-            if is_script_call(c) && c[2] == "1" && c[3] == key {
-                Some((c[4].clone(), c[5].clone()))
-            } else if c[0].eq_ignore_ascii_case("SET")
+            if c[0].eq_ignore_ascii_case("SET")
                 && c[1] == key
                 && c[3].eq_ignore_ascii_case("NX")
                 && c[4].eq_ignore_ascii_case("PX")
@@ -107,10 +103,12 @@ fn acquire_calls(cmds: &[Vec<String>], key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Release calls on `key`: `EVAL[SHA] sha 1 key token`. Returns the tokens.
+/// Release calls on `key`: `EVAL[SHA] sha 1 key token db` (the node's
+/// database names the channel the release is announced on). Returns the
+/// tokens.
 fn release_calls(cmds: &[Vec<String>], key: &str) -> Vec<String> {
     cmds.iter()
-        .filter(|c| c.len() == 5 && is_script_call(c) && c[2] == "1" && c[3] == key)
+        .filter(|c| c.len() == 6 && is_script_call(c) && c[2] == "1" && c[3] == key)
         .map(|c| c[4].clone())
         .collect()
 }

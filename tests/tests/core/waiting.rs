@@ -3,15 +3,19 @@
 //! poll would, the fallbacks for what no message announces (expiry, a silent
 //! delete), a clean-up heard on too few nodes waking nobody, first come first
 //! served among the waiters of one process, waiters that give up without
-//! blocking the next, and a node killed and restarted while a waiter waits.
+//! blocking the next, a node killed and restarted while a waiter waits, a
+//! renewed local holder keeping its waiters queued, releases kept to their
+//! database, and the pub/sub connection idle without waiters and replaced
+//! when it dies without a word.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlock_core::deadpool_redis::redis::{self, AsyncCommands};
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::{LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
+use redlock_tests::proxy::{DirFault, Direction, FaultProxy, Flow};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -33,8 +37,21 @@ fn slow_poll(deadline: Duration) -> RetryPolicy {
         .with_jitter(Duration::ZERO)
 }
 
+/// A handle whose calls do not time out on a loaded machine: for tests whose
+/// premise is that every node answered every call (a holder on all of them, a
+/// waiter that found all of them busy, and subscriptions confirmed before the
+/// waiter's second attempt, which waits for them up to the node timeout).
+fn patient(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(2000))
+        .build()
+        .unwrap()
+}
+
+/// The channel of `key`'s releases in database 0.
 fn channel(key: &str) -> String {
-    format!("redlock:released:{key}")
+    format!("redlock:released:0:{key}")
 }
 
 /// How many connections of `node` are subscribed to `key`'s channel.
@@ -47,6 +64,19 @@ fn subscribers(cluster: &Cluster, node: usize, key: &str) -> i64 {
         Some(redis::Value::Int(n)) => *n,
         _ => -1,
     }
+}
+
+/// Waits until `token` holds `key` on every node: an acquire returns once a
+/// quorum answered, and the last node's `SET` may still be on its way (it
+/// then joins the lock).
+fn held_everywhere(cluster: &Cluster, key: &str, token: &str) {
+    assert!(
+        cluster.wait_until(ms(5000), |c| c
+            .nodes()
+            .iter()
+            .all(|n| n.get(key).as_deref() == Some(token))),
+        "the holder does not hold every node"
+    );
 }
 
 /// How many `SET` commands `node` has run.
@@ -187,31 +217,42 @@ async fn a_release_wakes_the_waiter_long_before_its_poll() {
 /// against a lock still held on the others: with three contending processes,
 /// waking on every such message cost ten `SET`s per node per acquisition.
 /// The holder's own release still wakes it at once.
+///
+/// The premise is a lock held on all three nodes and a waiter that found all
+/// three busy. On a loaded machine the holder sometimes held two: `try_lock`
+/// returns once a quorum answered, and its `SET` on the third node was late
+/// (or, with a 100 ms node timeout on a cold connection, never sent). The
+/// waiter then took the third node in each attempt (and released it), and
+/// one more node's announcement rightly made a quorum with the node it took:
+/// the failure seen on a fresh clone. Hence patient handles, and a waiter
+/// that starts once the holder holds every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_lock() {
     let cluster = Cluster::start(3);
-    let (a, b) = (redlock(&cluster), redlock(&cluster));
+    let (a, b) = (patient(&cluster), patient(&cluster));
     let key = "waiting:cleanup";
-    let held = a.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
+    let held = a.try_lock(key, Duration::from_secs(20)).await.unwrap();
+    held_everywhere(&cluster, key, held.token());
+    let base = sets();
     let waiter = tokio::spawn(async move {
         let lock = b
             .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
             .await;
         (Instant::now(), lock, b)
     });
-    let subscribed = Instant::now();
-    while (0..3).any(|n| subscribers(&cluster, n, key) < 1) {
-        assert!(
-            subscribed.elapsed() < ms(5000),
-            "the waiter never subscribed"
-        );
-        tokio::time::sleep(ms(10)).await;
-    }
-    // Its attempt after subscribing has failed by now; it sleeps.
-    tokio::time::sleep(ms(200)).await;
-    let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
+    // Its first attempt, then its second once subscribed on every node: it
+    // sleeps after that until news.
+    assert!(
+        cluster.wait_until(ms(10_000), |c| (0..3).all(|n| subscribers(c, n, key) == 1)
+            && sets() >= base + 6),
+        "the waiter never subscribed and tried again ({} SETs)",
+        sets() - base
+    );
     let before = sets();
+    assert_eq!(before, base + 6, "more than two attempts before any news");
     cluster.node(0).cmd(&["PUBLISH", &channel(key), "1"]);
+    // Time for a wrong wake-up to show (it would follow within a round trip).
     tokio::time::sleep(ms(300)).await;
     assert_eq!(
         sets(),
@@ -441,5 +482,233 @@ async fn a_node_killed_and_restarted_while_waiting() {
     let (acquired, lock) = waiting.await.unwrap();
     let after = acquired.saturating_duration_since(released);
     assert!(after < ms(150), "served {after:?} after the release");
+    waiter.unlock(lock.unwrap()).await.unwrap();
+}
+
+/// A guarded lock renewed for several of its TTLs keeps its local waiters
+/// queued: they make no attempt while it is held (its turn used to end with
+/// its first validity, and the next waiter then contended, trying again at
+/// every PTTL), and its release hands the lock to the next waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_holder_keeps_its_local_waiters_queued_for_the_hand_over() {
+    let cluster = Cluster::start(3);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(250))
+        .build()
+        .unwrap();
+    let key = "waiting:renewed";
+    let ttl = ms(1000);
+    let guard = rl
+        .lock_guard(key, &LockOptions::new(ttl).retry(slow_poll(ms(20_000))))
+        .await
+        .unwrap();
+    let handle = guard.handle();
+    held_everywhere(&cluster, key, handle.token());
+    let first = handle.valid_until();
+    let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
+    let before = sets();
+    let waiter = {
+        let rl = rl.clone();
+        tokio::spawn(async move {
+            let lock = rl
+                .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+                .await;
+            (Instant::now(), lock)
+        })
+    };
+    assert!(
+        cluster.wait_until(ms(15_000), |_| handle.valid_until() > first + 3 * ttl),
+        "the guard did not renew for three TTLs"
+    );
+    assert!(!handle.is_lost());
+    assert_eq!(
+        sets(),
+        before,
+        "the local waiter attempted while the holder renewed its lock"
+    );
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (acquired, lock) = waiter.await.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(after < ms(100), "served {after:?} after the release");
+    rl.unlock(lock.unwrap()).await.unwrap();
+}
+
+/// `PUBLISH` reaches every database of a server: the same key taken and
+/// released in database 1 does not wake its waiter in database 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_in_another_database_wakes_no_waiter() {
+    let cluster = Cluster::start(3);
+    let (holder, waiter) = (patient(&cluster), patient(&cluster));
+    let db1 = Redlock::builder()
+        .urls(cluster.urls().iter().map(|u| format!("{u}/1")))
+        .node_timeout(ms(2000))
+        .build()
+        .unwrap();
+    let key = "waiting:db";
+    let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
+    let held = holder.try_lock(key, Duration::from_secs(20)).await.unwrap();
+    held_everywhere(&cluster, key, held.token());
+    let base = sets();
+    let waiting = tokio::spawn(async move {
+        let lock = waiter
+            .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+            .await;
+        (Instant::now(), lock, waiter)
+    });
+    assert!(
+        cluster.wait_until(ms(10_000), |c| (0..3).all(|n| subscribers(c, n, key) == 1)
+            && sets() >= base + 6),
+        "the waiter never subscribed and tried again"
+    );
+    assert_eq!(sets(), base + 6, "more than two attempts before any news");
+    let other = db1.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    db1.unlock(other).await.unwrap();
+    let before = base + 9;
+    assert!(
+        cluster.wait_until(ms(5000), |_| sets() >= before),
+        "database 1's SETs never ran"
+    );
+    // Time for a wrong wake-up to show (it would follow within a round trip).
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(
+        sets(),
+        before,
+        "a release in database 1 woke the waiter of database 0"
+    );
+    let released = Instant::now();
+    holder.unlock(held).await.unwrap();
+    let (acquired, lock, waiter) = waiting.await.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(after < ms(100), "woken {after:?} after the release");
+    waiter.unlock(lock.unwrap()).await.unwrap();
+}
+
+/// `holder` holds `key` while `waiter` waits for it until subscribed on every
+/// node, then releases; `waiter` takes the lock and releases it, and its
+/// subscriptions are gone.
+async fn one_wait(cluster: &Cluster, holder: &Redlock, waiter: &Redlock, key: &'static str) {
+    let held = holder.try_lock(key, Duration::from_secs(20)).await.unwrap();
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+                .await
+        })
+    };
+    assert!(
+        cluster.wait_until(ms(10_000), |c| (0..3).all(|n| subscribers(c, n, key) == 1)),
+        "the waiter never subscribed on every node"
+    );
+    holder.unlock(held).await.unwrap();
+    waiter
+        .unlock(waiting.await.unwrap().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        cluster.wait_until(ms(5000), |c| (0..3).all(|n| subscribers(c, n, key) == 0)),
+        "subscriptions left behind"
+    );
+}
+
+/// With no waiter, a node's pub/sub task makes no connection: a node that went
+/// down is not tried again for nobody (it was, every 2 s at most, forever),
+/// and the next waiter makes the task connect and subscribe again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_waiters_a_down_node_is_not_retried() {
+    let cluster = Cluster::start(3);
+    let proxy = FaultProxy::start(2, cluster.node(2).port(), None)
+        .await
+        .unwrap();
+    let waiter = Redlock::builder()
+        .urls([cluster.node(0).url(), cluster.node(1).url(), proxy.url()])
+        .node_timeout(ms(2000))
+        .build()
+        .unwrap();
+    let holder = patient(&cluster);
+    one_wait(&cluster, &holder, &waiter, "waiting:idle").await;
+    let accepted = proxy.stats().accepted;
+    cluster.node(2).kill();
+    // The subscription's connection closes with the node; nobody waits.
+    assert!(
+        !cluster.wait_until(ms(3000), |_| proxy.stats().accepted > accepted),
+        "the pub/sub task connected again with no waiter ({} connections)",
+        proxy.stats().accepted - accepted
+    );
+    cluster.node(2).restart();
+    one_wait(&cluster, &holder, &waiter, "waiting:idle").await;
+    assert!(proxy.stats().accepted > accepted);
+}
+
+/// A subscription whose connection died without a word (here the path drops
+/// what the node sends on it, and, as TCP after a lost segment, never
+/// delivers on it again) is found out by a `PING` and replaced: the waiter is
+/// then woken by the holder's release, not by its 5 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_subscription_is_replaced() {
+    let cluster = Cluster::start(1);
+    let proxy = FaultProxy::start(0, cluster.node(0).port(), None)
+        .await
+        .unwrap();
+    let waiter = Redlock::builder()
+        .urls([proxy.url()])
+        .node_timeout(ms(500))
+        .build()
+        .unwrap();
+    let holder = patient(&cluster);
+    let key = "waiting:dead-sub";
+    let sets = || set_calls(&cluster, 0);
+    let held = holder.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let base = sets();
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let lock = waiter
+                .lock_with(key, Duration::from_secs(10), &slow_poll(ms(30_000)))
+                .await;
+            (Instant::now(), lock)
+        })
+    };
+    assert!(
+        cluster.wait_until(ms(10_000), |c| subscribers(c, 0, key) == 1
+            && sets() >= base + 2),
+        "the waiter never subscribed and tried again"
+    );
+    let accepted = proxy.stats().accepted;
+    // What the node sends on the subscription from now on is lost: the
+    // announcement below, and the connection's every later byte.
+    proxy.set(
+        Direction::Reply,
+        DirFault {
+            flow: Flow::Blackhole,
+            ..DirFault::default()
+        },
+    );
+    cluster.node(0).cmd(&["PUBLISH", &channel(key), "1"]);
+    assert!(
+        cluster.wait_until(ms(5000), |_| proxy.stats().dropped_chunks > 0),
+        "the announcement was not dropped"
+    );
+    proxy.set(Direction::Reply, DirFault::default());
+    assert!(
+        cluster.wait_until(ms(10_000), |_| proxy.stats().accepted > accepted),
+        "the dead subscription was never replaced"
+    );
+    // The new one answers its `PING`s, and is kept.
+    let replaced = proxy.stats().accepted;
+    assert!(
+        !cluster.wait_until(ms(2500), |_| proxy.stats().accepted > replaced),
+        "a live subscription was replaced"
+    );
+    let released = Instant::now();
+    holder.unlock(held).await.unwrap();
+    let (acquired, lock) = waiting.await.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < ms(1000),
+        "served {after:?} after the release (the poll is 5 s)"
+    );
     waiter.unlock(lock.unwrap()).await.unwrap();
 }
