@@ -29,7 +29,8 @@ use crate::wake::{Found, Subscription};
 impl Redlock {
     /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.
     /// `latest_start` is when the last attempt must start by (the deadline
-    /// less one acquire and one release round).
+    /// less one acquire round, the fence round of a fencing lock, and one
+    /// release round).
     pub(crate) async fn lock_by_wake_up(
         &self,
         resource: &Arc<str>,
