@@ -291,6 +291,7 @@ mod record {
         metrics::counter!(FENCE_REFUSALS, labels!(key)).increment(1);
     }
 
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn request(key: Option<&'static str>, outcome: &'static str) {
         metrics::counter!(REQUESTS, labels!(key, "outcome" => outcome)).increment(1);
     }
