@@ -123,6 +123,9 @@ mod fan_out;
 pub mod fence;
 mod fencing;
 mod guard;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+pub mod idempotency;
 mod lock;
 mod node;
 mod queue;
