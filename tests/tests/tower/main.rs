@@ -7,5 +7,6 @@ mod exclusion;
 mod extract;
 mod fencing;
 mod holding;
+mod idempotency;
 mod loss;
 mod responses;
