@@ -6,5 +6,6 @@ mod common;
 mod extractor;
 mod fencing;
 mod holding;
+mod idempotency;
 mod loss;
 mod middleware;
