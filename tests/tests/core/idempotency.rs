@@ -44,7 +44,7 @@ fn record(body: &'static str) -> Record {
 
 /// Runs one request through the flow: `Ok(Some(status, body))` for a replay,
 /// `Ok(None)` when it ran (and recorded `201 ran:<body>`).
-async fn request(
+pub(crate) async fn request(
     idem: &Idempotency,
     scope: Option<&str>,
     raw_key: &str,

@@ -8,6 +8,7 @@ mod fencing;
 mod guard;
 mod holder;
 mod idempotency;
+mod idempotency_sql;
 mod inputs;
 mod safety;
 mod smoke;
