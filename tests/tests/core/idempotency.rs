@@ -278,3 +278,91 @@ async fn two_scopes_with_one_key_do_not_see_each_other() {
         Some((201, Bytes::from_static(b"ran:b")))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .fencing(redlock_core::FencingMode::Hybrid)
+        .build()
+        .unwrap();
+    // The flow's record carries the writer's fencing token as its order.
+    let idem = Idempotency::new(redlock.clone());
+    assert_eq!(request(&idem, None, "fenced-0", "a").await.unwrap(), None);
+    let store = RedisStore::new(redlock.clone());
+    let written = store
+        .get(&idem.lookup_key(None, &key("fenced-0")))
+        .await
+        .unwrap()
+        .expect("recorded");
+    let token = written.fencing_token.expect("fenced record");
+    assert_eq!(written.order, token.get());
+
+    // Two holders' records on one node each: the older on node 0, the newer
+    // on node 1, none on node 2.
+    let lookup = LookupKey::new("idempotency:", None, &key("fenced-1"));
+    let record_key = store.record_key(&lookup);
+    let options = LockOptions::new(Duration::from_secs(5));
+    let write = |guard: &redlock_core::LockGuard, body: &'static str| {
+        let handle = guard.handle();
+        let order = handle.fencing_token().unwrap().get();
+        let store = store.clone();
+        let lookup = lookup.clone();
+        async move {
+            let r = Record {
+                order,
+                fencing_token: handle.fencing_token(),
+                ..record(body)
+            };
+            store.put(&lookup, &handle, &r).await.unwrap();
+            r
+        }
+    };
+    let first = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let older = write(&first, "older").await;
+    first.release().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            == 3)
+        .await
+    );
+    cluster.node(0).cmd(&["COPY", &record_key, "kept"]);
+    let second = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let newer = write(&second, "newer").await;
+    second.release().await.unwrap();
+    assert!(newer.order > older.order);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            cluster
+                .node(2)
+                .raw::<Option<Vec<u8>>>(&["GET", &record_key])
+                .unwrap()
+                == Some(newer.encode())
+        })
+        .await
+    );
+    cluster.node(0).cmd(&["RENAME", "kept", &record_key]);
+    cluster.node(2).cmd(&["DEL", &record_key]);
+    assert_eq!(store.get(&lookup).await.unwrap(), None, "no quorum agrees");
+    let third = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let found = store
+        .get_held(&lookup, &third.handle())
+        .await
+        .unwrap()
+        .expect("found under the lock");
+    assert_eq!(found.record, newer);
+    assert!(!found.durable);
+    third.release().await.unwrap();
+}
