@@ -72,7 +72,8 @@ impl RedisStore {
         }
     }
 
-    /// How long a record lives (default 24 h). Whole milliseconds; at least 1.
+    /// How long a record lives (default 24 h). Whole milliseconds, at least 1,
+    /// at most a century (`Duration::MAX` is accepted).
     #[must_use]
     pub fn record_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -215,7 +216,10 @@ impl IdempotencyStore for RedisStore {
                 return Err(StoreError::Lost);
             }
             let record_key = self.record_key(key);
-            let ttl_ms = self.ttl.as_millis().max(1).to_string();
+            // Redis refuses an expiry past what its clock can add; a century
+            // is "forever" for a record.
+            const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+            let ttl_ms = self.ttl.min(CENTURY).as_millis().max(1).to_string();
             let call = Arc::new(Call::keys(
                 &RECORD_PUT,
                 &[holder.key().as_bytes(), record_key.as_bytes()],

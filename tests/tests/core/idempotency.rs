@@ -366,3 +366,14 @@ async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
     assert!(!found.durable);
     third.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_ttl_of_duration_max_is_accepted() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let store = RedisStore::new(redlock.clone()).record_ttl(Duration::MAX);
+    let idem = Idempotency::new(redlock).store(store.clone());
+    assert_eq!(request(&idem, None, "forever-1", "a").await.unwrap(), None);
+    let record_key = store.record_key(&idem.lookup_key(None, &key("forever-1")));
+    assert!(cluster.node(0).pttl(&record_key) > 0);
+}
