@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//! `fenced`, `held`, `waiting`, `idempotency`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
 //! multiplexed connection per node taken from the pool (as the library does), a
@@ -31,6 +31,7 @@ use redlock_core::{Error, LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
 use redlock_tower::RedlockLayer;
 
+mod idempotency;
 mod waiting;
 
 const RELEASE: &str = r#"
@@ -811,6 +812,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "waiting" {
         waiting::waiting(&setup).await?;
+    }
+    if all || scenario == "idempotency" {
+        idempotency::idempotency(&setup).await?;
     }
     Ok(())
 }
