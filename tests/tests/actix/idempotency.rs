@@ -186,3 +186,33 @@ async fn a_lock_lost_before_the_record_leaves_none_and_the_next_copy_runs() {
         assert_eq!(runs.load(Ordering::SeqCst), 2, "{lost:?}");
     }
 }
+
+#[actix_web::test]
+async fn an_oversize_response_is_passed_through_then_not_replayed_nor_run_again() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let policy = IdempotencyPolicy::default().max_response_body(8);
+    let server = server(&cluster, policy, Arc::clone(&runs));
+    let client = client();
+    let key = [("idempotency-key", "big-response-1")];
+    let url = server.url("/pay");
+    let first = send(&client, Method::POST, &url, &key, "a long body")
+        .await
+        .unwrap();
+    assert_eq!(first.status, 201);
+    assert_eq!(first.text(), "paid #1: a long body", "passed through whole");
+    let (again, _) = send_retrying_busy(
+        &client,
+        Method::POST,
+        &url,
+        &key,
+        "a long body",
+        100,
+        ms(50),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.status, 410, "{}", again.text());
+    assert_eq!(again.json()["original_status"], 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "run again");
+}
