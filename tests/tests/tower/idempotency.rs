@@ -298,3 +298,77 @@ async fn an_oversize_response_is_passed_through_then_not_replayed_nor_run_again(
     assert_eq!(again.json()["original_status"], 201);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "run again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_header_keys_and_a_scope_separates_clients() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(move |body: String| {
+                let runs = Arc::clone(&counter);
+                async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    format!("hook #{n}: {body}")
+                }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(redlock(&cluster))
+                .key_header(http::HeaderName::from_static("x-github-delivery"))
+                .scope(|parts| {
+                    parts
+                        .headers
+                        .get("x-tenant")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                }),
+        );
+    let server = Server::start(app).await;
+    let client = client();
+    let url = server.url("/hook");
+    let deliver = |tenant: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            send_retrying_busy(
+                &client,
+                Method::POST,
+                &url,
+                &[("x-github-delivery", "72d3162e-cc78"), ("x-tenant", tenant)],
+                "push",
+                100,
+                ms(50),
+            )
+            .await
+            .unwrap()
+            .0
+        }
+    };
+    let a = deliver("a").await;
+    let b = deliver("b").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(b.status, StatusCode::OK);
+    assert_eq!(
+        b.header("idempotent-replayed"),
+        None,
+        "tenant b saw a's record"
+    );
+    assert_ne!(a.body, b.body);
+    let again = deliver("a").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, a.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // The Idempotency-Key header means nothing to this layer: no delivery id, 400.
+    let none = send(
+        &client,
+        Method::POST,
+        &url,
+        &[("idempotency-key", "k")],
+        "push",
+    )
+    .await
+    .unwrap();
+    assert_eq!(none.status, StatusCode::BAD_REQUEST);
+}
