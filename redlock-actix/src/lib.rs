@@ -120,6 +120,9 @@
 
 mod body;
 mod extract;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+pub mod idempotency;
 mod key;
 mod middleware;
 mod rejection;

@@ -128,6 +128,9 @@ mod fan_out;
 pub mod fence;
 mod fencing;
 mod guard;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+pub mod idempotency;
 mod inspect;
 mod lock;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]

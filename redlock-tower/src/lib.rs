@@ -61,6 +61,9 @@ mod config;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+#[cfg(feature = "idempotency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
+pub mod idempotency;
 mod key;
 mod layer;
 mod rejection;

@@ -10,20 +10,21 @@
 //! per independent master), or else three local `redis-server` processes started
 //! for the run. Port: `--port N` or `$PORT` (default 3000).
 //!
-//! `POST /webhooks` with `X-Delivery-Id: <id>`:
+//! `POST /webhooks` with `X-Delivery-Id: <id>`, under
+//! `redlock_tower::idempotency::IdempotencyLayer` keyed by that header:
 //!
-//! - the lock key is the delivery id (`RedlockLayer::by_header`); a request
-//!   without the header gets `400`;
+//! - a request without the header gets `400` (problem+json);
 //! - a duplicate that arrives while the first copy is being processed gets `409`
 //!   with `Retry-After` (senders retry on 409);
-//! - once a delivery is processed, its result is recorded under
-//!   `webhook:done:<id>` (`SET … EX 86400`), so a later retry gets `200` with the
-//!   recorded result and the header `X-Webhook-Replayed: true`, without running
-//!   the work again.
-//!
-//! The lock makes "look up the record, do the work, write the record" one
-//! critical section per delivery id; without it two concurrent copies would both
-//! miss the record and both do the work.
+//! - once a delivery is processed, its response (status, `content-type`, body)
+//!   is recorded on a quorum of the lock's nodes, written only while this
+//!   replica still holds the delivery's lock; a later retry gets the same
+//!   response byte for byte, with `Idempotent-Replayed: true`, without running
+//!   the work again;
+//! - the same id with another payload gets `422`; a `5xx` is not recorded, so
+//!   the sender's retry runs the work again;
+//! - records are kept 4 days: longer than the sender's retry window (Stripe
+//!   retries for up to 3 days).
 //!
 //! `GET /work/{id}` tells how many times the work ran for a delivery (always 0 or 1).
 
@@ -32,80 +33,42 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
 use bytes::Bytes;
-use deadpool_redis::redis;
 use futures_util::future::join_all;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
-use redlock_core::LockHandle;
+use redlock_core::idempotency::{Idempotency, IdempotencyPolicy, RedisStore};
 use redlock_examples::{
     Args, BoxError, Checks, HttpClient, Nodes, Reply, http_client, random_id, send,
     send_retrying_busy, serve,
 };
-use redlock_tower::{MissingKeyPolicy, RedlockLayer};
+use redlock_tower::idempotency::IdempotencyLayer;
 
 const DELIVERY_HEADER: HeaderName = HeaderName::from_static("x-delivery-id");
 const WORK_TIME: Duration = Duration::from_secs(1);
-const RECORD_TTL_SECS: u64 = 86_400;
+/// How long a processed delivery is remembered: more than the sender retries.
+const RECORD_TTL: Duration = Duration::from_secs(4 * 24 * 3600);
 /// The body the self-test delivers.
 const PAYLOAD: &str = r#"{"event":"invoice.paid"}"#;
 
+#[derive(Default)]
 struct Webhooks {
-    /// Where processed deliveries are recorded. This example uses the first lock
-    /// node (see `main`); a real service records into its own database, ideally in
-    /// the same transaction as the work's effects.
-    store: deadpool_redis::Pool,
     /// How many times the work ran, per delivery id (for the self-test and
     /// `GET /work/{id}`).
     work_runs: Mutex<HashMap<String, u32>>,
 }
 
-/// A store failure: answer 500 (the sender retries later).
-struct StoreError(String);
-
-impl<E: std::fmt::Display> From<E> for StoreError {
-    fn from(e: E) -> Self {
-        Self(e.to_string())
-    }
-}
-
-impl IntoResponse for StoreError {
-    fn into_response(self) -> Response {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("store error: {}\n", self.0),
-        )
-            .into_response()
-    }
-}
-
-async fn receive(
-    State(hooks): State<Arc<Webhooks>>,
-    Extension(lock): Extension<LockHandle>,
-    headers: HeaderMap,
-    payload: Bytes,
-) -> Result<Response, StoreError> {
+/// The work, at most once per delivery id: the layer runs this handler only
+/// for a delivery it has no record of, under the delivery's lock.
+async fn receive(State(hooks): State<Arc<Webhooks>>, headers: HeaderMap, payload: Bytes) -> String {
     // The layer rejects requests without the header, so it is here.
     let id = headers
         .get(DELIVERY_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let record = format!("webhook:done:{id}");
-    let mut store = hooks.store.get().await?;
-
-    let recorded: Option<String> = redis::cmd("GET")
-        .arg(&record)
-        .query_async(&mut store)
-        .await?;
-    if let Some(result) = recorded {
-        return Ok(([("x-webhook-replayed", "true")], result).into_response());
-    }
-
-    // The work, at most once per delivery id.
     *hooks
         .work_runs
         .lock()
@@ -113,21 +76,7 @@ async fn receive(
         .entry(id.clone())
         .or_default() += 1;
     tokio::time::sleep(WORK_TIME).await;
-    let result = format!("processed delivery {id}: {} payload bytes\n", payload.len());
-
-    // Lost locks abort this future (the default `LostPolicy::Abort`), so reaching
-    // this line means the lock is still ours; checking is cheap all the same.
-    if lock.is_lost() {
-        return Ok((StatusCode::SERVICE_UNAVAILABLE, "lock lost, not recorded\n").into_response());
-    }
-    let _: () = redis::cmd("SET")
-        .arg(&record)
-        .arg(&result)
-        .arg("EX")
-        .arg(RECORD_TTL_SECS)
-        .query_async(&mut store)
-        .await?;
-    Ok(([("x-webhook-replayed", "false")], result).into_response())
+    format!("processed delivery {id}: {} payload bytes\n", payload.len())
 }
 
 async fn work_runs(State(hooks): State<Arc<Webhooks>>, Path(id): Path<String>) -> String {
@@ -141,25 +90,19 @@ async fn main() -> Result<ExitCode, BoxError> {
     let args = Args::from_env();
     let nodes = Nodes::from_env_or_local();
     println!("{}", nodes.describe());
-    println!("processed deliveries are recorded on the first node, {}", {
-        redlock_core::redact_url(&nodes.urls()[0])
-    });
     let redlock = nodes.redlock(Duration::from_millis(100))?;
-    let hooks = Arc::new(Webhooks {
-        store: nodes.first_node_pool()?,
-        work_runs: Mutex::default(),
-    });
+    let hooks = Arc::new(Webhooks::default());
 
-    let webhooks = Router::new().route("/webhooks", post(receive)).route_layer(
-        RedlockLayer::by_header(DELIVERY_HEADER)
-            .namespace("redlock:webhook:")
-            .on_missing_key(MissingKeyPolicy::Reject),
-    );
+    let idempotency = Idempotency::new(redlock.clone())
+        .store(RedisStore::new(redlock).record_ttl(RECORD_TTL))
+        .policy(IdempotencyPolicy::default().lock(|l| l.namespace("webhook:")));
+    let webhooks = Router::new()
+        .route("/webhooks", post(receive))
+        .route_layer(IdempotencyLayer::with_engine(idempotency).key_header(DELIVERY_HEADER));
     let app = Router::new()
         .merge(webhooks)
         .route("/work/{id}", get(work_runs))
-        .with_state(hooks.clone())
-        .layer(Extension(redlock));
+        .with_state(hooks.clone());
 
     let addr = serve(app, args.port()?).await?;
     println!("listening on http://{addr}");
@@ -170,10 +113,10 @@ async fn main() -> Result<ExitCode, BoxError> {
         "\ntry (the work takes {WORK_TIME:?}):\n  \
          curl -i -X POST -H 'X-Delivery-Id: d-1' -d '{{\"event\":\"paid\"}}' http://{addr}/webhooks &\n  \
          sleep 0.3; curl -i -X POST -H 'X-Delivery-Id: d-1' -d '{{\"event\":\"paid\"}}' http://{addr}/webhooks   # 409: in progress\n  \
-         wait; curl -i -X POST -H 'X-Delivery-Id: d-1' -d '{{\"event\":\"paid\"}}' http://{addr}/webhooks   # 200, replayed\n  \
+         wait; curl -i -X POST -H 'X-Delivery-Id: d-1' -d '{{\"event\":\"paid\"}}' http://{addr}/webhooks   # 200, Idempotent-Replayed: true\n  \
          curl -s http://{addr}/work/d-1    # the work ran once\n  \
          curl -i -X POST http://{addr}/webhooks    # 400: no X-Delivery-Id\n\n\
-         (records expire after a day; with your own REDLOCK_NODES use fresh ids)\n\
+         (records expire after 4 days; with your own REDLOCK_NODES use fresh ids)\n\
          Ctrl-C to stop."
     );
     redlock_examples::ctrl_c().await;
@@ -249,7 +192,7 @@ async fn self_test(base: &str, hooks: &Webhooks) -> ExitCode {
     .map_err(BoxError::from);
     let replayed = retry
         .as_ref()
-        .is_ok_and(|r| r.header("x-webhook-replayed") == Some("true"));
+        .is_ok_and(|r| r.header("idempotent-replayed") == Some("true"));
     let same_result = matches!((&first, &retry), (Ok(a), Ok(b)) if a.body == b.body);
     checks.check(
         status(&retry) == Some(StatusCode::OK) && replayed && same_result,
@@ -257,6 +200,19 @@ async fn self_test(base: &str, hooks: &Webhooks) -> ExitCode {
             "retry after completion: {:?}, replayed: {replayed}, same result: {same_result}",
             status(&retry)
         ),
+    );
+    let other = send(
+        &client,
+        Method::POST,
+        &format!("{base}/webhooks"),
+        &[("x-delivery-id", &id)],
+        r#"{"event":"something.else"}"#,
+    )
+    .await
+    .map_err(BoxError::from);
+    checks.check(
+        status(&other) == Some(StatusCode::UNPROCESSABLE_ENTITY),
+        format!("same id, other payload: {:?}", status(&other)),
     );
     checks.check(
         runs(hooks, &id) == 1,
@@ -301,7 +257,7 @@ async fn self_test(base: &str, hooks: &Webhooks) -> ExitCode {
             "a retry gets 200 (replayed: {})",
             retried
                 .as_ref()
-                .and_then(|r| r.header("x-webhook-replayed"))
+                .and_then(|r| r.header("idempotent-replayed"))
                 .unwrap_or("-")
         ),
     );

@@ -25,6 +25,8 @@ pub(crate) use parse::{AcquireReply, parse_acquire, parse_flag};
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, FENCE, RELEASE};
 use scripts::{LuaScript, eval, release_parts};
+#[cfg(feature = "idempotency")]
+pub(crate) use scripts::{RECORD_GET, RECORD_PUT};
 
 /// One independent Redis master.
 pub(crate) struct Node {

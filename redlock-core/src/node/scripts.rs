@@ -72,6 +72,29 @@ end
 return 1
 "#;
 
+/// The idempotency record's write: sets the record (`KEYS[2]`) to `ARGV[2]`
+/// for `ARGV[3]` ms, only while the lock key (`KEYS[1]`) still holds the
+/// writer's token `ARGV[1]`. A holder whose key expired here, and perhaps
+/// went to another holder, writes nothing on this node.
+#[cfg(feature = "idempotency")]
+const RECORD_PUT_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+"#;
+
+/// The idempotency record's read.
+#[cfg(feature = "idempotency")]
+const RECORD_GET_LUA: &str = "return redis.call('GET', KEYS[1])";
+
+#[cfg(feature = "idempotency")]
+pub(crate) static RECORD_PUT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RECORD_PUT_LUA));
+#[cfg(feature = "idempotency")]
+pub(crate) static RECORD_GET: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RECORD_GET_LUA));
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));

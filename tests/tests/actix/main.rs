@@ -6,6 +6,7 @@ mod common;
 mod extractor;
 mod fencing;
 mod holding;
+mod idempotency;
 mod loss;
 mod middleware;
 mod path_keys;

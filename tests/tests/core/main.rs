@@ -1,12 +1,14 @@
 //! `redlock-core` on real `redis-server` processes: one test binary, one module
 //! per concern (the algorithm's steps, node faults, inputs, the guard and the
-//! holder's view, mutual exclusion, TLS, tracing, and the harness itself).
+//! holder's view, the idempotency store, mutual exclusion, TLS, tracing, and the harness itself).
 
 mod algorithm;
 mod faults;
 mod fencing;
 mod guard;
 mod holder;
+mod idempotency;
+mod idempotency_sql;
 mod inputs;
 mod inspect;
 mod memory;

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`, `metrics`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
 //! multiplexed connection per node taken from the pool (as the library does), a
@@ -32,6 +32,7 @@ use redlock_tests::Cluster;
 use redlock_tower::RedlockLayer;
 
 mod cost;
+mod idempotency;
 mod metrics_cost;
 mod waiting;
 
@@ -908,6 +909,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "waiting" {
         waiting::waiting(&setup).await?;
+    }
+    if all || scenario == "idempotency" {
+        idempotency::idempotency(&setup).await?;
     }
     if all || scenario == "metrics" {
         metrics_cost::metrics_cost(&setup).await?;

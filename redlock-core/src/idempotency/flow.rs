@@ -1,0 +1,349 @@
+//! The per-request flow both adapters call, written once:
+//!
+//! 1. validate the key (missing → 400 or pass through; invalid → 400);
+//! 2. fingerprint the request;
+//! 3. fast replay check: a record the store vouches for without the lock
+//!    (422 on another fingerprint);
+//! 4. take the lock on the lookup key (busy → 409 + `Retry-After`, or wait);
+//! 5. read again under the lock: another fingerprint → 422, a record →
+//!    replay (written again first if it was not durable), none → run;
+//! 6. after the handler: record the response if its status is stored, while
+//!    holding the lock; then release.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::fingerprint::{Fingerprint, RequestParts};
+use super::key::{IdempotencyKey, KeyError, LookupKey};
+use super::policy::IdempotencyPolicy;
+use super::record::{Outcome, Record};
+use super::redis_store::RedisStore;
+use super::rejection::IdempotencyRejection;
+use super::store::IdempotencyStore;
+use crate::redlock::Redlock;
+use crate::request::{self, LostPolicy, MissingKeyPolicy, RequestLock};
+
+/// The header a replayed response carries.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The default header of the key.
+pub const KEY_HEADER: &str = "idempotency-key";
+
+/// An idempotency layer's engine: the lock handle, the store and the policy.
+/// Cheap to clone. Both adapters hold one and call [`Idempotency::begin`] per
+/// request.
+///
+/// ```no_run
+/// use redlock_core::Redlock;
+/// use redlock_core::idempotency::{Begin, Idempotency, IdempotencyKey, RequestParts};
+///
+/// # async fn run(redlock: Redlock, headers: http::HeaderMap) {
+/// let idem = Idempotency::new(redlock);
+/// let key = Some(IdempotencyKey::parse(b"\"order-1\""));
+/// let parts = RequestParts { method: "POST", path: "/pay", query: None, headers: &headers, body: b"{}" };
+/// match idem.begin(key, None, &parts).await {
+///     Ok(Begin::Run(running)) => {
+///         // run the handler under `running.lock()`, then:
+///         let _ = running.finish(201, std::iter::empty(), Some(bytes::Bytes::from_static(b"ok"))).await;
+///     }
+///     Ok(Begin::Replay(replay)) => { /* answer replay.status, replay.headers, replay.body */ }
+///     Ok(Begin::PassThrough) => { /* no key: run unprotected */ }
+///     Err(rejection) => { /* answer rejection.status() with rejection.problem_json() */ }
+/// }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Idempotency {
+    redlock: Redlock,
+    store: Arc<dyn IdempotencyStore>,
+    policy: Arc<IdempotencyPolicy>,
+}
+
+impl std::fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("redlock", &self.redlock)
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+/// How a request goes on after [`Idempotency::begin`].
+#[derive(Debug)]
+pub enum Begin {
+    /// No key, and the policy runs such requests unprotected.
+    PassThrough,
+    /// Answer with the recorded response.
+    Replay(Replay),
+    /// Run the handler under the lock, then [`Running::finish`].
+    Run(Running),
+}
+
+/// A recorded response to replay, byte for byte, with
+/// [`REPLAYED_HEADER`]`: true`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The status.
+    pub status: u16,
+    /// The recorded headers.
+    pub headers: Vec<(String, Bytes)>,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// A request running under its idempotency lock.
+#[derive(Debug)]
+pub struct Running {
+    lock: RequestLock,
+    lookup: LookupKey,
+    fingerprint: Fingerprint,
+    order: u64,
+    store: Arc<dyn IdempotencyStore>,
+    policy: Arc<IdempotencyPolicy>,
+}
+
+impl Idempotency {
+    /// An engine on `redlock`, recording on its own nodes ([`RedisStore`],
+    /// records kept 24 h), with the default [`IdempotencyPolicy`].
+    pub fn new(redlock: Redlock) -> Self {
+        Self {
+            store: Arc::new(RedisStore::new(redlock.clone())),
+            redlock,
+            policy: Arc::new(IdempotencyPolicy::default()),
+        }
+    }
+
+    /// Records in `store` instead (for example, the application's database,
+    /// written in the transaction of the work's effects).
+    #[must_use]
+    pub fn store(mut self, store: impl IdempotencyStore) -> Self {
+        self.store = Arc::new(store);
+        self
+    }
+
+    /// The policy.
+    #[must_use]
+    pub fn policy(mut self, policy: IdempotencyPolicy) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// The policy in use.
+    pub fn current_policy(&self) -> &IdempotencyPolicy {
+        &self.policy
+    }
+
+    /// The lock handle.
+    pub fn redlock(&self) -> &Redlock {
+        &self.redlock
+    }
+
+    /// The lookup key of `key` within `scope`, in this policy's namespace.
+    pub fn lookup_key(&self, scope: Option<&str>, key: &IdempotencyKey) -> LookupKey {
+        LookupKey::new(&self.policy.lock.namespace, scope, key)
+    }
+
+    /// Steps 1 to 5 of the flow (see the module docs): the request's `key`
+    /// as the adapter found it (`None`: no key), its `scope`, and its parts
+    /// with the whole body.
+    ///
+    /// # Errors
+    /// An [`IdempotencyRejection`] to answer with (already logged).
+    pub async fn begin(
+        &self,
+        key: Option<Result<IdempotencyKey, KeyError>>,
+        scope: Option<&str>,
+        parts: &RequestParts<'_>,
+    ) -> Result<Begin, IdempotencyRejection> {
+        let result = self.begin_inner(key, scope, parts).await;
+        if let Err(rejection) = &result {
+            rejection.log();
+        }
+        result
+    }
+
+    async fn begin_inner(
+        &self,
+        key: Option<Result<IdempotencyKey, KeyError>>,
+        scope: Option<&str>,
+        parts: &RequestParts<'_>,
+    ) -> Result<Begin, IdempotencyRejection> {
+        let key = match key {
+            None => {
+                return match self.policy.lock.missing_key {
+                    MissingKeyPolicy::PassThrough => Ok(Begin::PassThrough),
+                    MissingKeyPolicy::Reject => Err(IdempotencyRejection::MissingKey),
+                };
+            }
+            Some(key) => key.map_err(IdempotencyRejection::InvalidKey)?,
+        };
+        if parts.body.len() > self.policy.max_request_body {
+            return Err(IdempotencyRejection::BodyTooLarge {
+                limit: self.policy.max_request_body,
+            });
+        }
+        let fingerprint = self.policy.fingerprinter.fingerprint(parts);
+        let lookup = self.lookup_key(scope, &key);
+        // The fast path: no lock when a quorum vouches for the record.
+        if let Some(record) = self.store.get(&lookup).await.ok().flatten() {
+            return self.replay(record, fingerprint).map(Begin::Replay);
+        }
+        let lock = request::acquire(
+            Some(&self.redlock),
+            Some(lookup_hash(&lookup, &self.policy)),
+            &self.policy.lock,
+        )
+        .await?;
+        let Some(lock) = lock else {
+            // Fail-open with the nodes unavailable: run unprotected, as the
+            // lock policy says.
+            return Ok(Begin::PassThrough);
+        };
+        let holder = lock.handle();
+        let found = self
+            .store
+            .get_held(&lookup, &holder)
+            .await
+            .map_err(IdempotencyRejection::Store)?;
+        let order = match &found {
+            Some(found) => found.record.order.saturating_add(1),
+            None => 1,
+        };
+        let Some(found) = found else {
+            return Ok(Begin::Run(Running {
+                lock,
+                lookup,
+                fingerprint,
+                order: holder.fencing_token().map_or(order, |t| t.get()),
+                store: Arc::clone(&self.store),
+                policy: Arc::clone(&self.policy),
+            }));
+        };
+        if !found.durable && found.record.fingerprint == fingerprint {
+            // Written again under this lock, so the next retry takes the
+            // fast path; a failure only costs that retry the lock path.
+            if let Err(error) = self.store.put(&lookup, &holder, &found.record).await {
+                tracing::debug!(%error, "idempotency record repair failed");
+            }
+        }
+        lock.release().await;
+        self.replay(found.record, fingerprint).map(Begin::Replay)
+    }
+
+    fn replay(
+        &self,
+        record: Record,
+        fingerprint: Fingerprint,
+    ) -> Result<Replay, IdempotencyRejection> {
+        if record.fingerprint != fingerprint {
+            return Err(IdempotencyRejection::Mismatch);
+        }
+        match record.outcome {
+            Outcome::Replayable { headers, body } => Ok(Replay {
+                status: record.status,
+                headers,
+                body,
+            }),
+            Outcome::NotReplayable => Err(IdempotencyRejection::NotReplayable {
+                status: self.policy.not_replayable_status,
+                original: record.status,
+            }),
+        }
+    }
+}
+
+/// The part of the lookup key after the namespace: what
+/// [`request::acquire`] puts the policy's namespace before.
+fn lookup_hash(lookup: &LookupKey, policy: &IdempotencyPolicy) -> String {
+    let resource = lookup.resource();
+    resource
+        .strip_prefix(&*policy.lock.namespace)
+        .unwrap_or(resource)
+        .to_owned()
+}
+
+impl Running {
+    /// The lock the handler runs under: guard the handler with
+    /// [`request::guard`] and [`Running::lock_policy`], and put
+    /// [`RequestLock::handle`] in the request.
+    pub fn lock(&self) -> &RequestLock {
+        &self.lock
+    }
+
+    /// The lock's policy.
+    pub fn lock_policy(&self) -> &crate::request::LockPolicy {
+        &self.policy.lock
+    }
+
+    /// The layer's policy.
+    pub fn policy(&self) -> &IdempotencyPolicy {
+        &self.policy
+    }
+
+    /// Step 6: records the handler's response if its status is stored, while
+    /// holding the lock, then releases the lock. `headers` are the
+    /// response's (only the policy's allowlist is kept); `body` is the whole
+    /// body, or `None` when it was over the cap (recorded "completed, not
+    /// replayable").
+    ///
+    /// `Ok` means: answer with the response. When the record could not be
+    /// written (the lock was lost before it, or the store failed), the
+    /// response is not recorded and the next copy of the request runs the
+    /// work; with [`LostPolicy::Abort`] (the default) this request is then
+    /// answered with the error, with [`LostPolicy::Signal`] with its
+    /// response.
+    ///
+    /// # Errors
+    /// The rejection to answer with instead of the response (logged).
+    pub async fn finish<'h>(
+        self,
+        status: u16,
+        headers: impl Iterator<Item = (&'h str, &'h [u8])>,
+        body: Option<Bytes>,
+    ) -> Result<(), IdempotencyRejection> {
+        if !self.policy.stores(status) {
+            self.lock.release().await;
+            return Ok(());
+        }
+        let outcome = match body {
+            Some(body) => Outcome::Replayable {
+                headers: headers
+                    .filter(|(name, _)| self.policy.keeps_header(name))
+                    .map(|(name, value)| (name.to_ascii_lowercase(), Bytes::copy_from_slice(value)))
+                    .collect(),
+                body,
+            },
+            None => Outcome::NotReplayable,
+        };
+        let holder = self.lock.handle();
+        let record = Record {
+            order: self.order,
+            fencing_token: holder.fencing_token(),
+            fingerprint: self.fingerprint,
+            status,
+            outcome,
+        };
+        let written = self.store.put(&self.lookup, &holder, &record).await;
+        self.lock.release().await;
+        let Err(error) = written else {
+            return Ok(());
+        };
+        tracing::warn!(%error, "idempotency record not written; the next copy runs the work");
+        match self.policy.lock.lost {
+            LostPolicy::Signal => Ok(()),
+            LostPolicy::Abort => {
+                let rejection = match error {
+                    super::store::StoreError::Lost | super::store::StoreError::NotHeld { .. } => {
+                        IdempotencyRejection::Lock(crate::request::Rejection::Lost {
+                            key: Arc::from(holder.key()),
+                        })
+                    }
+                    other => IdempotencyRejection::Store(other),
+                };
+                Err(rejection)
+            }
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The idempotency layer's core on real `redis-server` processes: key
+//! validation, the record write refused to a stale holder on the nodes, the
+//! quorum read, expiry, a node down, and scopes.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use redlock_core::idempotency::{
+    Begin, Fingerprint, Idempotency, IdempotencyKey, IdempotencyRejection, IdempotencyStore,
+    KeyError, LookupKey, Outcome, Record, RedisStore, RequestParts, StoreError,
+};
+use redlock_core::{LockOptions, NodeStatus, Redlock};
+use redlock_tests::Cluster;
+use redlock_tests::util::eventually;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn redlock(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .build()
+        .unwrap()
+}
+
+fn key(s: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(s.as_bytes()).unwrap()
+}
+
+fn record(body: &'static str) -> Record {
+    Record {
+        order: 1,
+        fencing_token: None,
+        fingerprint: Fingerprint::of_fields([body.as_bytes()]),
+        status: 201,
+        outcome: Outcome::Replayable {
+            headers: vec![("content-type".into(), Bytes::from_static(b"text/plain"))],
+            body: Bytes::from_static(body.as_bytes()),
+        },
+    }
+}
+
+/// Runs one request through the flow: `Ok(Some(status, body))` for a replay,
+/// `Ok(None)` when it ran (and recorded `201 ran:<body>`).
+pub(crate) async fn request(
+    idem: &Idempotency,
+    scope: Option<&str>,
+    raw_key: &str,
+    body: &str,
+) -> Result<Option<(u16, Bytes)>, IdempotencyRejection> {
+    let headers = http::HeaderMap::new();
+    let parts = RequestParts {
+        method: "POST",
+        path: "/pay",
+        query: None,
+        headers: &headers,
+        body: body.as_bytes(),
+    };
+    match idem
+        .begin(
+            Some(IdempotencyKey::parse(raw_key.as_bytes())),
+            scope,
+            &parts,
+        )
+        .await?
+    {
+        Begin::Replay(r) => Ok(Some((r.status, r.body))),
+        Begin::Run(running) => {
+            let out = Bytes::from(format!("ran:{body}"));
+            running
+                .finish(
+                    201,
+                    [("content-type", &b"text/plain"[..])].into_iter(),
+                    Some(out),
+                )
+                .await?;
+            Ok(None)
+        }
+        Begin::PassThrough => panic!("a keyed request passed through"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_256_characters_is_refused_with_400() {
+    let cluster = Cluster::start(3);
+    let idem = Idempotency::new(redlock(&cluster));
+    let long = "k".repeat(256);
+    let err = request(&idem, None, &long, "{}").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            IdempotencyRejection::InvalidKey(KeyError::TooLong { len: 256 })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.status(), 400);
+    let doc: serde_json::Value = serde_json::from_str(&err.problem_json()).unwrap();
+    assert_eq!(doc["status"], 400);
+    // 255 is fine, and so is a quoted form with a space.
+    assert!(request(&idem, None, &"k".repeat(255), "{}").await.is_ok());
+    assert!(request(&idem, None, "\"a b\"", "{}").await.is_ok());
+    let err = request(&idem, None, "a b", "{}").await.unwrap_err();
+    assert!(matches!(
+        err,
+        IdempotencyRejection::InvalidKey(KeyError::BadChar { at: 1 })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_s_record_is_refused_on_every_node() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let store = RedisStore::new(redlock.clone());
+    let lookup = LookupKey::new("idempotency:", None, &key("stale-1"));
+    let options = LockOptions::new(Duration::from_secs(10));
+    let stale = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let stale_handle = stale.handle();
+    // The stale holder's keys expire (deleted here, so the holder does not
+    // know yet), and another holder takes the lock.
+    for node in cluster.nodes() {
+        node.cmd(&["DEL", stale_handle.key()]);
+    }
+    let next = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    assert!(
+        !stale_handle.is_lost(),
+        "the stale holder must not know yet"
+    );
+    let err = store
+        .put(&lookup, &stale_handle, &record("stale"))
+        .await
+        .unwrap_err();
+    let StoreError::NotHeld { report } = &err else {
+        panic!("expected NotHeld, got {err:?}");
+    };
+    assert!(
+        report
+            .nodes
+            .iter()
+            .filter(|n| n.status == NodeStatus::NotHeld)
+            .count()
+            >= 2,
+        "{report}"
+    );
+    let record_key = store.record_key(&lookup);
+    assert_eq!(
+        cluster.count_with_key(&record_key),
+        0,
+        "a node took the stale record"
+    );
+    // The current holder writes, on every node.
+    store
+        .put(&lookup, &next.handle(), &record("next"))
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            == 3)
+        .await
+    );
+    assert_eq!(store.get(&lookup).await.unwrap(), Some(record("next")));
+    drop(stale);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_a_minority_does_not_answer_without_the_lock() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let store = RedisStore::new(redlock.clone());
+    let idem = Idempotency::new(redlock.clone());
+    let lookup = idem.lookup_key(None, &key("minority-1"));
+    assert_eq!(request(&idem, None, "minority-1", "a").await.unwrap(), None);
+    let record_key = store.record_key(&lookup);
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            == 3)
+        .await
+    );
+    let recorded = store.get(&lookup).await.unwrap().expect("a quorum has it");
+    // Two of three nodes lose it: one node's record alone never answers.
+    cluster.node(0).cmd(&["DEL", &record_key]);
+    cluster.node(1).cmd(&["DEL", &record_key]);
+    assert_eq!(store.get(&lookup).await.unwrap(), None);
+    // Under the lock the record is found, not durable; the flow replays it
+    // and writes it again, after which the fast path answers.
+    let guard = redlock
+        .lock_guard(lookup.resource(), &LockOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let found = store
+        .get_held(&lookup, &guard.handle())
+        .await
+        .unwrap()
+        .expect("found under the lock");
+    assert!(!found.durable);
+    assert_eq!(found.record, recorded);
+    guard.release().await.unwrap();
+    let replay = request(&idem, None, "minority-1", "a").await.unwrap();
+    assert_eq!(replay, Some((201, Bytes::from_static(b"ran:a"))));
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            == 3)
+        .await
+    );
+    assert_eq!(store.get(&lookup).await.unwrap(), Some(recorded));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_after_their_ttl() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let store = RedisStore::new(redlock.clone()).record_ttl(ms(1500));
+    let idem = Idempotency::new(redlock.clone()).store(store.clone());
+    let lookup = idem.lookup_key(None, &key("expire-1"));
+    assert_eq!(request(&idem, None, "expire-1", "a").await.unwrap(), None);
+    let record_key = store.record_key(&lookup);
+    let pttl = cluster.node(0).pttl(&record_key);
+    assert!((1..=1500).contains(&pttl), "record PTTL {pttl}");
+    assert!(
+        store.get(&lookup).await.unwrap().is_some(),
+        "replayable before the TTL"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || cluster
+            .count_with_key(&record_key)
+            == 0)
+        .await
+    );
+    assert_eq!(store.get(&lookup).await.unwrap(), None);
+    // Expired: the next copy runs again.
+    assert_eq!(request(&idem, None, "expire-1", "a").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_of_three_down_still_records_and_replays() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let idem = Idempotency::new(redlock.clone());
+    cluster.node(2).kill();
+    assert_eq!(request(&idem, None, "down-1", "a").await.unwrap(), None);
+    let replay = request(&idem, None, "down-1", "a").await.unwrap();
+    assert_eq!(replay, Some((201, Bytes::from_static(b"ran:a"))));
+    let err = request(&idem, None, "down-1", "b").await.unwrap_err();
+    assert_eq!(err.status(), 422);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_scopes_with_one_key_do_not_see_each_other() {
+    let cluster = Cluster::start(3);
+    let idem = Idempotency::new(redlock(&cluster));
+    assert_eq!(
+        request(&idem, Some("tenant-a"), "same", "a").await.unwrap(),
+        None
+    );
+    // Another scope, same client key, even another body: it runs.
+    assert_eq!(
+        request(&idem, Some("tenant-b"), "same", "b").await.unwrap(),
+        None
+    );
+    assert_eq!(request(&idem, None, "same", "c").await.unwrap(), None);
+    assert_eq!(
+        request(&idem, Some("tenant-a"), "same", "a").await.unwrap(),
+        Some((201, Bytes::from_static(b"ran:a")))
+    );
+    assert_eq!(
+        request(&idem, Some("tenant-b"), "same", "b").await.unwrap(),
+        Some((201, Bytes::from_static(b"ran:b")))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .fencing(redlock_core::FencingMode::Hybrid)
+        .build()
+        .unwrap();
+    // The flow's record carries the writer's fencing token as its order.
+    let idem = Idempotency::new(redlock.clone());
+    assert_eq!(request(&idem, None, "fenced-0", "a").await.unwrap(), None);
+    let store = RedisStore::new(redlock.clone());
+    let written = store
+        .get(&idem.lookup_key(None, &key("fenced-0")))
+        .await
+        .unwrap()
+        .expect("recorded");
+    let token = written.fencing_token.expect("fenced record");
+    assert_eq!(written.order, token.get());
+
+    // Two holders' records on one node each: the older on node 0, the newer
+    // on node 1, none on node 2.
+    let lookup = LookupKey::new("idempotency:", None, &key("fenced-1"));
+    let record_key = store.record_key(&lookup);
+    let options = LockOptions::new(Duration::from_secs(5));
+    let write = |guard: &redlock_core::LockGuard, body: &'static str| {
+        let handle = guard.handle();
+        let order = handle.fencing_token().unwrap().get();
+        let store = store.clone();
+        let lookup = lookup.clone();
+        async move {
+            let r = Record {
+                order,
+                fencing_token: handle.fencing_token(),
+                ..record(body)
+            };
+            store.put(&lookup, &handle, &r).await.unwrap();
+            r
+        }
+    };
+    let first = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let older = write(&first, "older").await;
+    first.release().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            == 3)
+        .await
+    );
+    cluster.node(0).cmd(&["COPY", &record_key, "kept"]);
+    let second = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let newer = write(&second, "newer").await;
+    second.release().await.unwrap();
+    assert!(newer.order > older.order);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            cluster
+                .node(2)
+                .raw::<Option<Vec<u8>>>(&["GET", &record_key])
+                .unwrap()
+                == Some(newer.encode())
+        })
+        .await
+    );
+    cluster.node(0).cmd(&["RENAME", "kept", &record_key]);
+    cluster.node(2).cmd(&["DEL", &record_key]);
+    assert_eq!(store.get(&lookup).await.unwrap(), None, "no quorum agrees");
+    let third = redlock
+        .lock_guard(lookup.resource(), &options)
+        .await
+        .unwrap();
+    let found = store
+        .get_held(&lookup, &third.handle())
+        .await
+        .unwrap()
+        .expect("found under the lock");
+    assert_eq!(found.record, newer);
+    assert!(!found.durable);
+    third.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_ttl_of_duration_max_is_accepted() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    let store = RedisStore::new(redlock.clone()).record_ttl(Duration::MAX);
+    let idem = Idempotency::new(redlock).store(store.clone());
+    assert_eq!(request(&idem, None, "forever-1", "a").await.unwrap(), None);
+    let record_key = store.record_key(&idem.lookup_key(None, &key("forever-1")));
+    assert!(cluster.node(0).pttl(&record_key) > 0);
+}
