@@ -372,3 +372,93 @@ async fn a_named_header_keys_and_a_scope_separates_clients() {
     .unwrap();
     assert_eq!(none.status, StatusCode::BAD_REQUEST);
 }
+
+/// The key read from the buffered body (Stripe puts its event id in the JSON
+/// body): two deliveries of one event run the handler once; another event
+/// runs it again; a body without an id is refused with 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_read_from_the_body_names_the_delivery() {
+    use redlock_core::idempotency::IdempotencyKey;
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/stripe",
+            post(move |body: String| {
+                let runs = Arc::clone(&counter);
+                async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    format!("event handled #{n}: {body}")
+                }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(redlock(&cluster)).key_fn(|_parts, body| {
+                let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+                let id = v.get("id")?.as_str()?;
+                Some(IdempotencyKey::parse(id.as_bytes()))
+            }),
+        );
+    let server = Server::start(app).await;
+    let client = client();
+    let url = server.url("/stripe");
+    let post_body = |body: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move { send(&client, Method::POST, &url, &[], body).await.unwrap() }
+    };
+    let first = post_body(r#"{"id":"evt_1","type":"charge.succeeded"}"#).await;
+    let again = post_body(r#"{"id":"evt_1","type":"charge.succeeded"}"#).await;
+    let other = post_body(r#"{"id":"evt_2","type":"charge.succeeded"}"#).await;
+    let none = post_body(r#"{"type":"ping"}"#).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body, "the replay is byte-identical");
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.header("idempotent-replayed"), None);
+    assert_eq!(
+        none.status,
+        StatusCode::BAD_REQUEST,
+        "no id in the body: missing key"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "evt_1 once, evt_2 once");
+}
+
+/// Duplicates may wait instead of getting 409: the second copy, sent while the
+/// first runs, waits for it (woken by its release) and gets its recorded
+/// answer, without running the work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_flight_waits_and_gets_the_recorded_answer() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let policy = IdempotencyPolicy::default().lock(|l| l.wait(std::time::Duration::from_secs(10)));
+    let server = Server::start(app(redlock(&cluster), policy, Arc::clone(&runs))).await;
+    let client = client();
+    let url = server.url("/pay?hold=600");
+    let headers = [("idempotency-key", "\"wait-1\"")];
+    let first = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            send(&client, Method::POST, &url, &headers, "7 EUR")
+                .await
+                .unwrap()
+        })
+    };
+    // The second copy goes once the first is inside its handler.
+    assert!(
+        crate::common::eventually(std::time::Duration::from_secs(5), || runs
+            .load(Ordering::SeqCst)
+            == 1)
+        .await
+    );
+    let second = send(&client, Method::POST, &url, &headers, "7 EUR")
+        .await
+        .unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(second.status, StatusCode::CREATED, "waited, not 409");
+    assert_eq!(second.header("idempotent-replayed"), Some("true"));
+    assert_eq!(second.body, first.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
