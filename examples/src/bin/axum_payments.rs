@@ -40,7 +40,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{HeaderName, Method, StatusCode, header};
-use redlock_examples::{Args, BoxError, Checks, Nodes, Reply, http_client, random_id, send, serve};
+use redlock_examples::{
+    Args, BoxError, Checks, Nodes, Reply, http_client, random_id, send_retrying_busy, serve,
+};
 use redlock_tower::idempotency::IdempotencyLayer;
 use serde_json::{Value, json};
 
@@ -166,6 +168,8 @@ async fn main() -> Result<ExitCode, BoxError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One `POST /payments`, retried on 409 as a client would (a copy still in
+/// flight, or its lock's release not yet on the nodes), up to 1 s.
 async fn post_payment(
     base: &str,
     client: Option<&str>,
@@ -175,14 +179,17 @@ async fn post_payment(
     let mut headers = vec![("content-type", "application/json")];
     headers.extend(client.map(|c| ("x-client-id", c)));
     headers.extend(key.map(|k| ("idempotency-key", k)));
-    send(
+    send_retrying_busy(
         &http_client(),
         Method::POST,
         &format!("{base}/payments"),
         &headers,
         body.to_owned(),
+        20,
+        Duration::from_millis(50),
     )
     .await
+    .map(|(reply, _)| reply)
     .map_err(|e| println!("  ({e})"))
     .ok()
 }
