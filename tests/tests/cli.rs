@@ -100,6 +100,24 @@ fn key_on(cluster: &Cluster, key: &str) -> usize {
     cluster.count_with_key(key)
 }
 
+/// Waits for `child` (bounded): kills it and fails with `what` if it is
+/// still running after `timeout`, so that no test can hang.
+fn finish(mut child: std::process::Child, timeout: Duration, what: &str) -> Output {
+    let end = Instant::now() + timeout;
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let out = child.wait_with_output().ok();
+            panic!(
+                "{what}: still running after {timeout:?}; stderr: {}",
+                out.map(|o| text(&o.stderr)).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect the output")
+}
+
 #[test]
 fn a_second_run_is_busy_or_waits_and_the_childs_code_and_environment_pass_through() {
     let cluster = Cluster::start(3);
@@ -159,13 +177,13 @@ fn a_second_run_is_busy_or_waits_and_the_childs_code_and_environment_pass_throug
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&gate, b"").unwrap();
 
-    let first = first.wait_with_output().unwrap();
+    let first = finish(first, Duration::from_secs(30), "the first holder");
     assert_eq!(
         first.status.code(),
         Some(7),
         "the child's code passes through"
     );
-    let waiter = waiter.wait_with_output().unwrap();
+    let waiter = finish(waiter, Duration::from_secs(30), "the waiting run");
     assert_eq!(waiter.status.code(), Some(0), "{}", text(&waiter.stderr));
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "first\nsecond\n");
 
@@ -230,7 +248,7 @@ fn a_lost_lock_stops_the_child_before_the_old_validity_ends_then_kills_it() {
     }
     wait_for("SIGTERM", Duration::from_secs(10), || termed.exists());
     let termed_after = paused_at.elapsed();
-    let out = child.wait_with_output().unwrap();
+    let out = finish(child, Duration::from_secs(30), "redlock after the loss");
     let killed_after = paused_at.elapsed();
     for n in cluster.nodes() {
         n.resume();
@@ -257,16 +275,19 @@ fn signals_are_forwarded_and_the_lock_released() {
     let started = dir.path().join("started");
     let mut c = redlock(&nodes);
     c.args(["run", "--key", "cli-signal", "--", "sh", "-c"]);
+    // SIGTERM, not SIGHUP: a shell cannot trap a signal that was ignored when
+    // it started, and a test run under `nohup` ignores SIGHUP (the command
+    // forwards all three the same way).
     c.arg(format!(
-        "trap 'exit 42' HUP; touch {}; while :; do sleep 0.05; done",
+        "trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done",
         started.display()
     ));
     let child = c.spawn().unwrap();
     wait_for("the child", Duration::from_secs(20), || started.exists());
     assert_eq!(key_on(&cluster, "cli-signal"), 3);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
-    let out = child.wait_with_output().unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = finish(child, Duration::from_secs(20), "redlock after SIGTERM");
     assert_eq!(out.status.code(), Some(42), "{}", text(&out.stderr));
     assert_eq!(
         key_on(&cluster, "cli-signal"),
@@ -345,7 +366,7 @@ fn status_check_and_release_output_and_no_password_anywhere() {
     assert_eq!(right.status.code(), Some(0), "{}", text(&right.stderr));
     assert_eq!(key_on(&cluster, "cli-status"), 0);
     std::fs::write(&gate, b"").unwrap();
-    let _ = holder.wait_with_output().unwrap();
+    let _ = finish(holder, Duration::from_secs(30), "the status holder");
 
     // check: one URL listed twice (localhost and 127.0.0.1 reach one server),
     // and a node that is down; the password shows in neither output.
