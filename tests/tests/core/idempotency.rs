@@ -225,6 +225,14 @@ async fn records_expire_after_their_ttl() {
     let lookup = idem.lookup_key(None, &key("expire-1"));
     assert_eq!(request(&idem, None, "expire-1", "a").await.unwrap(), None);
     let record_key = store.record_key(&lookup);
+    // The write counts at a quorum: the third node's copy may land a moment
+    // after the request returned.
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            == 3)
+        .await
+    );
     let pttl = cluster.node(0).pttl(&record_key);
     assert!((1..=1500).contains(&pttl), "record PTTL {pttl}");
     assert!(
@@ -375,5 +383,19 @@ async fn a_record_ttl_of_duration_max_is_accepted() {
     let idem = Idempotency::new(redlock).store(store.clone());
     assert_eq!(request(&idem, None, "forever-1", "a").await.unwrap(), None);
     let record_key = store.record_key(&idem.lookup_key(None, &key("forever-1")));
-    assert!(cluster.node(0).pttl(&record_key) > 0);
+    // On every node (the write counts at a quorum; the third copy may land a
+    // moment later), with an expiry: a century, not "no TTL".
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .nodes()
+            .iter()
+            .all(|n| n.pttl(&record_key) > 0))
+        .await,
+        "PTTLs {:?}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.pttl(&record_key))
+            .collect::<Vec<_>>()
+    );
 }
