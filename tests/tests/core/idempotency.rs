@@ -225,15 +225,13 @@ async fn records_expire_after_their_ttl() {
     let lookup = idem.lookup_key(None, &key("expire-1"));
     assert_eq!(request(&idem, None, "expire-1", "a").await.unwrap(), None);
     let record_key = store.record_key(&lookup);
-    // The write counts at a quorum: the third node's copy may land a moment
-    // after the request returned.
-    assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key(&record_key)
-            == 3)
-        .await
-    );
-    let pttl = cluster.node(0).pttl(&record_key);
+    // The write counts at a quorum: read the PTTL where the record is.
+    let pttl = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.pttl(&record_key))
+        .max()
+        .unwrap_or(-2);
     assert!((1..=1500).contains(&pttl), "record PTTL {pttl}");
     assert!(
         store.get(&lookup).await.unwrap().is_some(),
@@ -383,13 +381,16 @@ async fn a_record_ttl_of_duration_max_is_accepted() {
     let idem = Idempotency::new(redlock).store(store.clone());
     assert_eq!(request(&idem, None, "forever-1", "a").await.unwrap(), None);
     let record_key = store.record_key(&idem.lookup_key(None, &key("forever-1")));
-    // On every node (the write counts at a quorum; the third copy may land a
-    // moment later), with an expiry: a century, not "no TTL".
+    // On a quorum of nodes, with an expiry: a century, not "no TTL" (-1). A
+    // node whose lock key the acquire had not reached when the record came
+    // refuses it (the token check), so the third copy is not promised.
     assert!(
         eventually(Duration::from_secs(5), || cluster
             .nodes()
             .iter()
-            .all(|n| n.pttl(&record_key) > 0))
+            .filter(|n| n.pttl(&record_key) > 0)
+            .count()
+            >= 2)
         .await,
         "PTTLs {:?}",
         cluster
@@ -397,5 +398,9 @@ async fn a_record_ttl_of_duration_max_is_accepted() {
             .iter()
             .map(|n| n.pttl(&record_key))
             .collect::<Vec<_>>()
+    );
+    assert!(
+        cluster.nodes().iter().all(|n| n.pttl(&record_key) != -1),
+        "a record without an expiry"
     );
 }
