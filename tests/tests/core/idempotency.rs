@@ -17,12 +17,19 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
+/// A handle over `cluster` whose connection to every node is up: on a cold
+/// connection, two calls queued for it (a late `SET` and the record's write)
+/// may go out in either order once it opens, and a node that gets the write
+/// first rightly refuses it. The tests count records per node.
+async fn redlock(cluster: &Cluster) -> Redlock {
+    let redlock = Redlock::builder()
         .urls(cluster.urls())
         .node_timeout(ms(200))
         .build()
-        .unwrap()
+        .unwrap();
+    let infos = redlock.check_nodes().await.unwrap();
+    assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
+    redlock
 }
 
 fn key(s: &str) -> IdempotencyKey {
@@ -85,7 +92,7 @@ pub(crate) async fn request(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_256_characters_is_refused_with_400() {
     let cluster = Cluster::start(3);
-    let idem = Idempotency::new(redlock(&cluster));
+    let idem = Idempotency::new(redlock(&cluster).await);
     let long = "k".repeat(256);
     let err = request(&idem, None, &long, "{}").await.unwrap_err();
     assert!(
@@ -111,7 +118,7 @@ async fn a_key_of_256_characters_is_refused_with_400() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_holder_s_record_is_refused_on_every_node() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = redlock(&cluster).await;
     let store = RedisStore::new(redlock.clone());
     let lookup = LookupKey::new("idempotency:", None, &key("stale-1"));
     let options = LockOptions::new(Duration::from_secs(10));
@@ -120,6 +127,14 @@ async fn a_stale_holder_s_record_is_refused_on_every_node() {
         .await
         .unwrap();
     let stale_handle = stale.handle();
+    // The acquire returns at a quorum; its third SET must have landed before
+    // the keys are deleted, or it would land after and hold the stale token.
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_holding(stale_handle.key(), stale_handle.token())
+            == 3)
+        .await
+    );
     // The stale holder's keys expire (deleted here, so the holder does not
     // know yet), and another holder takes the lock.
     for node in cluster.nodes() {
@@ -174,7 +189,7 @@ async fn a_stale_holder_s_record_is_refused_on_every_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_on_a_minority_does_not_answer_without_the_lock() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = redlock(&cluster).await;
     let store = RedisStore::new(redlock.clone());
     let idem = Idempotency::new(redlock.clone());
     let lookup = idem.lookup_key(None, &key("minority-1"));
@@ -219,7 +234,7 @@ async fn a_record_on_a_minority_does_not_answer_without_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_expire_after_their_ttl() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = redlock(&cluster).await;
     let store = RedisStore::new(redlock.clone()).record_ttl(ms(1500));
     let idem = Idempotency::new(redlock.clone()).store(store.clone());
     let lookup = idem.lookup_key(None, &key("expire-1"));
@@ -251,7 +266,7 @@ async fn records_expire_after_their_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_of_three_down_still_records_and_replays() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = redlock(&cluster).await;
     let idem = Idempotency::new(redlock.clone());
     cluster.node(2).kill();
     assert_eq!(request(&idem, None, "down-1", "a").await.unwrap(), None);
@@ -264,7 +279,7 @@ async fn one_node_of_three_down_still_records_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_scopes_with_one_key_do_not_see_each_other() {
     let cluster = Cluster::start(3);
-    let idem = Idempotency::new(redlock(&cluster));
+    let idem = Idempotency::new(redlock(&cluster).await);
     assert_eq!(
         request(&idem, Some("tenant-a"), "same", "a").await.unwrap(),
         None
@@ -376,7 +391,7 @@ async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_ttl_of_duration_max_is_accepted() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = redlock(&cluster).await;
     let store = RedisStore::new(redlock.clone()).record_ttl(Duration::MAX);
     let idem = Idempotency::new(redlock).store(store.clone());
     assert_eq!(request(&idem, None, "forever-1", "a").await.unwrap(), None);
