@@ -87,6 +87,8 @@ pub(super) async fn keep_alive(
     // Why the renewals stopped, for the loss's cause in the metrics: the cap
     // (`max_hold`, the extension limit) or a failing renewal.
     let mut stopped_by: &'static str = "expired";
+    // The cause of a loss the loop itself found.
+    let mut loss: Option<&'static str> = None;
     let metrics_key = redlock.metrics_key(lock.key());
     loop {
         tokio::select! {
@@ -100,7 +102,7 @@ pub(super) async fn keep_alive(
                 resource = lock.resource(),
                 "lock validity ran out before a renewal succeeded"
             );
-            crate::metrics::lost(metrics_key, stopped_by);
+            loss = Some(stopped_by);
             shared.lost.cancel();
             break;
         }
@@ -163,7 +165,7 @@ pub(super) async fn keep_alive(
                     Error::NotHeld { .. } => "refused",
                     _ => "renewal_failed",
                 };
-                crate::metrics::lost(metrics_key, cause);
+                loss = Some(cause);
                 shared.lost.cancel();
                 break;
             }
@@ -172,11 +174,18 @@ pub(super) async fn keep_alive(
                     resource = lock.resource(),
                     "lock validity ran out during a renewal"
                 );
-                crate::metrics::lost(metrics_key, "renewal_failed");
+                loss = Some("renewal_failed");
                 shared.lost.cancel();
                 break;
             }
         }
+    }
+    // A loss the holder saw on its own clock and answered with a release
+    // before this task woke counts too (a release while held does not).
+    if let Some(cause) =
+        loss.or((shared.lost.is_cancelled() && !shared.is_released()).then_some(stopped_by))
+    {
+        crate::metrics::lost(metrics_key, cause);
     }
     // From here the task ends by releasing; a shutdown mid-release has nothing
     // more to tell the holder than what the loop already did.
