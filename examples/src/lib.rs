@@ -9,9 +9,12 @@
 //!   which the tower and actix suites use too);
 //! - [`Gauge`]: how many requests are inside a section at once, and the most seen
 //!   (re-exported from `redlock_tests::util`);
-//! - [`percentile`] and [`Checks`]: the numbers and the verdict of a run.
+//! - [`percentile`] and [`Checks`]: the numbers and the verdict of a run;
+//! - [`payments`]: the ledger and self-test of `axum_payments` and `actix_payments`.
 
 #![deny(missing_docs)]
+
+pub mod payments;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
 //! Typed errors: what went wrong, and on which node.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -174,7 +175,8 @@ pub enum Error {
     /// The lock is held by someone else on enough nodes that no quorum was possible.
     /// The backend itself answered.
     #[error(
-        "resource {resource:?} is locked by another holder (retry after {retry_after:?}): {report}"
+        "resource {resource:?} is locked by another holder{}: {report}",
+        RetryAfter(*retry_after)
     )]
     Busy {
         /// The resource asked for.
@@ -297,6 +299,18 @@ impl Error {
             | Error::NotHeld { report, .. }
             | Error::ReleaseIncomplete { report, .. } => Some(report),
             _ => None,
+        }
+    }
+}
+
+/// How [`Error::Busy`] words its `retry_after`: nothing when it is unknown.
+struct RetryAfter(Option<Duration>);
+
+impl fmt::Display for RetryAfter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, " (retry after {} ms)", d.as_millis()),
+            None => Ok(()),
         }
     }
 }

@@ -3,12 +3,17 @@
 //! 1. validate the key (missing → 400 or pass through; invalid → 400);
 //! 2. fingerprint the request;
 //! 3. fast replay check: a record the store vouches for without the lock
-//!    (422 on another fingerprint);
+//!    (422 on another fingerprint), read in the same round trip as step 4's
+//!    acquire, and heard first;
 //! 4. take the lock on the lookup key (busy → 409 + `Retry-After`, or wait);
 //! 5. read again under the lock: another fingerprint → 422, a record →
 //!    replay (written again first if it was not durable), none → run;
 //! 6. after the handler: record the response if its status is stored, while
-//!    holding the lock; then release.
+//!    holding the lock; then release (in the background once the record is
+//!    written: a retry replays it by step 3, without the lock).
+//!
+//! A first request thus costs one round trip more than the lock alone: the
+//! read under the lock (step 5).
 
 use std::sync::Arc;
 
@@ -186,16 +191,37 @@ impl Idempotency {
         }
         let fingerprint = self.policy.fingerprinter.fingerprint(parts);
         let lookup = self.lookup_key(scope, &key);
-        // The fast path: no lock when a quorum vouches for the record.
-        if let Some(record) = self.store.get(&lookup).await.ok().flatten() {
+        // The fast read and the acquire go out together, so a first request
+        // pays one round trip for both. The read decides first: a record a
+        // quorum vouches for is replayed without the lock (the acquire is
+        // dropped, which releases whatever it took), and a busy answer is
+        // never given before the read has said there is no record.
+        let hash = lookup_hash(&lookup, &self.policy);
+        let mut acquire = std::pin::pin!(request::acquire(
+            Some(&self.redlock),
+            Some(hash),
+            &self.policy.lock,
+        ));
+        let mut acquired = None;
+        let record = {
+            let mut read = std::pin::pin!(self.store.get(&lookup));
+            std::future::poll_fn(|cx| {
+                if acquired.is_none()
+                    && let std::task::Poll::Ready(r) = acquire.as_mut().poll(cx)
+                {
+                    acquired = Some(r);
+                }
+                read.as_mut().poll(cx)
+            })
+            .await
+        };
+        if let Some(record) = record.ok().flatten() {
             return self.replay(record, fingerprint).map(Begin::Replay);
         }
-        let lock = request::acquire(
-            Some(&self.redlock),
-            Some(lookup_hash(&lookup, &self.policy)),
-            &self.policy.lock,
-        )
-        .await?;
+        let lock = match acquired {
+            Some(r) => r,
+            None => acquire.await,
+        }?;
         let Some(lock) = lock else {
             // Fail-open with the nodes unavailable: run unprotected, as the
             // lock policy says.
@@ -326,10 +352,14 @@ impl Running {
             outcome,
         };
         let written = self.store.put(&self.lookup, &holder, &record).await;
-        self.lock.release().await;
         let Err(error) = written else {
+            // A retry now replays from the record without the lock, so the
+            // response need not wait for the release: it goes on in the
+            // background (a key it misses expires with its TTL).
+            release_in_background(self.lock);
             return Ok(());
         };
+        self.lock.release().await;
         tracing::warn!(%error, "idempotency record not written; the next copy runs the work");
         match self.policy.lock.lost {
             LostPolicy::Signal => Ok(()),
@@ -345,5 +375,16 @@ impl Running {
                 Err(rejection)
             }
         }
+    }
+}
+
+/// Releases `lock` in a task of its own, or (outside a Tokio runtime) by
+/// dropping it, which releases in the background as well.
+fn release_in_background(lock: RequestLock) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(lock.release());
+        }
+        Err(_) => drop(lock),
     }
 }

@@ -67,7 +67,9 @@ pub struct Found {
 ///   record only when the store can vouch for it on its own (the Redis store:
 ///   a quorum of nodes return the same record in one round trip). `None`
 ///   sends the request down the lock path; it is never an error to say
-///   `None`.
+///   `None`. Once [`put`](Self::put) has succeeded, `get` should return that
+///   record: the flow then releases the lock in the background, and a retry
+///   whose `get` says `None` may still find the lock held (409).
 /// - [`get_held`](Self::get_held) reads under the lock: the newest record,
 ///   wherever it is.
 /// - [`put`](Self::put) writes only while `holder` still holds the lock; it

@@ -157,7 +157,7 @@ impl Rejection {
                 tracing::error!(%error, "lock middleware misconfigured")
             }
             Rejection::Unavailable { key, error } => {
-                tracing::warn!(%key, %error, "lock backend unavailable")
+                tracing::warn!(%key, %error, "lock backend unavailable");
             }
             Rejection::Lost { key } => tracing::warn!(%key, "lock lost while the handler ran"),
             Rejection::Busy {

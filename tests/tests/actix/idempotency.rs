@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use actix_web::{App, HttpRequest, HttpResponse, web};
 use http::Method;
 use redlock_actix::idempotency::{IdempotencyMiddleware, IdempotencyPolicy};
+use redlock_core::Redlock;
 use redlock_core::request::LostPolicy;
 use redlock_tests::Cluster;
 use redlock_tests::http::{send, send_retrying_busy};
@@ -18,7 +19,11 @@ use crate::common::{Server, client, ms, redlock};
 /// `POST /pay`: counts its runs, takes `?hold=<ms>`, answers 201 with the run
 /// number and the body. `POST /fail`: counts, answers 500.
 fn server(cluster: &Cluster, policy: IdempotencyPolicy, runs: Arc<AtomicUsize>) -> Server {
-    let redlock = redlock(cluster);
+    server_on(redlock(cluster), policy, runs)
+}
+
+/// [`server`] on a given handle.
+fn server_on(redlock: Redlock, policy: IdempotencyPolicy, runs: Arc<AtomicUsize>) -> Server {
     serve!(move || {
         let (pay_runs, fail_runs) = (Arc::clone(&runs), Arc::clone(&runs));
         App::new()
@@ -59,7 +64,12 @@ fn server(cluster: &Cluster, policy: IdempotencyPolicy, runs: Arc<AtomicUsize>) 
 async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
-    let server = server(&cluster, IdempotencyPolicy::default(), Arc::clone(&runs));
+    // Every node's connection is up before the burst: 150 first calls at once
+    // on cold connections can outlast the 100 ms node timeout on a loaded
+    // machine, and this test is about the copies, not the connects.
+    let redlock = redlock(&cluster);
+    redlock.check_nodes().await.unwrap();
+    let server = server_on(redlock, IdempotencyPolicy::default(), Arc::clone(&runs));
     let client = client();
     let url = server.url("/pay?hold=300");
     let copies = (0..50).map(|_| {
@@ -215,4 +225,38 @@ async fn an_oversize_response_is_passed_through_then_not_replayed_nor_run_again(
     assert_eq!(again.status, 410, "{}", again.text());
     assert_eq!(again.json()["original_status"], 201);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "run again");
+}
+
+#[actix_web::test]
+async fn a_request_body_over_the_cap_is_413_and_not_run() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let small = IdempotencyPolicy::default().max_request_body(4);
+    let server = server(&cluster, small, Arc::clone(&runs));
+    let client = client();
+    let url = server.url("/pay");
+    let big = send(
+        &client,
+        Method::POST,
+        &url,
+        &[("idempotency-key", "big-1")],
+        "12345",
+    )
+    .await
+    .unwrap();
+    assert_eq!(big.status, 413, "{}", big.text());
+    assert_eq!(big.header("content-type"), Some("application/problem+json"));
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "an oversize request ran");
+    // At the cap it runs.
+    let fits = send(
+        &client,
+        Method::POST,
+        &url,
+        &[("idempotency-key", "big-2")],
+        "1234",
+    )
+    .await
+    .unwrap();
+    assert_eq!(fits.status, 201, "{}", fits.text());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

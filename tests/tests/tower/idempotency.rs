@@ -56,8 +56,11 @@ fn app(redlock: Redlock, policy: IdempotencyPolicy, runs: Arc<AtomicUsize>) -> R
 async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
+    // Every node's connection is up before the burst (see the actix twin).
+    let redlock = redlock(&cluster);
+    redlock.check_nodes().await.unwrap();
     let server = Server::start(app(
-        redlock(&cluster),
+        redlock,
         IdempotencyPolicy::default(),
         Arc::clone(&runs),
     ))
