@@ -260,3 +260,62 @@ async fn a_request_body_over_the_cap_is_413_and_not_run() {
     assert_eq!(fits.status, 201, "{}", fits.text());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[actix_web::test]
+async fn two_scopes_with_one_key_do_not_see_each_other() {
+    let cluster = Cluster::start(3);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let redlock = redlock(&cluster);
+    let counter = Arc::clone(&runs);
+    let server = serve!(move || {
+        let runs = Arc::clone(&counter);
+        App::new()
+            .wrap(IdempotencyMiddleware::new(redlock.clone()).scope(|req| {
+                req.headers()
+                    .get("x-client")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            }))
+            .route(
+                "/pay",
+                web::post().to(move |req: HttpRequest| {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    let who = req
+                        .headers()
+                        .get("x-client")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-")
+                        .to_owned();
+                    async move { HttpResponse::Created().body(format!("{who} #{n}")) }
+                }),
+            )
+    });
+    let client = client();
+    let url = server.url("/pay");
+    let as_client = |who: &'static str| [("idempotency-key", "shared-1"), ("x-client", who)];
+    let acme = send(&client, Method::POST, &url, &as_client("acme"), "x")
+        .await
+        .unwrap();
+    let globex = send(&client, Method::POST, &url, &as_client("globex"), "x")
+        .await
+        .unwrap();
+    assert_eq!(
+        (acme.status.as_u16(), acme.text()),
+        (201, "acme #1".to_owned())
+    );
+    assert_eq!(
+        (
+            globex.status.as_u16(),
+            globex.text(),
+            globex.header("idempotent-replayed")
+        ),
+        (201, "globex #2".to_owned(), None),
+        "one client saw another's record"
+    );
+    let again = send(&client, Method::POST, &url, &as_client("acme"), "x")
+        .await
+        .unwrap();
+    assert_eq!(again.text(), "acme #1");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
