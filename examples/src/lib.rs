@@ -169,6 +169,14 @@ impl Args {
     /// # Errors
     /// A port that does not parse.
     pub fn port(&self) -> Result<u16, String> {
+        self.port_or(3000)
+    }
+
+    /// [`Args::port`] with another default (the actix examples: 8080).
+    ///
+    /// # Errors
+    /// A port that does not parse.
+    pub fn port_or(&self, default: u16) -> Result<u16, String> {
         if let Some(p) = self.value("--port")? {
             return Ok(p);
         }
@@ -177,7 +185,7 @@ impl Args {
         }
         match std::env::var("PORT") {
             Ok(p) => p.parse().map_err(|_| format!("PORT: cannot parse {p:?}")),
-            Err(_) => Ok(3000),
+            Err(_) => Ok(default),
         }
     }
 }

@@ -57,19 +57,6 @@ async fn count(ledger: web::Data<Ledger>) -> String {
     format!("{}\n", ledger.count())
 }
 
-fn port(args: &Args) -> Result<u16, String> {
-    if let Some(p) = args.value("--port")? {
-        return Ok(p);
-    }
-    if args.flag("--self-test") {
-        return Ok(0);
-    }
-    match std::env::var("PORT") {
-        Ok(p) => p.parse().map_err(|_| format!("PORT: cannot parse {p:?}")),
-        Err(_) => Ok(8080),
-    }
-}
-
 #[actix_web::main]
 async fn main() -> Result<ExitCode, BoxError> {
     redlock_examples::init_tracing();
@@ -107,7 +94,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             .route("/payments/count", web::get().to(count))
     })
     .workers(2)
-    .bind(("127.0.0.1", port(&args)?))?;
+    .bind(("127.0.0.1", args.port_or(8080)?))?;
     let addr = server.addrs()[0];
     let server = server.run();
     println!("listening on http://{addr}");

@@ -83,21 +83,6 @@ async fn stats(tenants: web::Data<Tenants>) -> HttpResponse {
     }))
 }
 
-/// `--port N`, else `$PORT`, else 8080; a self-test takes a free port unless
-/// `--port` is given.
-fn port(args: &Args) -> Result<u16, String> {
-    if let Some(p) = args.value("--port")? {
-        return Ok(p);
-    }
-    if args.flag("--self-test") {
-        return Ok(0);
-    }
-    match std::env::var("PORT") {
-        Ok(p) => p.parse().map_err(|_| format!("PORT: cannot parse {p:?}")),
-        Err(_) => Ok(8080),
-    }
-}
-
 #[actix_web::main]
 async fn main() -> Result<ExitCode, BoxError> {
     redlock_examples::init_tracing();
@@ -120,7 +105,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             .route("/stats", web::get().to(stats))
     })
     .workers(2)
-    .bind(("127.0.0.1", port(&args)?))?;
+    .bind(("127.0.0.1", args.port_or(8080)?))?;
     let addr = server.addrs()[0];
     let server = server.run();
     println!("listening on http://{addr}");

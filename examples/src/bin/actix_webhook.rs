@@ -92,21 +92,6 @@ async fn work_runs(hooks: web::Data<Webhooks>, id: web::Path<String>) -> String 
     format!("{}\n", hooks.runs(&id))
 }
 
-/// `--port N`, else `$PORT`, else 8080; a self-test takes a free port unless
-/// `--port` is given.
-fn port(args: &Args) -> Result<u16, String> {
-    if let Some(p) = args.value("--port")? {
-        return Ok(p);
-    }
-    if args.flag("--self-test") {
-        return Ok(0);
-    }
-    match std::env::var("PORT") {
-        Ok(p) => p.parse().map_err(|_| format!("PORT: cannot parse {p:?}")),
-        Err(_) => Ok(8080),
-    }
-}
-
 #[actix_web::main]
 async fn main() -> Result<ExitCode, BoxError> {
     redlock_examples::init_tracing();
@@ -134,7 +119,7 @@ async fn main() -> Result<ExitCode, BoxError> {
             .route("/work/{id}", web::get().to(work_runs))
     })
     .workers(2)
-    .bind(("127.0.0.1", port(&args)?))?;
+    .bind(("127.0.0.1", args.port_or(8080)?))?;
     let addr = server.addrs()[0];
     let server = server.run();
     println!("listening on http://{addr}");
