@@ -10,11 +10,13 @@
 //! - [`Gauge`]: how many requests are inside a section at once, and the most seen
 //!   (re-exported from `redlock_tests::util`);
 //! - [`percentile`] and [`Checks`]: the numbers and the verdict of a run;
-//! - [`payments`]: the ledger and self-test of `axum_payments` and `actix_payments`.
+//! - [`payments`]: the ledger and self-test of `axum_payments` and `actix_payments`;
+//! - [`webhooks`]: the same for `axum_webhook` and `actix_webhook`.
 
 #![deny(missing_docs)]
 
 pub mod payments;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -42,7 +42,6 @@ use actix_web::{Error, HttpMessage, HttpResponse, ResponseError};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
-use redlock_core::Redlock;
 use redlock_core::idempotency::{Begin, KEY_HEADER, REPLAYED_HEADER, Replay, RequestParts};
 pub use redlock_core::idempotency::{
     Fingerprint, Fingerprinter, Idempotency, IdempotencyKey, IdempotencyPolicy,
@@ -79,39 +78,7 @@ impl fmt::Debug for IdempotencyMiddleware {
 }
 
 impl IdempotencyMiddleware {
-    /// Keys from `Idempotency-Key`, records on `redlock`'s nodes, default
-    /// policy.
-    pub fn new(redlock: Redlock) -> Self {
-        Self::with_engine(Idempotency::new(redlock))
-    }
-
-    /// A middleware over a configured engine (store and policy).
-    pub fn with_engine(engine: Idempotency) -> Self {
-        Self {
-            engine,
-            key: KeySource::IdempotencyKey,
-            scope: None,
-        }
-    }
-
-    /// The policy (see [`IdempotencyPolicy`]).
-    pub fn policy(mut self, policy: IdempotencyPolicy) -> Self {
-        self.engine = self.engine.policy(policy);
-        self
-    }
-
-    /// Records in `store` instead of the lock's nodes.
-    pub fn store(mut self, store: impl IdempotencyStore) -> Self {
-        self.engine = self.engine.store(store);
-        self
-    }
-
-    /// Keys from this header's value as is, for webhooks:
-    /// `X-GitHub-Delivery`, `X-Shopify-Event-Id`, `webhook-id`.
-    pub fn key_header(mut self, name: HeaderName) -> Self {
-        self.key = KeySource::Header(name);
-        self
-    }
+    redlock_core::idempotency_setters!(header = HeaderName, what = "middleware");
 
     /// Keys from `f`, which may read the buffered body. `None`: no key.
     pub fn key_fn(

@@ -36,7 +36,6 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::{Body, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, BodyStream, Full, Limited, StreamBody};
-use redlock_core::Redlock;
 use redlock_core::idempotency::{Begin, KEY_HEADER, REPLAYED_HEADER, Replay, RequestParts};
 use redlock_core::request;
 use tower_layer::Layer;
@@ -87,39 +86,7 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// Keys from `Idempotency-Key`, records on `redlock`'s nodes, default
-    /// policy.
-    pub fn new(redlock: Redlock) -> Self {
-        Self::with_engine(Idempotency::new(redlock))
-    }
-
-    /// A layer over a configured engine (store and policy).
-    pub fn with_engine(engine: Idempotency) -> Self {
-        Self {
-            engine,
-            key: KeySource::IdempotencyKey,
-            scope: None,
-        }
-    }
-
-    /// The policy (see [`IdempotencyPolicy`]).
-    pub fn policy(mut self, policy: IdempotencyPolicy) -> Self {
-        self.engine = self.engine.policy(policy);
-        self
-    }
-
-    /// Records in `store` instead of the lock's nodes.
-    pub fn store(mut self, store: impl IdempotencyStore) -> Self {
-        self.engine = self.engine.store(store);
-        self
-    }
-
-    /// Keys from this header's value as is, for webhooks:
-    /// `X-GitHub-Delivery`, `X-Shopify-Event-Id`, `webhook-id`.
-    pub fn key_header(mut self, name: HeaderName) -> Self {
-        self.key = KeySource::Header(name);
-        self
-    }
+    redlock_core::idempotency_setters!(header = HeaderName, what = "layer");
 
     /// Keys from `f`, which may read the buffered body (Stripe puts its event
     /// id in the JSON body). `None`: the request has no key.

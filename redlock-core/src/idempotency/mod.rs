@@ -33,6 +33,7 @@ mod policy;
 mod record;
 mod redis_store;
 mod rejection;
+mod setters;
 mod store;
 
 pub use fingerprint::{Fingerprint, Fingerprinter, RequestParts};
