@@ -87,6 +87,14 @@ impl LockGuard {
             check_deadline: options.check_deadline,
             extensions: AtomicU32::new(0),
             fencing_token: lock.fencing_token(),
+            fencing_tokens: match &lock.many {
+                None => Vec::new(),
+                Some(_) => lock
+                    .fencing_tokens()
+                    .into_iter()
+                    .map(|(r, t)| (Arc::from(r), t))
+                    .collect(),
+            },
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
         });

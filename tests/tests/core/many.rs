@@ -446,6 +446,20 @@ async fn fencing_gives_one_monotone_token_per_resource() {
     assert!(t2[0] > last_a, "fa: {} after {last_a}", t2[0]);
     assert!(t2[1] > t1[1].1, "fb: {} after {}", t2[1], t1[1].1);
     rl.unlock(second).await.unwrap();
+    // A guard's handle tells the code under the lock each resource's token.
+    let guard = rl
+        .lock_guard_many(["fb", "fa"], &LockOptions::new(ms(2000)))
+        .await
+        .unwrap();
+    let h = guard.handle();
+    let t3 = h.fencing_tokens();
+    assert_eq!(t3.iter().map(|(r, _)| *r).collect::<Vec<_>>(), ["fa", "fb"]);
+    assert!(
+        t3[0].1.get() > t2[0] && t3[1].1.get() > t2[1],
+        "{t3:?} after {t2:?}"
+    );
+    assert_eq!(h.fencing_token(), Some(t3[0].1));
+    guard.release().await.unwrap();
 }
 
 /// The set is deduplicated and ordered by key; one distinct resource is an
