@@ -66,7 +66,7 @@ impl Redlock {
         if (0..self.inner.nodes.len()).all(skip) {
             return (0, Report::default());
         }
-        let call = Arc::new(Call::release_keys(keys, token.to_string()));
+        let call = Arc::new(Call::release_keys(keys.clone(), token.to_string()));
         let mut pending = self.fan_out(
             &call,
             parse_flag,
@@ -137,7 +137,7 @@ impl Redlock {
     pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
         lock.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
-        let call = Arc::new(Call::release_keys(&lock.key_set(), lock.token.to_string()));
+        let call = Arc::new(Call::release_keys(lock.key_set(), lock.token.to_string()));
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
         let mut pending = self.fan_out(&call, parse_flag, 0..n);

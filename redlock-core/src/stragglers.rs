@@ -74,7 +74,7 @@ impl Redlock {
     /// gets a longer timeout than a call on the hot path, and one retry: a key it
     /// fails to delete blocks the resource for a whole TTL.
     async fn release_on(&self, index: usize, keys: &Keys, token: &Arc<str>) {
-        let call = Call::release_keys(keys, token.to_string());
+        let call = Call::release_keys(keys.clone(), token.to_string());
         let timeout = self.inner.settings.node_timeout.saturating_mul(4);
         for attempt in 1..=2 {
             let (result, _) = self.inner.nodes[index].run(&call, timeout).await;

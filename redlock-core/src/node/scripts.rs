@@ -313,16 +313,10 @@ impl Call {
     }
 
     /// The release (compare-and-delete) of the lock's keys held with `token`.
-    pub(crate) fn release_keys(keys: &Keys, token: String) -> Self {
+    pub(crate) fn release_keys(keys: Keys, token: String) -> Self {
         match keys {
-            Keys::One(key) => Call::Release {
-                key: Arc::clone(key),
-                token,
-            },
-            Keys::Many(many) => Call::ReleaseMany {
-                many: Arc::clone(many),
-                token,
-            },
+            Keys::One(key) => Call::Release { key, token },
+            Keys::Many(many) => Call::ReleaseMany { many, token },
         }
     }
 }
