@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use actix_web::dev::ServiceRequest;
 use actix_web::http::header::HeaderName;
-use redlock_core::request::{decode_param, normalize_path};
+use redlock_core::request::{RequestKey, decode_param, normalize_path};
 
 /// A user key function of [`RedlockMiddleware::by_fn`](crate::RedlockMiddleware::by_fn).
 pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
@@ -21,6 +21,9 @@ pub(crate) enum KeySource {
     MatchPattern,
     /// One parameter of `req.match_info()`, decoded, as `name=value`.
     PathParam(Arc<str>),
+    /// Several parameters of `req.match_info()`, decoded, locked together:
+    /// each the bare value, or `name=value` with the one name given.
+    PathParams(Arc<[Arc<str>]>, Option<Arc<str>>),
     /// A user function.
     Custom(KeyFn),
 }
@@ -51,8 +54,29 @@ impl KeySource {
                 let value = decode_param(req.match_info().get(name)?);
                 Some(format!("{name}={value}"))
             }
+            KeySource::PathParams(..) => self.keys_of(req).map(|k| k.to_string()),
             KeySource::Custom(f) => f(req),
         }
+    }
+
+    /// The keys of `req`, locked together as one lock: several for
+    /// [`KeySource::PathParams`] (none if any parameter is missing), else
+    /// the one key of [`KeySource::key_of`].
+    pub(crate) fn keys_of(&self, req: &ServiceRequest) -> Option<RequestKey> {
+        let KeySource::PathParams(params, name) = self else {
+            return self.key_of(req).map(RequestKey::One);
+        };
+        let keys = params
+            .iter()
+            .map(|p| {
+                let value = decode_param(req.match_info().get(p)?);
+                Some(match name {
+                    Some(name) => format!("{name}={value}"),
+                    None => value.into_owned(),
+                })
+            })
+            .collect::<Option<Vec<String>>>()?;
+        Some(RequestKey::Many(keys))
     }
 }
 
@@ -64,6 +88,13 @@ impl fmt::Debug for KeySource {
             KeySource::Header(header, Some(name)) => write!(f, "by_header_as({header}, {name})"),
             KeySource::MatchPattern => f.write_str("by_match_pattern"),
             KeySource::PathParam(name) => write!(f, "by_path_param({name})"),
+            KeySource::PathParams(params, name) => {
+                let params: Vec<&str> = params.iter().map(|p| &**p).collect();
+                match name {
+                    None => write!(f, "by_path_params({params:?})"),
+                    Some(name) => write!(f, "by_path_params_as({params:?}, {name})"),
+                }
+            }
             KeySource::Custom(_) => f.write_str("by_fn(..)"),
         }
     }

@@ -163,6 +163,34 @@ impl RedlockMiddleware {
         Self::with_key(KeySource::PathParam(name.into()))
     }
 
+    /// One lock over several path parameters together (`from` and `to` in
+    /// `/transfers/{from}/{to}`): each decoded value is a key, and the request
+    /// holds all of them as one lock
+    /// ([`Redlock::lock_many`](redlock_core::Redlock::lock_many)), so two
+    /// requests over the same pair in either order exclude each other and
+    /// never deadlock. A request missing any of them has no key. Wrap the
+    /// scope or resource that declares them, as for
+    /// [`by_path_param`](Self::by_path_param).
+    pub fn by_path_params<I, S>(params: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let params = params.into_iter().map(|p| Arc::from(p.as_ref())).collect();
+        Self::with_key(KeySource::PathParams(params, None))
+    }
+
+    /// [`by_path_params`](Self::by_path_params), each key `name=<value>`
+    /// (e.g. `account=7`): the key `by_path_param(name)` gives the same value.
+    pub fn by_path_params_as<I, S>(params: I, name: &str) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let params = params.into_iter().map(|p| Arc::from(p.as_ref())).collect();
+        Self::with_key(KeySource::PathParams(params, Some(name.into())))
+    }
+
     /// One lock per key computed by `f`; `None` means the request has no key.
     ///
     /// ```
@@ -266,12 +294,12 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
     B: MessageBody,
 {
-    let key = config.key.key_of(&req);
+    let key = config.key.keys_of(&req);
     let redlock = config
         .redlock
         .clone()
         .or_else(|| registered_redlock(req.request()));
-    let lock = match request::acquire(redlock.as_ref(), key, &config.policy).await {
+    let lock = match request::acquire_keys(redlock.as_ref(), key, &config.policy).await {
         Ok(lock) => lock,
         Err(rejection) => {
             let answer = LockRejection::from(rejection).error_response();

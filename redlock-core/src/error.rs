@@ -121,6 +121,16 @@ pub enum Error {
     /// The resource name is empty.
     #[error("the resource name is empty")]
     EmptyResource,
+    /// A multi-resource lock was asked for no resource at all.
+    #[error("no resource was given to lock")]
+    NoResources,
+    /// A multi-resource lock was asked for more distinct resources than one
+    /// lock may hold ([`MAX_RESOURCES`](crate::MAX_RESOURCES)).
+    #[error("more than {max} distinct resources in one lock")]
+    TooManyResources {
+        /// The most one lock may hold.
+        max: usize,
+    },
     /// The TTL is zero, or outside the configured bounds.
     #[error("ttl {ttl:?} is outside the allowed range {min:?}..={max:?}")]
     InvalidTtl {

@@ -114,11 +114,15 @@ impl Redlock {
         span: &tracing::Span,
     ) -> Extended {
         let _enter = span.enter();
-        let call = Arc::new(Call::script(
-            &EXTEND,
-            Arc::clone(&lock.key),
-            vec![lock.token.to_string(), ttl.as_millis().to_string()],
-        ));
+        let call = Arc::new(match &lock.many {
+            None => Call::script(
+                &EXTEND,
+                Arc::clone(&lock.key),
+                vec![lock.token.to_string(), ttl.as_millis().to_string()],
+            ),
+            // A node counts only if every key still holds the token there.
+            Some(many) => Call::extend_many(many, &lock.token, ttl.as_millis()),
+        });
         drop(_enter);
         let mut pending = self.fan_out(&call, parse_flag, 0..self.inner.nodes.len());
         let (ok, not_held, settled) = self.settle_extends(&mut pending, span).await;

@@ -168,7 +168,7 @@ impl Redlock {
     /// nodes failed to confirm.
     pub async fn release_token(&self, resource: &str, token: &str) -> Result<Released, Error> {
         Self::check_resource(resource)?;
-        let key: Arc<str> = self.key_for(resource).into();
+        let key = crate::keys::Keys::One(self.key_for(resource).into());
         let token: Arc<str> = token.into();
         let (deleted, report) = self.unlock_all(&key, &token, None).await;
         let failed = report

@@ -132,6 +132,7 @@ mod guard;
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
 mod inspect;
+mod keys;
 mod lock;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub mod metrics;
@@ -157,6 +158,7 @@ pub use eviction::EvictionCheck;
 pub use fencing::{FencingCheck, FencingMode, FencingToken};
 pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
+pub use keys::MAX_RESOURCES;
 pub use lock::Lock;
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::fencing::FencingToken;
+use crate::keys::{Keys, Many};
 use crate::redlock::Redlock;
 use crate::stragglers::Late;
 
@@ -29,6 +30,10 @@ pub struct Lock {
     /// When the lock was acquired (the hold time's start; `started` moves with
     /// each extension).
     pub(crate) acquired_at: Instant,
+    /// The resources of a multi-resource lock (`key` is then the first key).
+    pub(crate) many: Option<Arc<Many>>,
+    /// A fenced multi-resource lock's tokens, one per resource in key order.
+    pub(crate) fencing_tokens: Vec<FencingToken>,
 }
 
 impl std::fmt::Debug for Lock {
@@ -46,14 +51,61 @@ impl std::fmt::Debug for Lock {
 }
 
 impl Lock {
-    /// The resource name.
+    /// The resource name; for a lock on several resources
+    /// ([`Redlock::lock_many`]), the set's label, `{a, b}`.
     pub fn resource(&self) -> &str {
         &self.resource
     }
 
-    /// The Redis key: the key prefix, then the resource.
+    /// The Redis key: the key prefix, then the resource; for a lock on
+    /// several resources, the first key (see [`Lock::keys`]).
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The resources this lock holds, deduplicated and in key order: one,
+    /// or several for a lock taken with [`Redlock::lock_many`].
+    pub fn resources(&self) -> Vec<&str> {
+        match &self.many {
+            None => vec![&*self.resource],
+            Some(many) => many.resources.iter().map(|r| &**r).collect(),
+        }
+    }
+
+    /// The Redis keys this lock holds, in the order of [`Lock::resources`].
+    pub fn keys(&self) -> Vec<&str> {
+        match &self.many {
+            None => vec![&*self.key],
+            Some(many) => many.keys.iter().map(|k| &**k).collect(),
+        }
+    }
+
+    /// Each resource's fencing token, in the order of [`Lock::resources`]:
+    /// with fencing on, a lock on several resources has one token per
+    /// resource, each larger than every earlier holder's token for that
+    /// resource. Empty without fencing.
+    pub fn fencing_tokens(&self) -> Vec<(&str, FencingToken)> {
+        match &self.many {
+            None => self
+                .fencing_token
+                .map(|t| (&*self.resource, t))
+                .into_iter()
+                .collect(),
+            Some(many) => many
+                .resources
+                .iter()
+                .map(|r| &**r)
+                .zip(self.fencing_tokens.iter().copied())
+                .collect(),
+        }
+    }
+
+    /// The keys to release or extend.
+    pub(crate) fn key_set(&self) -> Keys {
+        match &self.many {
+            None => Keys::One(Arc::clone(&self.key)),
+            Some(many) => Keys::Many(Arc::clone(many)),
+        }
     }
 
     /// This holder's random token, the value stored at the key.
@@ -148,6 +200,6 @@ impl Drop for Lock {
         }
         self.abandon();
         // Never block in drop.
-        self.redlock.spawn_release(&self.key, &self.token);
+        self.redlock.spawn_release(&self.key_set(), &self.token);
     }
 }

@@ -11,6 +11,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::fan_out::{NodeFuture, Settled, send_now};
+use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::node::{Call, parse_flag};
 use crate::redlock::Redlock;
@@ -48,7 +49,7 @@ impl Redlock {
     /// Returns the keys deleted and every node's outcome.
     pub(crate) async fn unlock_all(
         &self,
-        key: &Arc<str>,
+        keys: &Keys,
         token: &Arc<str>,
         acquired: Option<&Report>,
     ) -> (usize, Report) {
@@ -65,7 +66,7 @@ impl Redlock {
         if (0..self.inner.nodes.len()).all(skip) {
             return (0, Report::default());
         }
-        let call = Arc::new(Call::release(Arc::clone(key), token.to_string()));
+        let call = Arc::new(Call::release_keys(keys.clone(), token.to_string()));
         let mut pending = self.fan_out(
             &call,
             parse_flag,
@@ -136,7 +137,7 @@ impl Redlock {
     pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
         lock.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
-        let call = Arc::new(Call::release(Arc::clone(&lock.key), lock.token.to_string()));
+        let call = Arc::new(Call::release_keys(lock.key_set(), lock.token.to_string()));
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
         let mut pending = self.fan_out(&call, parse_flag, 0..n);
@@ -184,17 +185,17 @@ impl Redlock {
     /// Releases `key` on every node in a background task, for the paths that
     /// cannot wait (a `Drop`). Outside a Tokio runtime nothing runs: the keys
     /// expire with their TTL.
-    pub(crate) fn spawn_release(&self, key: &Arc<str>, token: &Arc<str>) {
+    pub(crate) fn spawn_release(&self, keys: &Keys, token: &Arc<str>) {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                let (this, key, token) = (self.clone(), Arc::clone(key), Arc::clone(token));
+                let (this, keys, token) = (self.clone(), keys.clone(), Arc::clone(token));
                 rt.spawn(async move {
-                    this.unlock_all(&key, &token, None).await;
-                    this.inner.waiting.queues.release(&key, &token);
+                    this.unlock_all(&keys, &token, None).await;
+                    this.inner.waiting.queues.release(keys.first(), &token);
                 });
             }
             // The keys expire with their TTL; the local queue need not wait.
-            Err(_) => self.inner.waiting.queues.release(key, token),
+            Err(_) => self.inner.waiting.queues.release(keys.first(), token),
         }
     }
 }

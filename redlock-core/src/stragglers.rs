@@ -10,6 +10,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::error::NodeError;
 use crate::fan_out::NodeFuture;
+use crate::keys::Keys;
 use crate::node::{AcquireReply, Call};
 use crate::redlock::Redlock;
 
@@ -37,17 +38,17 @@ impl Redlock {
         &self,
         mut pending: Stragglers,
         late: Option<Arc<Late>>,
-        key: &Arc<str>,
+        keys: &Keys,
         token: &Arc<str>,
     ) -> Option<Arc<Late>> {
         let late = late?;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return Some(late);
         };
-        let (this, state, key, token) = (
+        let (this, state, keys, token) = (
             self.clone(),
             Arc::clone(&late),
-            Arc::clone(key),
+            keys.clone(),
             Arc::clone(token),
         );
         rt.spawn(async move {
@@ -62,7 +63,7 @@ impl Redlock {
                 let covered = state.released_everywhere.load(Ordering::SeqCst)
                     && this.inner.nodes[s.index].generation() == s.generation;
                 if !covered {
-                    this.release_on(s.index, &key, &token).await;
+                    this.release_on(s.index, &keys, &token).await;
                 }
             }
         });
@@ -72,8 +73,8 @@ impl Redlock {
     /// A background release of one node's late key. Nobody waits on it, so it
     /// gets a longer timeout than a call on the hot path, and one retry: a key it
     /// fails to delete blocks the resource for a whole TTL.
-    async fn release_on(&self, index: usize, key: &Arc<str>, token: &Arc<str>) {
-        let call = Call::release(Arc::clone(key), token.to_string());
+    async fn release_on(&self, index: usize, keys: &Keys, token: &Arc<str>) {
+        let call = Call::release_keys(keys.clone(), token.to_string());
         let timeout = self.inner.settings.node_timeout.saturating_mul(4);
         for attempt in 1..=2 {
             let (result, _) = self.inner.nodes[index].run(&call, timeout).await;

@@ -121,7 +121,7 @@ impl Redlock {
 /// release wakes it first: the safety-net poll, the holder's expiry (an expiry
 /// publishes nothing), or the last moment for an attempt. `None` if none of
 /// them is within the end of time.
-fn fallback(
+pub(crate) fn fallback(
     err: &Error,
     now: Instant,
     retry: &RetryPolicy,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use http::HeaderName;
 use http::request::Parts;
-use redlock_core::request::normalize_path;
+use redlock_core::request::{RequestKey, normalize_path};
 
 /// Computes the lock key of a request. `None` means "this request has no key"; the
 /// layer then follows its missing-key policy (pass through by default).
@@ -24,6 +24,14 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
     /// The key of this request. It gets `&mut` so extractors can reuse axum's
     /// synchronous extractors, which take `&mut Parts`.
     fn extract(&self, req: &mut Parts) -> Option<String>;
+
+    /// The keys of this request, locked together as one lock (see
+    /// [`Redlock::lock_many`](redlock_core::Redlock::lock_many)). What the
+    /// layer calls; by default the one key of [`extract`](Self::extract).
+    /// Extractors that find several keys (e.g. `ByPathParams`) override it.
+    fn extract_keys(&self, req: &mut Parts) -> Option<RequestKey> {
+        self.extract(req).map(RequestKey::One)
+    }
 }
 
 impl<F> KeyExtractor for F
@@ -102,6 +110,70 @@ impl KeyExtractor for ByHeader {
             Some(name) => format!("{name}={value}"),
             None => value.to_owned(),
         })
+    }
+}
+
+/// Several named parameters of the axum route that matched, locked together
+/// as one lock: `from` and `to` in `/transfers/{from}/{to}`. Each key is the
+/// parameter's decoded value (as [`ByPathParam`] reads it), or
+/// `<name>=<value>` once [named](Self::named) with one name for all of them,
+/// so that `/transfers/7/9` and `/transfers/9/7` lock the same two accounts,
+/// in one step that cannot deadlock. A request missing any of the parameters
+/// has no key. Needs `Router::layer` or `route_layer`, as [`ByPathParam`].
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone)]
+pub struct ByPathParams {
+    pub(crate) params: Arc<[Arc<str>]>,
+    pub(crate) name: Option<Arc<str>>,
+}
+
+#[cfg(feature = "axum")]
+impl ByPathParams {
+    /// The parameters `params`, each key the bare value.
+    pub fn new<I, S>(params: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self {
+            params: params.into_iter().map(|p| Arc::from(p.as_ref())).collect(),
+            name: None,
+        }
+    }
+
+    /// Keys each value as `name=<value>` (e.g. `account=7`), the key
+    /// `by_path_param(name)` and `by_header_as(.., name)` give the same value.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+}
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for ByPathParams {
+    /// The keys joined by `+`, as the layer names the lock in logs.
+    fn extract(&self, req: &mut Parts) -> Option<String> {
+        self.extract_keys(req).map(|k| k.to_string())
+    }
+
+    fn extract_keys(&self, req: &mut Parts) -> Option<RequestKey> {
+        use axum::extract::{FromRequestParts, RawPathParams};
+        use futures_util::FutureExt;
+        let params = RawPathParams::from_request_parts(req, &())
+            .now_or_never()?
+            .ok()?;
+        let keys = self
+            .params
+            .iter()
+            .map(|want| {
+                let value = params.iter().find(|(name, _)| *name == &**want)?.1;
+                Some(match &self.name {
+                    Some(name) => format!("{name}={value}"),
+                    None => value.to_owned(),
+                })
+            })
+            .collect::<Option<Vec<String>>>()?;
+        Some(RequestKey::Many(keys))
     }
 }
 

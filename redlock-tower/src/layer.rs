@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use crate::config::Config;
 use crate::key::{ByHeader, ByPath, KeyExtractor};
 #[cfg(feature = "axum")]
-use crate::key::{ByMatchedPath, ByPathParam};
+use crate::key::{ByMatchedPath, ByPathParam, ByPathParams};
 use crate::rejection::RejectionHandler;
 use crate::service::RedlockService;
 
@@ -119,6 +119,24 @@ impl RedlockLayer<ByPathParam> {
     /// [`ByPathParam`].
     pub fn by_path_param(name: &str) -> Self {
         Self::with_key(ByPathParam(name.into()))
+    }
+}
+
+#[cfg(feature = "axum")]
+impl RedlockLayer<ByPathParams> {
+    /// One lock over the values of several route parameters together
+    /// (`from` and `to` in `/transfers/{from}/{to}`): each value is a key,
+    /// and the request holds all of them as one lock, so two requests over
+    /// the same pair in either order exclude each other and never deadlock.
+    /// Apply with `Router::layer` or `route_layer`. See [`ByPathParams`]
+    /// (and [`ByPathParams::named`] with [`with_key`](Self::with_key) for
+    /// `account=<value>` keys).
+    pub fn by_path_params<I, S>(params: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::with_key(ByPathParams::new(params))
     }
 }
 

@@ -75,7 +75,7 @@ pub use extract::{Held, NotLocked};
 pub use future::ResponseFuture;
 pub use key::{ByHeader, ByPath, KeyExtractor};
 #[cfg(feature = "axum")]
-pub use key::{ByMatchedPath, ByPathParam};
+pub use key::{ByMatchedPath, ByPathParam, ByPathParams};
 pub use layer::RedlockLayer;
 pub use redlock_core::request::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, Rejection, ReleasePolicy,

@@ -41,7 +41,7 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        let key = self.key.extract(&mut parts);
+        let key = self.key.extract_keys(&mut parts);
         let req = Request::from_parts(parts, body);
         let config = Arc::clone(&self.config);
 
@@ -58,7 +58,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let acquire_config = Arc::clone(&config);
         let acquire = Box::pin(async move {
-            request::acquire(redlock.as_ref(), key, &acquire_config.policy).await
+            request::acquire_keys(redlock.as_ref(), key, &acquire_config.policy).await
         });
         ResponseFuture::acquiring(acquire, inner, req, config)
     }

@@ -1244,6 +1244,9 @@ pub struct Summary {
     pub shortened: u64,
     /// Liveness of every run that probed it.
     pub liveness_ok: Option<bool>,
+    /// Acquisitions of several resources at once (`lock_many`) in the
+    /// in-process run; their keys are in `acquisitions` and `overlaps` too.
+    pub multi_key_acquisitions: u64,
     /// Negative controls run / caught.
     pub controls: (u64, u64),
     /// How many client OS processes took part.
@@ -1302,7 +1305,7 @@ impl Summary {
             "fault-suite seed={} acquisitions={} extensions={} faults[{}] overlaps={} lost_updates={} \
              stale_validity={} liveness_ok={} negative_controls_caught={}/{} late_writes={} \
              ghost_keys={}/{} writes={} skipped_writes={} holder_writes={} stalled_after_check={} \
-             max_hold_shortened={} processes={} secs={:.0}",
+             max_hold_shortened={} multi_key_acquisitions={} processes={} secs={:.0}",
             self.seed,
             self.acquisitions,
             self.extensions,
@@ -1321,6 +1324,7 @@ impl Summary {
             self.holder_writes,
             self.stalled_after_check,
             self.shortened,
+            self.multi_key_acquisitions,
             self.processes,
             self.secs,
         )

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, NodeStatus};
 use crate::fan_out::Settled;
 use crate::fencing::FencingToken;
+use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::node::AcquireReply;
 use crate::redlock::Redlock;
@@ -21,7 +22,7 @@ use crate::stragglers::{Late, Stragglers};
 /// the `SET`s, after them.
 pub(super) struct ReleaseOnDrop<'a> {
     pub(super) redlock: &'a Redlock,
-    pub(super) key: Arc<str>,
+    pub(super) keys: Keys,
     pub(super) token: Arc<str>,
     pub(super) armed: bool,
 }
@@ -29,7 +30,7 @@ pub(super) struct ReleaseOnDrop<'a> {
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.redlock.spawn_release(&self.key, &self.token);
+            self.redlock.spawn_release(&self.keys, &self.token);
         }
     }
 }
@@ -62,6 +63,9 @@ pub(super) struct Round {
     pub(super) validity: Option<Duration>,
     /// The fencing token (`None` without fencing), or why the fence phase failed.
     pub(super) fencing: Result<Option<FencingToken>, Error>,
+    /// A fenced multi-resource lock's tokens, one per key in key order
+    /// (`fencing` holds the first); empty otherwise.
+    pub(super) fencing_all: Vec<FencingToken>,
 }
 
 impl Round {
@@ -84,7 +88,7 @@ impl Attempt<'_> {
         let settled = self
             .redlock
             .settle(pending, |s| {
-                if matches!(s.result, Ok(AcquireReply::Acquired { .. })) {
+                if s.result.as_ref().is_ok_and(AcquireReply::acquired) {
                     ok += 1;
                 } else {
                     not_ok += 1;
@@ -99,6 +103,7 @@ impl Attempt<'_> {
             elapsed,
             validity: validity(self.ttl, elapsed, &self.redlock.inner.settings),
             fencing: Ok(None),
+            fencing_all: Vec::new(),
         }
     }
 
@@ -114,6 +119,9 @@ impl Attempt<'_> {
         ) else {
             return;
         };
+        if let Keys::Many(many) = &self.cleanup.keys {
+            return self.fence_many(many, mode, round).await;
+        }
         round.fencing = self
             .redlock
             .fence_phase(
@@ -124,6 +132,7 @@ impl Attempt<'_> {
                 &round.settled,
                 self.start,
                 self.ttl,
+                0,
             )
             .await
             .map(|f| {
@@ -131,6 +140,25 @@ impl Attempt<'_> {
                 round.validity = Some(f.validity);
                 Some(f.token)
             });
+    }
+
+    /// Spec steps 3 and 4 once the `SET`s are sent: settle at quorum, fence,
+    /// then the lock, or the release of the failed attempt. Shared by the
+    /// single- and multi-resource acquires, which differ only in the call.
+    pub(super) async fn run(self, mut pending: Stragglers) -> Result<Lock, Error> {
+        let mut round = self.settle_sets(&mut pending).await;
+        self.fence(&mut round).await;
+        let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
+        let span = tracing::Span::current();
+        span.record("elapsed_us", round.elapsed.as_micros() as u64);
+        span.record("ok", round.ok);
+        match round.held(self.redlock.inner.quorum) {
+            Some((validity, fencing_token)) => {
+                span.record("validity_ms", validity.as_millis() as u64);
+                Ok(self.into_lock(pending, late, &round, validity, fencing_token))
+            }
+            None => Err(self.release_failed(pending, late, round).await),
+        }
     }
 
     /// The lock of an attempt that holds it. The `SET`s still on their way join
@@ -147,7 +175,7 @@ impl Attempt<'_> {
         tracing::debug!(report = %redlock.report(&round.settled, acquire_status), "acquired");
         // From here the `Lock` (and its `Drop`) owns the release.
         self.cleanup.armed = false;
-        let late = redlock.drive_stragglers(pending, late, self.key, &self.token);
+        let late = redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
         crate::metrics::held(redlock.metrics_key(self.key), None);
         Lock {
             redlock: redlock.clone(),
@@ -162,6 +190,11 @@ impl Attempt<'_> {
             released: false,
             fencing_token,
             acquired_at: Instant::now(),
+            many: match &self.cleanup.keys {
+                Keys::Many(many) => Some(Arc::clone(many)),
+                Keys::One(_) => None,
+            },
+            fencing_tokens: round.fencing_all.clone(),
         }
     }
 
@@ -178,10 +211,10 @@ impl Attempt<'_> {
         if let Some(late) = &late {
             late.abandoned.store(true, Ordering::SeqCst);
         }
-        redlock.drive_stragglers(pending, late, self.key, &self.token);
+        redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
         let report = redlock.report(&round.settled, acquire_status);
         redlock
-            .unlock_all(self.key, &self.token, Some(&report))
+            .unlock_all(&self.cleanup.keys, &self.token, Some(&report))
             .await;
         self.cleanup.armed = false;
         tracing::debug!(report = %report, "attempt failed");
@@ -196,7 +229,7 @@ impl Attempt<'_> {
 
 pub(super) fn acquire_status(r: &AcquireReply) -> NodeStatus {
     match r {
-        AcquireReply::Acquired { .. } => NodeStatus::Ok,
+        AcquireReply::Acquired { .. } | AcquireReply::AcquiredMany { .. } => NodeStatus::Ok,
         AcquireReply::Busy { pttl_ms } => NodeStatus::Busy {
             pttl: u64::try_from(*pttl_ms).ok().map(Duration::from_millis),
         },

@@ -9,15 +9,16 @@ use tracing::Instrument;
 
 use crate::error::{Error, NodeStatus, Report};
 use crate::fencing::fence_key;
+use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::metrics;
 use crate::node::{Call, parse_acquire};
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
-use crate::stragglers::Late;
 
 mod attempt;
+mod many;
 use attempt::{Attempt, ReleaseOnDrop};
 
 impl Redlock {
@@ -78,30 +79,53 @@ impl Redlock {
         let resource: Arc<str> = resource.into();
         let key: Arc<str> = self.key_for(&resource).into();
         let begin = Instant::now();
-        // The last attempt must be able to finish inside the deadline: its acquire
-        // round, the fence round of a fencing lock, and, if it fails, the release
-        // round of the failed attempt; each bounded by the node timeout. A
-        // deadline past the end of time is no deadline.
-        let rounds = if self.inner.settings.fencing.is_some() {
-            3
-        } else {
-            2
-        };
-        let latest_start = retry
-            .deadline
-            .and_then(|d| begin.checked_add(d))
-            .map(|end| {
-                end.checked_sub(self.inner.settings.node_timeout.saturating_mul(rounds))
-                    .unwrap_or(begin)
-            });
+        let latest_start = self.latest_start(retry, begin);
         if retry.max_attempts > 1 && self.inner.waiting.enabled() {
             return self
                 .lock_by_wake_up(&resource, &key, ttl, retry, begin, latest_start)
                 .await;
         }
+        self.poll_attempts(retry, latest_start, |attempt| {
+            self.attempt(&resource, &key, ttl, attempt)
+        })
+        .await
+    }
+
+    /// The last moment an attempt may start for the retry's deadline: the
+    /// last attempt must be able to finish inside it, with its acquire
+    /// round, the fence round of a fencing lock, and, if it fails, the
+    /// release round of the failed attempt; each bounded by the node
+    /// timeout. A deadline past the end of time is no deadline.
+    fn latest_start(&self, retry: &RetryPolicy, begin: Instant) -> Option<Instant> {
+        let rounds = if self.inner.settings.fencing.is_some() {
+            3
+        } else {
+            2
+        };
+        retry
+            .deadline
+            .and_then(|d| begin.checked_add(d))
+            .map(|end| {
+                end.checked_sub(self.inner.settings.node_timeout.saturating_mul(rounds))
+                    .unwrap_or(begin)
+            })
+    }
+
+    /// Spec step 4's retry by polling: attempts until one wins or the
+    /// policy gives up, a jittered delay apart.
+    async fn poll_attempts<F, Fut>(
+        &self,
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+        mut attempt_once: F,
+    ) -> Result<Lock, Error>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<Lock, Error>>,
+    {
         let mut attempt = 1;
         loop {
-            let err = match self.attempt(&resource, &key, ttl, attempt).await {
+            let err = match attempt_once(attempt).await {
                 Ok(lock) => return Ok(lock),
                 Err(e) if !e.is_retryable() => return Err(e),
                 Err(e) => e,
@@ -162,7 +186,7 @@ impl Redlock {
             Some(_) => Call::fenced_acquire(key, &token, ttl.as_millis(), &fence_key(key)),
         });
         let start = Instant::now();
-        let mut pending = self.fan_out(&call, parse_acquire, 0..self.inner.nodes.len());
+        let pending = self.fan_out(&call, parse_acquire, 0..self.inner.nodes.len());
         let attempt = Attempt {
             redlock: self,
             resource,
@@ -171,25 +195,13 @@ impl Redlock {
             start,
             cleanup: ReleaseOnDrop {
                 redlock: self,
-                key: Arc::clone(key),
+                keys: Keys::One(Arc::clone(key)),
                 token: Arc::clone(&token),
                 armed: true,
             },
             token,
         };
-        let mut round = attempt.settle_sets(&mut pending).await;
-        attempt.fence(&mut round).await;
-        let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
-        let span = tracing::Span::current();
-        span.record("elapsed_us", round.elapsed.as_micros() as u64);
-        span.record("ok", round.ok);
-        match round.held(self.inner.quorum) {
-            Some((validity, fencing_token)) => {
-                span.record("validity_ms", validity.as_millis() as u64);
-                Ok(attempt.into_lock(pending, late, &round, validity, fencing_token))
-            }
-            None => Err(attempt.release_failed(pending, late, round).await),
-        }
+        attempt.run(pending).await
     }
 
     /// Why an attempt failed: too late for any validity once a quorum said OK;

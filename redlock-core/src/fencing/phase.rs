@@ -43,8 +43,9 @@ impl Redlock {
         acquired: &[Option<Settled<AcquireReply>>],
         start: Instant,
         ttl: Duration,
+        index: usize,
     ) -> Result<Fenced, Error> {
-        let fencing_token = self.pick_fencing_token(resource, mode, acquired)?;
+        let fencing_token = self.pick_fencing_token(resource, mode, acquired, index)?;
         let targets = fence_targets(self.inner.nodes.len(), acquired);
         let expiry = counter_ttl(mode, self.inner.settings.fence_counter_ttl, ttl);
         let (applied, settled) = self
@@ -84,7 +85,8 @@ impl Redlock {
     }
 
     /// Fencing step 2: the token, picked from the counters the OK nodes
-    /// returned.
+    /// returned for the lock's key number `index` (0 but for a
+    /// multi-resource lock, whose keys are fenced each on its own).
     ///
     /// # Errors
     /// [`Error::NoFenceQuorum`] (applied nowhere) when no OK node returned a
@@ -94,11 +96,12 @@ impl Redlock {
         resource: &Arc<str>,
         mode: FencingMode,
         acquired: &[Option<Settled<AcquireReply>>],
+        index: usize,
     ) -> Result<FencingToken, Error> {
-        let reads = acquired.iter().flatten().filter_map(|s| match s.result {
-            Ok(AcquireReply::Acquired { fence }) => fence,
-            _ => None,
-        });
+        let reads = acquired
+            .iter()
+            .flatten()
+            .filter_map(|s| s.result.as_ref().ok()?.fence_read(index));
         pick_token(mode, reads).ok_or_else(|| Error::NoFenceQuorum {
             resource: Arc::clone(resource),
             applied: 0,
@@ -160,7 +163,7 @@ impl Redlock {
 fn fence_targets(n: usize, acquired: &[Option<Settled<AcquireReply>>]) -> Vec<usize> {
     (0..n)
         .filter(|&i| match acquired.get(i) {
-            Some(Some(s)) => matches!(s.result, Ok(AcquireReply::Acquired { .. })),
+            Some(Some(s)) => s.result.as_ref().is_ok_and(AcquireReply::acquired),
             _ => true,
         })
         .collect()

@@ -34,6 +34,9 @@ pub(super) struct Shared {
     pub(super) check_deadline: bool,
     pub(super) extensions: AtomicU32,
     pub(super) fencing_token: Option<FencingToken>,
+    /// A fenced lock on several resources: each resource's token (empty
+    /// otherwise).
+    pub(super) fencing_tokens: Vec<(Arc<str>, FencingToken)>,
     /// Sticky: once cancelled, the lock stays lost for its holder even if a
     /// renewal that was in flight succeeds afterwards. Cancelled by a release
     /// too: from then on no handle may say "held".
@@ -177,6 +180,25 @@ impl LockHandle {
     /// Fixed for the life of the lock: renewals keep it.
     pub fn fencing_token(&self) -> Option<FencingToken> {
         self.shared.fencing_token
+    }
+
+    /// Each resource's fencing token (see
+    /// [`Lock::fencing_tokens`](crate::Lock::fencing_tokens)): one per resource
+    /// of a lock on several, in key order. Empty without fencing.
+    pub fn fencing_tokens(&self) -> Vec<(&str, FencingToken)> {
+        if self.shared.fencing_tokens.is_empty() {
+            return self
+                .shared
+                .fencing_token
+                .map(|t| (&*self.shared.resource, t))
+                .into_iter()
+                .collect();
+        }
+        self.shared
+            .fencing_tokens
+            .iter()
+            .map(|(r, t)| (&**r, *t))
+            .collect()
     }
 
     /// Whether this handle no longer holds the lock: a renewal found it gone,

@@ -87,6 +87,14 @@ impl LockGuard {
             check_deadline: options.check_deadline,
             extensions: AtomicU32::new(0),
             fencing_token: lock.fencing_token(),
+            fencing_tokens: match &lock.many {
+                None => Vec::new(),
+                Some(_) => lock
+                    .fencing_tokens()
+                    .into_iter()
+                    .map(|(r, t)| (Arc::from(r), t))
+                    .collect(),
+            },
             lost: CancellationToken::new(),
             released: std::sync::atomic::AtomicBool::new(false),
         });
@@ -200,7 +208,7 @@ impl Redlock {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] when it is not shorter than the TTL.
-    fn loss_margin_for(&self, options: &LockOptions) -> Result<Duration, Error> {
+    pub(crate) fn loss_margin_for(&self, options: &LockOptions) -> Result<Duration, Error> {
         let margin = options.loss_margin.unwrap_or_else(|| self.loss_margin());
         if margin >= options.ttl {
             return Err(Error::InvalidConfig(format!(
@@ -249,19 +257,29 @@ impl Redlock {
         Fut: Future<Output = T>,
     {
         let guard = self.lock_guard(resource, options).await?;
-        let handle = guard.handle();
-        let outcome = Watched {
-            work: f(guard.handle()),
-            lost: handle.lost(),
-        }
-        .await
-        .filter(|_| !handle.is_lost());
-        let resource: Arc<str> = Arc::clone(&handle.shared.resource);
-        if let Err(e) = guard.release().await {
-            tracing::debug!(resource = %resource, error = %e, "release after with_lock");
-        }
-        outcome.ok_or(Error::Lost { resource })
+        run_guarded(guard, f).await
     }
+}
+
+/// The work of [`Redlock::with_lock`] under `guard`: never polled once the
+/// lock is lost, and the lock released when it ends.
+pub(crate) async fn run_guarded<F, Fut, T>(guard: LockGuard, f: F) -> Result<T, Error>
+where
+    F: FnOnce(LockHandle) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let handle = guard.handle();
+    let outcome = Watched {
+        work: f(guard.handle()),
+        lost: handle.lost(),
+    }
+    .await
+    .filter(|_| !handle.is_lost());
+    let resource: Arc<str> = Arc::clone(&handle.shared.resource);
+    if let Err(e) = guard.release().await {
+        tracing::debug!(resource = %resource, error = %e, "release after with_lock");
+    }
+    outcome.ok_or(Error::Lost { resource })
 }
 
 pin_project! {

@@ -20,11 +20,11 @@ use connection::Shared;
 pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
-pub(crate) use parse::{AcquireReply, parse_acquire, parse_flag};
+pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
 #[cfg(test)]
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, FENCE, RELEASE};
-use scripts::{LuaScript, eval, release_parts};
+use scripts::{LuaScript, eval, release_many_cmds, release_parts};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GET, RECORD_PUT};
 
@@ -131,13 +131,11 @@ impl Node {
                     .map_err(|e| NodeError::from_redis(&e));
             }
             Call::Keys { evalsha, eval } => {
-                return match self.send(generation, &mut conn, evalsha).await {
-                    Ok(v) => Ok(v),
-                    Err(e) if e.code() == Some("NOSCRIPT") => {
-                        Box::pin(self.eval_fallback(generation, conn, eval)).await
-                    }
-                    Err(e) => Err(NodeError::from_redis(&e)),
-                };
+                return self.run_keys(generation, conn, evalsha, eval).await;
+            }
+            Call::ReleaseMany { many, token } => {
+                let (evalsha, eval) = release_many_cmds(many, token, self.db);
+                return self.run_keys(generation, conn, &evalsha, &eval).await;
             }
             Call::Script {
                 script,
@@ -157,6 +155,23 @@ impl Node {
             // enlarge every call's future.
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 Box::pin(self.eval_fallback(generation, conn, &eval(script, key, args))).await
+            }
+            Err(e) => Err(NodeError::from_redis(&e)),
+        }
+    }
+
+    /// A script over several keys by `EVALSHA`, then `EVAL` on `NOSCRIPT`.
+    async fn run_keys(
+        &self,
+        generation: u64,
+        mut conn: MultiplexedConnection,
+        evalsha: &Cmd,
+        eval: &Cmd,
+    ) -> Result<Value, NodeError> {
+        match self.send(generation, &mut conn, evalsha).await {
+            Ok(v) => Ok(v),
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                Box::pin(self.eval_fallback(generation, conn, eval)).await
             }
             Err(e) => Err(NodeError::from_redis(&e)),
         }

@@ -7,15 +7,89 @@ use crate::error::NodeError;
 use crate::fencing::{FenceRead, bad_read};
 
 /// The acquire script's answer on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// `fence`: what a fenced acquire read (fencing step 1); `None` unfenced.
     Acquired {
         fence: Option<FenceRead>,
     },
+    /// A multi-resource lock set every key; `fences`: what a fenced acquire
+    /// read, one per key in key order.
+    AcquiredMany {
+        fences: Option<std::sync::Arc<[FenceRead]>>,
+    },
     Busy {
         pttl_ms: i64,
     },
+}
+
+impl AcquireReply {
+    /// Whether the node stored the token (every key of a multi-resource lock).
+    pub(crate) fn acquired(&self) -> bool {
+        !matches!(self, AcquireReply::Busy { .. })
+    }
+
+    /// What a fenced acquire read for the lock's key number `i` (0 for a
+    /// single-resource lock).
+    pub(crate) fn fence_read(&self, i: usize) -> Option<FenceRead> {
+        match self {
+            AcquireReply::Acquired { fence } if i == 0 => *fence,
+            AcquireReply::AcquiredMany { fences: Some(f) } => f.get(i).copied(),
+            _ => None,
+        }
+    }
+}
+
+/// Reads `ACQUIRE_MANY_LUA`'s answer: `{1}`, `{1, time, counters..}` (fenced),
+/// or `{0, i, pttl, type}` for a key found. A key of a foreign type is the
+/// node's `WrongType`, as for one key. A fenced answer must carry one
+/// readable counter per key (`keys`) when the keys were set, or the node
+/// counts as failed (and is released).
+pub(crate) fn parse_acquire_many(v: Value) -> Result<AcquireReply, NodeError> {
+    let Value::Array(mut items) = v else {
+        return Err(NodeError::Protocol(format!("acquire reply {v:?}")));
+    };
+    let rest = items.split_off(items.len().min(1));
+    match items.pop() {
+        Some(Value::Int(1)) => {
+            let mut rest = rest.into_iter();
+            let Some(time) = rest.next() else {
+                return Ok(AcquireReply::AcquiredMany { fences: None });
+            };
+            let time_us = parse_time_us(time)?;
+            let fences = rest
+                .map(|c| {
+                    Ok(FenceRead {
+                        counter: parse_counter(c)?,
+                        time_us,
+                    })
+                })
+                .collect::<Result<Vec<_>, NodeError>>()?;
+            if fences.is_empty() {
+                return Err(NodeError::Protocol(
+                    "fenced acquire without counters".into(),
+                ));
+            }
+            Ok(AcquireReply::AcquiredMany {
+                fences: Some(fences.into()),
+            })
+        }
+        Some(Value::Int(0)) => {
+            let (pttl_ms, ty) = match rest.as_slice() {
+                [_, Value::Int(p), Value::BulkString(t)] => (*p, String::from_utf8_lossy(t)),
+                [_, Value::Int(p), Value::SimpleString(t)] => (*p, t.as_str().into()),
+                other => return Err(NodeError::Protocol(format!("acquire refusal {other:?}"))),
+            };
+            match &*ty {
+                "string" => Ok(AcquireReply::Busy { pttl_ms }),
+                other => Err(NodeError::WrongType {
+                    found: other.to_owned(),
+                    pttl_ms,
+                }),
+            }
+        }
+        other => Err(NodeError::Protocol(format!("acquire reply {other:?}"))),
+    }
 }
 
 /// Judges the acquire pipeline by its `SET` reply: `OK` is acquired whatever

@@ -47,12 +47,14 @@ use crate::guard::{LockGuard, LockHandle};
 use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
+mod keys;
 mod path;
 mod policy;
 mod rejection;
 mod setters;
 
 pub use http::StatusCode;
+pub use keys::RequestKey;
 pub use path::{decode_param, normalize_path};
 pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
@@ -215,7 +217,22 @@ pub async fn acquire(
     key: Option<String>,
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
-    let metrics_key = redlock.zip(key.as_deref()).and_then(|(r, k)| {
+    acquire_keys(redlock, key.map(RequestKey::One), policy).await
+}
+
+/// [`acquire`] for a request whose extractor may find several keys
+/// ([`RequestKey::Many`]): they are locked together, as one lock
+/// ([`Redlock::lock_guard_many`]), each under the policy's namespace.
+///
+/// # Errors
+/// See [`acquire`].
+pub async fn acquire_keys(
+    redlock: Option<&Redlock>,
+    key: Option<RequestKey>,
+    policy: &LockPolicy,
+) -> Result<Option<RequestLock>, Rejection> {
+    let first = key.as_ref().and_then(|k| k.keys().first());
+    let metrics_key = redlock.zip(first).and_then(|(r, k)| {
         r.has_metrics_key()
             .then(|| r.metrics_key(&r.key_for(&policy.resource_for(k))))
             .flatten()
@@ -240,7 +257,7 @@ pub async fn acquire(
 /// [`acquire`] without its metrics.
 async fn acquire_lock(
     redlock: Option<&Redlock>,
-    key: Option<String>,
+    key: Option<RequestKey>,
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
     let Some(key) = key else {
@@ -251,7 +268,8 @@ async fn acquire_lock(
         rejection.log();
         return Err(rejection);
     };
-    let key = policy.resource_for(&key);
+    let resources: Vec<String> = key.keys().iter().map(|k| policy.resource_for(k)).collect();
+    let key = resources.join("+");
     let span = tracing::info_span!(
         "redlock.request",
         key = %key,
@@ -265,10 +283,20 @@ async fn acquire_lock(
         retry: Some(policy.retry_for(redlock.retry_policy())),
         ..policy.options.clone()
     };
-    let result = redlock
-        .lock_guard(&key, &options)
-        .instrument(span.clone())
-        .await;
+    let result = match resources.as_slice() {
+        [one] => {
+            redlock
+                .lock_guard(one, &options)
+                .instrument(span.clone())
+                .await
+        }
+        many => {
+            redlock
+                .lock_guard_many(many, &options)
+                .instrument(span.clone())
+                .await
+        }
+    };
     span.record("wait_ms", started.elapsed().as_millis() as u64);
     match result {
         Ok(guard) => Ok(Some(RequestLock {

@@ -326,6 +326,52 @@ async fn by_path_param_on_a_scope_locks_per_tenant() {
     );
 }
 
+/// `by_path_params(["from", "to"])` on the scope that declares them: a
+/// transfer holds both accounts as one lock; the same pair reversed and a
+/// transfer sharing one account get 409, another pair runs.
+#[actix_web::test]
+async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new().app_data(redlock(&cluster)).service(
+            web::scope("/transfers/{from}/{to}")
+                .wrap(RedlockMiddleware::by_path_params_as(
+                    ["from", "to"],
+                    "account",
+                ))
+                .route("/go", web::get().to(hold)),
+        ),
+    )
+    .await;
+    let (first, (reversed, shared, other)) =
+        join(call!(&app, "/transfers/7/9/go?hold=1500"), async {
+            assert!(
+                redlock_tests::util::eventually(Duration::from_secs(5), || {
+                    cluster.count_with_key("redlock:account=7") == 3
+                        && cluster.count_with_key("redlock:account=9") == 3
+                })
+                .await,
+                "the first transfer never took both accounts"
+            );
+            let reversed = call!(&app, "/transfers/9/7/go").await;
+            let shared = call!(&app, "/transfers/5/9/go").await;
+            let other = call!(&app, "/transfers/1/2/go").await;
+            (reversed, shared, other)
+        })
+        .await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "redlock:account=7")
+    );
+    assert_eq!(reversed.status, 409, "the same pair reversed: {reversed:?}");
+    assert_eq!(shared.status, 409, "a pair sharing account 9: {shared:?}");
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (200, "redlock:account=1"),
+        "another pair runs meanwhile"
+    );
+}
+
 #[actix_web::test]
 async fn by_path_param_on_the_app_finds_no_parameter_as_documented() {
     let cluster = Cluster::start(3);

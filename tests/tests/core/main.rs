@@ -11,6 +11,7 @@ mod idempotency;
 mod idempotency_sql;
 mod inputs;
 mod inspect;
+mod many;
 mod memory;
 mod safety;
 mod smoke;

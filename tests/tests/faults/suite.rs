@@ -78,7 +78,8 @@ use redlock_tests::nemesis::{
 use redlock_tests::proxy::Direction;
 use redlock_tests::workload::{
     ClientConfig, FileStore, HolderConfig, HolderStalls, MaxHoldConfig, MemoryStore, Store,
-    log_finals, probe_liveness, run_client, run_max_hold_client, spawn_holder_thread,
+    log_finals, probe_liveness, run_client, run_many_client, run_max_hold_client,
+    spawn_holder_thread,
 };
 
 fn ms(n: u64) -> Duration {
@@ -645,6 +646,28 @@ async fn randomized_in_process(seed: u64, run_for: Duration) -> Vec<Event> {
             ))
         })
         .collect();
+    // Two clients lock pairs of the same resources (`lock_many`): every key of
+    // a pair is checked against every other holder of that key.
+    let many_clients: Vec<_> = (0..2u64)
+        .map(|i| {
+            let cfg = ClientConfig {
+                name: format!("k{i}"),
+                resources: resources.clone(),
+                retry: retry(),
+                until,
+                seed: seed.wrapping_mul(43).wrapping_add(i),
+                guard_share: 0.0,
+                stalls: None,
+            };
+            let store: Arc<dyn Store> = store.clone();
+            tokio::spawn(run_many_client(
+                redlock_for(&rig.urls()),
+                cfg,
+                store,
+                log.clone(),
+            ))
+        })
+        .collect();
     let holders: Vec<_> = (0..3u64)
         .map(|i| {
             let cfg = HolderConfig {
@@ -699,6 +722,13 @@ async fn randomized_in_process(seed: u64, run_for: Duration) -> Vec<Event> {
     nemesis.run_until(until).await;
     for c in clients.into_iter().chain(max_holders) {
         c.await.expect("client task");
+    }
+    for c in many_clients {
+        let stats = c.await.expect("multi-key client task");
+        println!(
+            "  multi-key client: sections={} acquired={} writes={}",
+            stats.sections, stats.acquired, stats.writes
+        );
     }
     for h in holders {
         blocking(move || h.join().expect("holder thread")).await;
@@ -937,6 +967,12 @@ async fn fault_suite() {
     verdicts.push(save_and_check(&dir, "ghost-keys", &h));
     let h = randomized_in_process(seed, in_process).await;
     verdicts.push(save_and_check(&dir, "in-process", &h));
+    // The multi-key clients' acquisitions: one `Acquire` per key of a set.
+    summary.multi_key_acquisitions = h
+        .iter()
+        .filter(|e| matches!(e, Event::Acquire { client, .. } if client.starts_with('k')))
+        .count() as u64
+        / 2;
     let (tried, caught) = stale_validity_mutations_caught(&h);
     println!("  stale-validity mutations of the in-process history caught: {caught}/{tried}");
     assert!(
@@ -977,6 +1013,11 @@ async fn fault_suite() {
             .filter(|v| !v.passed())
             .map(|v| format!("{}:\n{}", v.scenario, v.describe(10)))
             .collect::<String>()
+    );
+    assert!(
+        summary.multi_key_acquisitions > 3,
+        "the multi-key workload barely ran: {}",
+        summary.line()
     );
     assert!(
         summary.acquisitions > 100,

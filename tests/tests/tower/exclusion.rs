@@ -206,6 +206,57 @@ async fn by_path_param_excludes_jobs_of_one_tenant_but_not_other_tenants() {
     assert_eq!(first.text(), "redlock:tenant=acme");
 }
 
+/// `by_path_params(["from", "to"])`: a transfer holds both accounts as one
+/// lock, so the same pair in the other order, and any transfer touching either
+/// account, waits its turn (409 here: fail fast), while a transfer between two
+/// other accounts runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
+    let cluster = Cluster::start(3);
+    let app = Router::new()
+        .route("/transfers/{from}/{to}", get(hold))
+        .layer(RedlockLayer::by_path_params(["from", "to"]))
+        .layer(Extension(redlock(&cluster)));
+    let server = Server::start(app).await;
+    let client = client();
+
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/transfers/7/9?hold=2000"));
+        async move { http_get(&client, &url).await }
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key("redlock:7")
+            == 3
+            && cluster.count_with_key("redlock:9") == 3)
+        .await,
+        "the first transfer never took both accounts"
+    );
+    for path in ["/transfers/9/7", "/transfers/9/5", "/transfers/3/7"] {
+        let r = http_get(&client, &server.url(path)).await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{path}");
+    }
+    let other = http_get(&client, &server.url("/transfers/1/2")).await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.text(), "redlock:1");
+    assert!(
+        !first.is_finished(),
+        "the other pair must have run meanwhile"
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    // The lock's first key (in key order).
+    assert_eq!(first.text(), "redlock:7");
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key("redlock:7")
+            == 0
+            && cluster.count_with_key("redlock:9") == 0)
+        .await,
+        "both accounts released at the end of the response"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_matched_path_excludes_every_request_of_one_route() {
     let cluster = Cluster::start(3);

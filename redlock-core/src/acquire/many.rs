@@ -1,0 +1,332 @@
+//! Spec steps 1 to 4 over several resources at once: one token for all of
+//! them, and on each node one script that sets every key only if none exists
+//! (`ACQUIRE_MANY_LUA`), so a node counts for the quorum only if it holds
+//! them all. The rest (settle at quorum, validity, release of a failed
+//! attempt, late answers, retry) is the single-key path's own ([`Attempt`]).
+//!
+//! Why this cannot deadlock: no client ever holds part of a set on a node
+//! while it waits for the rest. Two holders of sets that share a key never
+//! overlap: each needs a quorum of nodes holding every key of its set, two
+//! quorums share a node, and on that node the shared key holds one token.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{join_all, select_all};
+use tracing::Instrument;
+
+use super::attempt::{Attempt, ReleaseOnDrop, Round};
+use crate::error::Error;
+use crate::fencing::{FencingMode, fence_key};
+use crate::guard::{LockGuard, LockHandle};
+use crate::keys::{Keys, Many, Resources};
+use crate::lock::Lock;
+use crate::metrics;
+use crate::node::{Call, parse_acquire_many};
+use crate::redlock::Redlock;
+use crate::settings::{LockOptions, RetryPolicy};
+use crate::steps::{may_retry, new_token};
+use crate::wait::fallback;
+use crate::wake::{Found, Subscription};
+
+impl Redlock {
+    /// One attempt to lock several resources together (no retry): one token
+    /// for all of them, held on a node only if that node set every key.
+    ///
+    /// The resources are deduplicated and ordered by key; a set of one is an
+    /// ordinary [`Redlock::try_lock`]. The [`Lock`] extends, releases and
+    /// guards all of them as one ([`Lock::resources`]); with fencing on, it
+    /// carries one token per resource ([`Lock::fencing_tokens`]).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_core::Redlock;
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+    /// // {account:7, account:9} and {account:9, account:7} are the same lock.
+    /// let lock = redlock
+    ///     .try_lock_many(["account:9", "account:7"], Duration::from_secs(5))
+    ///     .await?;
+    /// assert_eq!(lock.resources(), ["account:7", "account:9"]);
+    /// redlock.unlock(lock).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Redlock::try_lock`]: [`Error::Busy`] when any of the resources is
+    /// held elsewhere on too many nodes; and [`Error::NoResources`],
+    /// [`Error::EmptyResource`] or [`Error::TooManyResources`] (more than
+    /// [`MAX_RESOURCES`](crate::MAX_RESOURCES)) for the set.
+    pub async fn try_lock_many<I, R>(&self, resources: I, ttl: Duration) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        self.lock_many_with(resources, ttl, &RetryPolicy::no_retry())
+            .await
+    }
+
+    /// Locks several resources together, retrying per the handle's retry
+    /// policy (see [`Redlock::try_lock_many`]).
+    ///
+    /// # Errors
+    /// See [`Redlock::try_lock_many`] and [`Redlock::lock`].
+    pub async fn lock_many<I, R>(&self, resources: I, ttl: Duration) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        self.lock_many_with(resources, ttl, &self.inner.settings.retry)
+            .await
+    }
+
+    /// Locks several resources together, retrying per `retry` (see
+    /// [`Redlock::try_lock_many`]). A waiter is woken by the release of any
+    /// of the resources (with wake-ups on), or by the retry delay; waiters
+    /// on sets do not join the per-process queue of one key.
+    ///
+    /// # Errors
+    /// See [`Redlock::try_lock_many`] and [`Redlock::lock`].
+    pub async fn lock_many_with<I, R>(
+        &self,
+        resources: I,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        let many = match self.resources(resources)? {
+            Resources::One(resource) => return self.lock_with(&resource, ttl, retry).await,
+            Resources::Many(many) => many,
+        };
+        let begin = Instant::now();
+        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
+        let result = self.lock_many_with_retries(&many, ttl, retry).await;
+        let key = self
+            .inner
+            .settings
+            .metrics_key
+            .as_ref()
+            .and_then(|_| self.metrics_key(&many.keys[0]));
+        let outcome = metrics::acquire_outcome(&result);
+        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
+        result
+    }
+
+    /// Locks several resources together and holds them with auto-extension
+    /// (every renewal extends every key) until the guard is released or
+    /// dropped: [`Redlock::lock_guard`] for a set.
+    ///
+    /// # Errors
+    /// See [`Redlock::lock_many`] and [`Redlock::lock_guard`].
+    pub async fn lock_guard_many<I, R>(
+        &self,
+        resources: I,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        self.loss_margin_for(options)?;
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let lock = self.lock_many_with(resources, options.ttl, retry).await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// Runs the future `f` makes while holding several resources together,
+    /// with auto-extension: [`Redlock::with_lock`] for a set.
+    ///
+    /// # Errors
+    /// An acquire error (see [`Redlock::lock_guard_many`]) or [`Error::Lost`].
+    pub async fn with_lock_many<I, R, F, Fut, T>(
+        &self,
+        resources: I,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock_guard_many(resources, options).await?;
+        crate::guard::run_guarded(guard, f).await
+    }
+
+    /// The attempts of a multi-resource lock until one wins or the policy
+    /// gives up: by wake-up when it retries and wake-ups are on, else by
+    /// polling.
+    async fn lock_many_with_retries(
+        &self,
+        many: &Arc<Many>,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        self.check_ttl(ttl)?;
+        let latest_start = self.latest_start(retry, Instant::now());
+        if retry.max_attempts > 1 && self.inner.waiting.enabled() {
+            return self
+                .lock_many_by_wake_up(many, ttl, retry, latest_start)
+                .await;
+        }
+        self.poll_attempts(retry, latest_start, |attempt| {
+            self.attempt_many(many, ttl, attempt)
+        })
+        .await
+    }
+
+    /// Spec step 4's retry for a set, by wake-up: after a failed attempt the
+    /// waiter subscribes to every key's release channel, tries once more (a
+    /// release between the two is not missed), then sleeps until a release
+    /// of any key is heard on enough of the nodes it found busy, or a
+    /// fallback timer (the holder's expiry, the policy's delay) fires.
+    async fn lock_many_by_wake_up(
+        &self,
+        many: &Arc<Many>,
+        ttl: Duration,
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+    ) -> Result<Lock, Error> {
+        let waiting = &self.inner.waiting;
+        let mut subscriptions: Option<Vec<Subscription<'_>>> = None;
+        let mut attempt = 1;
+        loop {
+            for s in subscriptions.iter_mut().flatten() {
+                s.mark_seen();
+            }
+            let err = match self.attempt_many(many, ttl, attempt).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) => e,
+            };
+            let now = Instant::now();
+            if !may_retry(attempt, retry, latest_start, now) {
+                return Err(err);
+            }
+            attempt += 1;
+            let Some(subs) = subscriptions.as_mut() else {
+                let mut subs: Vec<Subscription<'_>> = many
+                    .keys
+                    .iter()
+                    .filter_map(|k| waiting.subscribe(k))
+                    .collect();
+                let limit = latest_start.map_or(self.inner.settings.node_timeout, |l| {
+                    l.saturating_duration_since(now)
+                        .min(self.inner.settings.node_timeout)
+                });
+                join_all(subs.iter_mut().map(|s| s.ready(limit))).await;
+                subscriptions = Some(subs);
+                continue;
+            };
+            let Some(wake) = fallback(&err, now, retry, latest_start) else {
+                return Err(err);
+            };
+            let found = Found::from_report(err.report());
+            let any_release = async {
+                if subs.is_empty() {
+                    return std::future::pending().await;
+                }
+                select_all(subs.iter_mut().map(|s| Box::pin(s.woken(&found)))).await;
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => {}
+                () = any_release => {}
+            }
+        }
+    }
+
+    /// One acquire attempt on a set: spec steps 1 to 4, with the
+    /// all-or-none script as step 2.
+    async fn attempt_many(
+        &self,
+        many: &Arc<Many>,
+        ttl: Duration,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let span = tracing::debug_span!(
+            "redlock.acquire",
+            resource = %many.label,
+            attempt,
+            ttl_ms = ttl.as_millis() as u64,
+            elapsed_us = tracing::field::Empty,
+            validity_ms = tracing::field::Empty,
+            ok = tracing::field::Empty,
+        );
+        async {
+            let token = new_token()?;
+            let fence_keys = self
+                .inner
+                .settings
+                .fencing
+                .map(|_| many.keys.iter().map(|k| fence_key(k)).collect());
+            let call = Arc::new(Call::acquire_many(
+                many,
+                &token,
+                ttl.as_millis(),
+                fence_keys,
+            ));
+            let start = Instant::now();
+            let pending = self.fan_out(&call, parse_acquire_many, 0..self.inner.nodes.len());
+            Attempt {
+                redlock: self,
+                resource: &many.label,
+                key: &many.keys[0],
+                ttl,
+                start,
+                cleanup: ReleaseOnDrop {
+                    redlock: self,
+                    keys: Keys::Many(Arc::clone(many)),
+                    token: Arc::clone(&token),
+                    armed: true,
+                },
+                token,
+            }
+            .run(pending)
+            .await
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+impl Attempt<'_> {
+    /// Fencing steps 2 and 3 for a set: the fence phase of each key, all at
+    /// once, each picking its key's token from the counters the OK nodes
+    /// read for that key. Held only if every key was fenced on a quorum; the
+    /// validity is what the slowest phase left.
+    pub(super) async fn fence_many(&self, many: &Many, mode: FencingMode, round: &mut Round) {
+        let phases = many.keys.iter().enumerate().map(|(i, key)| {
+            self.redlock.fence_phase(
+                &many.resources[i],
+                key,
+                &self.token,
+                mode,
+                &round.settled,
+                self.start,
+                self.ttl,
+                i,
+            )
+        });
+        let mut tokens = Vec::with_capacity(many.keys.len());
+        for fenced in join_all(phases).await {
+            match fenced {
+                Ok(f) => {
+                    round.elapsed = round.elapsed.max(f.elapsed);
+                    round.validity = round.validity.min(Some(f.validity));
+                    tokens.push(f.token);
+                }
+                Err(e) => {
+                    round.fencing = Err(e);
+                    return;
+                }
+            }
+        }
+        round.fencing = Ok(tokens.first().copied());
+        round.fencing_all = tokens;
+    }
+}
