@@ -158,6 +158,7 @@ pub use fencing::{FencingCheck, FencingMode, FencingToken};
 pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use lock::Lock;
+pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
 pub use settings::{LockOptions, RetryPolicy};
