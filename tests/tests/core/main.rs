@@ -12,6 +12,7 @@ mod idempotency_sql;
 mod inputs;
 mod inspect;
 mod memory;
+mod native;
 mod safety;
 mod smoke;
 mod tls;
