@@ -16,12 +16,12 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
+pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 use connection::Shared;
 #[cfg(feature = "tls")]
 pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
-pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_flag};
 #[cfg(test)]
 pub(crate) use scripts::RELEASE_LUA;
