@@ -16,7 +16,6 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
-pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 use connection::Shared;
 #[cfg(feature = "tls")]
 pub(crate) use connection::ensure_crypto_provider;
@@ -29,6 +28,8 @@ pub(crate) use scripts::{Call, EXTEND, FENCE, RELEASE};
 use scripts::{LuaScript, eval, release_parts};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GET, RECORD_PUT};
+
+pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 
 /// One independent Redis master.
 pub(crate) struct Node {
