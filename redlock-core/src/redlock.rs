@@ -104,9 +104,10 @@ pub struct NodeInfo {
     /// How many replicas are attached to this master (`connected_slaves`).
     pub connected_replicas: Option<u64>,
     /// The native compare-and-delete and compare-and-set commands found on
-    /// the node's current connection (`COMMAND INFO` / `COMMAND DOCS`);
-    /// `None` with [`NativeCommands::Off`](crate::NativeCommands::Off) or
-    /// when the node did not answer.
+    /// the node's current connection (`COMMAND INFO` / `COMMAND DOCS`, asked
+    /// in the background once it is open); `None` with
+    /// [`NativeCommands::Off`](crate::NativeCommands::Off), when the node did
+    /// not answer, or while the answer is not in yet.
     pub native: Option<crate::NativeSupport>,
 }
 

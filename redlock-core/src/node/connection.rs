@@ -44,8 +44,9 @@ struct Cached {
     /// an `EVAL` fallback used up its time), and dropping the connection then
     /// would make the next call pay the handshake again.
     answered_at: Instant,
-    /// The native commands found on this connection when it was opened
-    /// (`None`: not looked for, with [`NativeCommands::Off`]).
+    /// The native commands found on this connection, asked right after it
+    /// was opened (`None`: not known yet, or not looked for with
+    /// [`NativeCommands::Off`]).
     native: Option<NativeSupport>,
 }
 
@@ -141,15 +142,7 @@ impl Node {
         let limit = connect_timeout(timeout);
         let look = self.native != NativeCommands::Off;
         runtime.spawn(async move {
-            let opened = async {
-                let mut conn = connect(&pool).await?;
-                let native = match look {
-                    true => Some(detect(&mut conn).await),
-                    false => None,
-                };
-                Ok((conn, native))
-            };
-            let result = match tokio::time::timeout(limit, opened).await {
+            let result = match tokio::time::timeout(limit, connect(&pool)).await {
                 Ok(r) => r,
                 Err(_) => Err(NodeError::Connect(format!(
                     "no connection within {limit:?}"
@@ -160,7 +153,7 @@ impl Node {
                 if slot.connecting.as_ref().is_some_and(|(i, _)| *i == id) {
                     slot.connecting = None;
                 }
-                result.map(|(conn, native)| {
+                result.map(|conn| {
                     let generation = shared
                         .generation
                         .fetch_add(1, Ordering::SeqCst)
@@ -169,13 +162,31 @@ impl Node {
                         generation,
                         conn: conn.clone(),
                         answered_at: Instant::now(),
-                        native,
+                        native: None,
                     });
                     (generation, conn)
                 })
             };
+            let asked = match (&outcome, look) {
+                (Ok((generation, conn)), true) => Some((*generation, conn.clone())),
+                _ => None,
+            };
             // Nobody may be waiting any more; the connection is cached anyway.
             let _ = tx.send(Some(outcome));
+            // Asked after the connection is handed out, so that no call waits
+            // for it: until the answer, calls run the scripts.
+            if let Some((generation, mut conn)) = asked {
+                let found = tokio::time::timeout(limit, detect(&mut conn))
+                    .await
+                    .unwrap_or_default();
+                let mut slot = shared.slot();
+                if let Some(c) = slot.cached.as_mut()
+                    && c.generation == generation
+                    && c.native.is_none()
+                {
+                    c.native = Some(found);
+                }
+            }
         });
         Ok(rx)
     }

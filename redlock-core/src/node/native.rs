@@ -8,7 +8,8 @@
 //!   which sets the value and expiry only while the key holds the token and
 //!   never creates the key.
 //!
-//! Support is detected on each new connection, never assumed and never read
+//! Support is asked on each new connection, right after it is open and
+//! without holding up any call (until the answer, the scripts run), never assumed and never read
 //! off the reported version (Dragonfly answers "redis 6.2.11"): `COMMAND
 //! INFO` says whether `DELIFEQ` and `DELEX` exist, `COMMAND DOCS` whether
 //! `SET` and `DELEX` take `IFEQ` (`COMMAND INFO` lists commands, not their
