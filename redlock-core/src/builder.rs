@@ -315,6 +315,20 @@ impl RedlockBuilder {
         self
     }
 
+    /// Which of the nodes' own compare-and-set and compare-and-delete commands
+    /// replace the Lua scripts where a node has them (default:
+    /// [`NativeCommands::Extend`](crate::NativeCommands::Extend)): extend by
+    /// `SET key token IFEQ token PX ttl` (Valkey 8.1+, Redis 8.4), release by
+    /// `DELIFEQ` (Valkey 9.0+) or `DELEX key IFEQ token` (Redis 8.4, Valkey
+    /// 9.2). What a node has is asked (`COMMAND INFO`, `COMMAND DOCS`) on each
+    /// new connection, never taken from its version; nodes without them, or
+    /// that refuse one, run the scripts. See
+    /// [`NodeInfo::native`](crate::NodeInfo::native) for what was found.
+    pub fn native_commands(mut self, use_: crate::NativeCommands) -> Self {
+        self.settings.native_commands = use_;
+        self
+    }
+
     /// Labels the per-lock metrics (see [`crate::metrics`]) with `key`, the
     /// name `label` gives the resource's Redis key. Off by default: a
     /// resource key can be anything a client sends, and each distinct label

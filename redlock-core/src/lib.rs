@@ -160,6 +160,7 @@ pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use keys::MAX_RESOURCES;
 pub use lock::Lock;
+pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
 pub use settings::{LockOptions, RetryPolicy};

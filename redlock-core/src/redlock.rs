@@ -23,7 +23,10 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(crate) fn new(nodes: Vec<Node>, settings: Settings) -> Self {
+    pub(crate) fn new(mut nodes: Vec<Node>, settings: Settings) -> Self {
+        for node in &mut nodes {
+            node.native = settings.native_commands;
+        }
         Self {
             quorum: quorum(nodes.len()),
             waiting: Waiting::new(&nodes, &settings),
@@ -100,6 +103,12 @@ pub struct NodeInfo {
     pub role: Option<String>,
     /// How many replicas are attached to this master (`connected_slaves`).
     pub connected_replicas: Option<u64>,
+    /// The native compare-and-delete and compare-and-set commands found on
+    /// the node's current connection (`COMMAND INFO` / `COMMAND DOCS`, asked
+    /// in the background once it is open); `None` with
+    /// [`NativeCommands::Off`](crate::NativeCommands::Off), when the node did
+    /// not answer, or while the answer is not in yet.
+    pub native: Option<crate::NativeSupport>,
 }
 
 impl Redlock {
@@ -190,6 +199,7 @@ impl Redlock {
                         eviction: None,
                         role: None,
                         connected_replicas: None,
+                        native: None,
                     };
                     match node.query(cmd, timeout).await {
                         Ok(v) => {
@@ -212,6 +222,7 @@ impl Redlock {
                         self.read_persistence(node, timeout, &mut info).await;
                         self.read_eviction(node, timeout, &mut info).await;
                         read_role(node, timeout, &mut info).await;
+                        info.native = node.current_native_support();
                     }
                     info
                 }

@@ -201,6 +201,8 @@ pub(crate) struct Settings {
     pub(crate) fence_counter_ttl: Duration,
     /// Waiters queue locally and are woken by releases (else they poll).
     pub(crate) wake_on_release: bool,
+    /// Where release and extend may use the nodes' own commands.
+    pub(crate) native_commands: crate::node::NativeCommands,
     /// The opt-in `key` label of the metrics (none by default).
     pub(crate) metrics_key: Option<crate::metrics::KeyLabel>,
 }
@@ -220,6 +222,7 @@ impl Default for Settings {
             fencing: None,
             fence_counter_ttl: crate::fencing::DEFAULT_FENCE_COUNTER_TTL,
             wake_on_release: true,
+            native_commands: crate::node::NativeCommands::default(),
             metrics_key: None,
         }
     }

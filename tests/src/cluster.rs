@@ -98,6 +98,9 @@ pub fn faketime_env(offset_ms: i64) -> Vec<(String, String)> {
 
 /// One `redis-server` process on 127.0.0.1, in its own temp dir.
 pub struct RedisNode {
+    /// The server binary, used again by every restart (see
+    /// [`RedisNode::restart_as`]).
+    bin: Mutex<PathBuf>,
     port: u16,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
@@ -130,10 +133,22 @@ impl RedisNode {
     /// its process (e.g. [`faketime_env`]). Both are used again by every
     /// [`RedisNode::restart`].
     pub fn start_with_env(extra_args: &[&str], env: &[(String, String)]) -> Self {
-        let bin = redis_server_binary();
+        Self::start_binary(&redis_server_binary(), extra_args, env)
+    }
+
+    /// Starts a node of server binary `bin` (a `valkey-server`, or a
+    /// `redis-server` other than [`redis_server_binary`]), with extra arguments
+    /// and environment, both used again by every restart.
+    pub fn start_binary(
+        bin: &std::path::Path,
+        extra_args: &[&str],
+        env: &[(String, String)],
+    ) -> Self {
+        let bin = bin.to_path_buf();
         let mut last_err = String::new();
         for _ in 0..10 {
             let node = Self {
+                bin: Mutex::new(bin.clone()),
                 port: free_port(),
                 dir: tempfile::Builder::new()
                     .prefix("redlock-node-")
@@ -286,8 +301,20 @@ impl RedisNode {
     /// Starts the node again on the same port and dir (empty, unless the test
     /// saved an RDB there).
     pub fn restart(&self) {
+        let bin = self
+            .bin
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.restart_as(&bin);
+    }
+
+    /// Starts the node again on the same port and dir with server binary
+    /// `bin` (kept for later restarts): the same address, another server.
+    pub fn restart_as(&self, bin: &std::path::Path) {
+        *self.bin.lock().unwrap_or_else(PoisonError::into_inner) = bin.to_path_buf();
         self.kill();
-        let bin = redis_server_binary();
+        let bin = bin.to_path_buf();
         let mut last = String::new();
         for _ in 0..50 {
             match self.spawn(&bin) {
@@ -416,6 +443,14 @@ impl Cluster {
             .map(|h| Arc::new(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))))
             .collect();
         Self { nodes }
+    }
+
+    /// A cluster of nodes started one by one (e.g. of different servers, with
+    /// [`RedisNode::start_binary`]).
+    pub fn of(nodes: Vec<RedisNode>) -> Self {
+        Self {
+            nodes: nodes.into_iter().map(Arc::new).collect(),
+        }
     }
 
     /// The nodes' URLs, in order.

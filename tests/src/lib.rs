@@ -13,6 +13,7 @@ pub mod http;
 pub mod monitor;
 pub mod nemesis;
 pub mod proxy;
+pub mod servers;
 pub mod tls;
 pub mod util;
 pub mod workload;

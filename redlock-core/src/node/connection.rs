@@ -10,6 +10,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
 use super::Node;
+use super::native::{NativeCommands, NativeSupport, detect};
 use crate::error::NodeError;
 
 /// The shortest and the longest a background connection attempt may take (it
@@ -43,6 +44,10 @@ struct Cached {
     /// an `EVAL` fallback used up its time), and dropping the connection then
     /// would make the next call pay the handshake again.
     answered_at: Instant,
+    /// The native commands found on this connection, asked right after it
+    /// was opened (`None`: not known yet, or not looked for with
+    /// [`NativeCommands::Off`]).
+    native: Option<NativeSupport>,
 }
 
 /// The node's connection state, shared with the background connection attempt.
@@ -135,6 +140,7 @@ impl Node {
         let pool = self.pool.clone();
         let shared = Arc::clone(&self.shared);
         let limit = connect_timeout(timeout);
+        let look = self.native != NativeCommands::Off;
         runtime.spawn(async move {
             let result = match tokio::time::timeout(limit, connect(&pool)).await {
                 Ok(r) => r,
@@ -156,12 +162,31 @@ impl Node {
                         generation,
                         conn: conn.clone(),
                         answered_at: Instant::now(),
+                        native: None,
                     });
                     (generation, conn)
                 })
             };
+            let asked = match (&outcome, look) {
+                (Ok((generation, conn)), true) => Some((*generation, conn.clone())),
+                _ => None,
+            };
             // Nobody may be waiting any more; the connection is cached anyway.
             let _ = tx.send(Some(outcome));
+            // Asked after the connection is handed out, so that no call waits
+            // for it: until the answer, calls run the scripts.
+            if let Some((generation, mut conn)) = asked {
+                let found = tokio::time::timeout(limit, detect(&mut conn))
+                    .await
+                    .unwrap_or_default();
+                let mut slot = shared.slot();
+                if let Some(c) = slot.cached.as_mut()
+                    && c.generation == generation
+                    && c.native.is_none()
+                {
+                    c.native = Some(found);
+                }
+            }
         });
         Ok(rx)
     }
@@ -169,6 +194,33 @@ impl Node {
     /// The current connection generation.
     pub(crate) fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::SeqCst)
+    }
+
+    /// The native commands found on connection `generation`, while it is the
+    /// cached one (`None` when not looked for, or replaced meanwhile).
+    pub(super) fn native_support(&self, generation: u64) -> Option<NativeSupport> {
+        let slot = self.shared.slot();
+        slot.cached
+            .as_ref()
+            .filter(|c| c.generation == generation)
+            .and_then(|c| c.native)
+    }
+
+    /// The native commands found on the current connection, if any is open
+    /// and they were looked for.
+    pub(crate) fn current_native_support(&self) -> Option<NativeSupport> {
+        self.shared.slot().cached.as_ref().and_then(|c| c.native)
+    }
+
+    /// Connection `generation` refused a native command: the scripts run on it
+    /// from now on.
+    pub(super) fn forget_native(&self, generation: u64) {
+        let mut slot = self.shared.slot();
+        if let Some(c) = slot.cached.as_mut()
+            && c.generation == generation
+        {
+            c.native = Some(NativeSupport::none());
+        }
     }
 
     /// The node answered on connection `generation`.

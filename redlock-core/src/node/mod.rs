@@ -4,6 +4,7 @@
 
 mod connection;
 mod from_url;
+mod native;
 mod parse;
 mod scripts;
 
@@ -28,6 +29,8 @@ use scripts::{LuaScript, eval, release_many_cmds, release_parts};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GET, RECORD_PUT};
 
+pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
+
 /// One independent Redis master.
 pub(crate) struct Node {
     pub(crate) label: Arc<str>,
@@ -50,6 +53,9 @@ pub(crate) struct Node {
     /// The node's database, when known (0 for a node given as a pool): the
     /// release announces itself on a channel of this database's.
     pub(crate) db: i64,
+    /// Which native commands may replace the scripts on this node (the
+    /// handle's setting, given by `Inner::new`).
+    pub(crate) native: NativeCommands,
 }
 
 impl Node {
@@ -61,6 +67,7 @@ impl Node {
             shared: Arc::new(Shared::new()),
             pubsub: None,
             db: 0,
+            native: NativeCommands::Off,
         }
     }
 
@@ -113,6 +120,9 @@ impl Node {
         used: &mut Option<u64>,
     ) -> Result<Value, NodeError> {
         let (generation, mut conn) = self.connection(timeout, used).await?;
+        if let Some(reply) = self.run_native(call, generation, &mut conn).await {
+            return reply;
+        }
         let release;
         let (script, evalsha, key, args): (&LuaScript, _, _, _) = match call {
             Call::Acquire { pipeline } => {

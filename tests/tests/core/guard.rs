@@ -120,8 +120,18 @@ async fn with_lock_drops_the_work_when_the_lock_is_lost() {
         rl.with_lock(key, &LockOptions::new(Duration::from_secs(1)), {
             let finished = Arc::clone(&finished);
             move |handle| async move {
-                let key = handle.key().to_owned();
+                let (key, token) = (handle.key().to_owned(), handle.token().to_owned());
                 tokio::task::spawn_blocking(move || {
+                    // The acquire returned at quorum: a SET still on its way
+                    // would land after the DEL and keep the lock held.
+                    let end = Instant::now() + Duration::from_secs(2);
+                    while [&n0, &n1]
+                        .iter()
+                        .any(|n| n.get(&key).as_deref() != Some(&token))
+                        && Instant::now() < end
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                     n0.cmd(&["DEL", &key]);
                     n1.cmd(&["DEL", &key]);
                 })

@@ -13,6 +13,7 @@ mod inputs;
 mod inspect;
 mod many;
 mod memory;
+mod native;
 mod safety;
 mod smoke;
 mod tls;

@@ -79,14 +79,16 @@ fn held_everywhere(cluster: &Cluster, key: &str, token: &str) {
     );
 }
 
-/// How many `SET` commands `node` has run.
+/// How many acquire attempts (`SET NX` pipelines) `node` has run, counted by
+/// their `TYPE`, which nothing else sends: on a node with `SET … IFEQ` the
+/// renewals are `SET`s too.
 fn set_calls(cluster: &Cluster, node: usize) -> u64 {
     let info: String = cluster
         .node(node)
         .raw(&["INFO", "commandstats"])
         .unwrap_or_default();
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+        .find_map(|l| l.strip_prefix("cmdstat_type:calls="))
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `native` (not in `all`:
+//! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
 //! multiplexed connection per node taken from the pool (as the library does), a
@@ -34,6 +35,7 @@ use redlock_tower::RedlockLayer;
 mod cost;
 mod idempotency;
 mod metrics_cost;
+mod native;
 mod waiting;
 
 const RELEASE: &str = r#"
@@ -915,6 +917,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "metrics" {
         metrics_cost::metrics_cost(&setup).await?;
+    }
+    if scenario == "native" {
+        native::native(&setup).await?;
     }
     Ok(())
 }
