@@ -143,7 +143,10 @@ impl Redlock {
     pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
         lock.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
-        let call = Arc::new(Call::release(Arc::clone(&lock.key), Arc::clone(&lock.token)));
+        let call = Arc::new(Call::release(
+            Arc::clone(&lock.key),
+            Arc::clone(&lock.token),
+        ));
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
         let mut pending = self.fan_out(&call, parse_flag, 0..n);

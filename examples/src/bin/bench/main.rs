@@ -680,7 +680,13 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
     header3(&format!(
         "4. one node of five SIGSTOPped: lock+unlock pairs, node_timeout {NODE_TIMEOUT:?}"
     ));
-    row3("pair p50", us(l.pct(0.5)), us(r.pct(0.5)), us(p.pct(0.5)), "µs");
+    row3(
+        "pair p50",
+        us(l.pct(0.5)),
+        us(r.pct(0.5)),
+        us(p.pct(0.5)),
+        "µs",
+    );
     row3(
         "pair p99",
         us(l.pct(0.99)),
