@@ -420,9 +420,9 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// 3. 16 tasks on one key: the library waiting (`lock_with`), the library
-/// trying in a loop (`try_lock`, then the raw loop's sleep), the raw loop and
-/// rslock (one attempt, then the same sleep), in turn.
+/// Scenario 3, 16 tasks on one key, in turn: the library waiting
+/// (`lock_with`), the library trying in a loop (`try_lock`, then the raw
+/// loop's sleep), the raw loop, and rslock (one attempt, then the same sleep).
 async fn contended(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let raw = Arc::new(Raw::new(&setup.pools).await?);
