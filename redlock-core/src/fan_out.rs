@@ -44,6 +44,22 @@ pub(crate) async fn send_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -
     .await
 }
 
+/// The answers of `pending` that are in already, without waiting: what is
+/// left after them may need a task to drive it, and often nothing is left.
+pub(crate) fn ready_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -> Vec<Settled<T>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut ready = Vec::new();
+    if pending.is_empty() {
+        return ready;
+    }
+    // A call still waiting keeps its own wake-up registered with the set; the
+    // task that drives the rest later polls the set with a real waker.
+    while let Poll::Ready(Some(s)) = pending.poll_next_unpin(&mut cx) {
+        ready.push(s);
+    }
+    ready
+}
+
 impl Redlock {
     /// Spec step 2: sends `call` to the given nodes at once, each under the node
     /// timeout. Each node's future is boxed once, so the set only moves pointers.

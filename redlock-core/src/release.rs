@@ -10,7 +10,7 @@ use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{NodeFuture, Settled, send_now};
+use crate::fan_out::{NodeFuture, Settled, ready_now, send_now};
 use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::node::{Call, parse_flag};
@@ -66,7 +66,7 @@ impl Redlock {
         if (0..self.inner.nodes.len()).all(skip) {
             return (0, Report::default());
         }
-        let call = Arc::new(Call::release_keys(keys.clone(), token.to_string()));
+        let call = Arc::new(Call::release_keys(keys.clone(), Arc::clone(token)));
         let mut pending = self.fan_out(
             &call,
             parse_flag,
@@ -103,18 +103,25 @@ impl Redlock {
     /// dropping their calls could cancel them before they are written, leaving
     /// those keys to block the resource for a TTL.
     fn finish_release(&self, mut pending: FuturesUnordered<NodeFuture<bool>>, key: &Arc<str>) {
+        let (label, this) = (Arc::clone(key), self.clone());
+        let log = move |s: Settled<bool>| {
+            if let Err(e) = &s.result {
+                tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
+            }
+        };
+        // The answers already in need no task.
+        for s in ready_now(&mut pending) {
+            log(s);
+        }
         if pending.is_empty() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (label, this) = (Arc::clone(key), self.clone());
         rt.spawn(async move {
             while let Some(s) = pending.next().await {
-                if let Err(e) = &s.result {
-                    tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
-                }
+                log(s);
             }
         });
     }
@@ -137,7 +144,7 @@ impl Redlock {
     pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
         lock.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
-        let call = Arc::new(Call::release_keys(lock.key_set(), lock.token.to_string()));
+        let call = Arc::new(Call::release_keys(lock.key_set(), Arc::clone(&lock.token)));
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
         let mut pending = self.fan_out(&call, parse_flag, 0..n);

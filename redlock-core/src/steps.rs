@@ -51,13 +51,15 @@ pub(crate) fn whole_millis(d: Duration) -> Duration {
 pub(crate) fn new_token() -> Result<Arc<str>, Error> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| Error::Random(e.to_string()))?;
-    let mut hex = String::with_capacity(32);
-    for b in bytes {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        hex.push(DIGITS[usize::from(b >> 4)] as char);
-        hex.push(DIGITS[usize::from(b & 0xf)] as char);
+    // Hex digits on the stack, so the token costs one allocation (the `Arc`).
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 32];
+    for (i, b) in bytes.into_iter().enumerate() {
+        hex[2 * i] = DIGITS[usize::from(b >> 4)];
+        hex[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
     }
-    Ok(hex.into())
+    let hex = std::str::from_utf8(&hex).map_err(|e| Error::Random(e.to_string()))?;
+    Ok(Arc::from(hex))
 }
 
 /// Spec step 5 ("retry after a random delay"): `delay + uniform(0..=jitter)`.

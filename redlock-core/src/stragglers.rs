@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::error::NodeError;
-use crate::fan_out::NodeFuture;
+use crate::fan_out::{NodeFuture, ready_now};
 use crate::keys::Keys;
 use crate::node::{AcquireReply, Call};
 use crate::redlock::Redlock;
@@ -42,6 +42,20 @@ impl Redlock {
         token: &Arc<str>,
     ) -> Option<Arc<Late>> {
         let late = late?;
+        // A held lock whose other answers are in already needs no task: a late
+        // answer is acted on only once the lock is released, and an `OK` or a
+        // refusal that came back is on the node before that release. A late
+        // error (the `SET` may still land) is kept for the task.
+        if !late.abandoned.load(Ordering::SeqCst) {
+            for s in ready_now(&mut pending) {
+                if matches!(s.result, Err(ref e) if !matches!(e, NodeError::WrongType { .. })) {
+                    pending.push(Box::pin(std::future::ready(s)));
+                }
+            }
+            if pending.is_empty() {
+                return Some(late);
+            }
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return Some(late);
         };
@@ -74,7 +88,7 @@ impl Redlock {
     /// gets a longer timeout than a call on the hot path, and one retry: a key it
     /// fails to delete blocks the resource for a whole TTL.
     async fn release_on(&self, index: usize, keys: &Keys, token: &Arc<str>) {
-        let call = Call::release_keys(keys.clone(), token.to_string());
+        let call = Call::release_keys(keys.clone(), Arc::clone(token));
         let timeout = self.inner.settings.node_timeout.saturating_mul(4);
         for attempt in 1..=2 {
             let (result, _) = self.inner.nodes[index].run(&call, timeout).await;

@@ -140,6 +140,14 @@ impl Node {
                     .map(Value::Array)
                     .map_err(|e| NodeError::from_redis(&e));
             }
+            Call::Set { set, key } => {
+                let reply = self.send(generation, &mut conn, set).await;
+                return match reply {
+                    Ok(Value::Nil) => Ok(self.probe_holder(generation, &mut conn, key).await),
+                    Ok(v) => Ok(v),
+                    Err(e) => Err(NodeError::from_redis(&e)),
+                };
+            }
             Call::Keys { evalsha, eval } => {
                 return self.run_keys(generation, conn, evalsha, eval).await;
             }
@@ -153,7 +161,23 @@ impl Node {
                 key,
                 args,
             } => (*script, evalsha, key, args),
-            Call::Release { key, token } => {
+            // Nearly every node is database 0, which the call encoded once.
+            Call::Release {
+                evalsha,
+                key,
+                token,
+            } if self.db == 0 => {
+                return match self.send(generation, &mut conn, evalsha).await {
+                    Ok(v) => Ok(v),
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        let (_, args) = release_parts(key, token, self.db);
+                        Box::pin(self.eval_fallback(generation, conn, &eval(&RELEASE, key, &args)))
+                            .await
+                    }
+                    Err(e) => Err(NodeError::from_redis(&e)),
+                };
+            }
+            Call::Release { key, token, .. } => {
                 release = release_parts(key, token, self.db);
                 (&RELEASE, &release.0, key, &release.1)
             }
@@ -185,6 +209,25 @@ impl Node {
             }
             Err(e) => Err(NodeError::from_redis(&e)),
         }
+    }
+
+    /// After a refused `SET`: the holder's `PTTL` and `TYPE`, in the
+    /// `[SET, PTTL, TYPE]` shape `parse_acquire` reads. A probe that fails
+    /// leaves the holder unknown (`[nil]`): the `SET` was refused all the same.
+    async fn probe_holder(
+        &self,
+        generation: u64,
+        conn: &mut MultiplexedConnection,
+        key: &str,
+    ) -> Value {
+        let mut probe = redis::pipe();
+        probe.cmd("PTTL").arg(key).cmd("TYPE").arg(key);
+        let mut items = vec![Value::Nil];
+        if let Ok(replies) = conn.send_packed_commands(&probe, 0, 2).await {
+            self.answered(generation);
+            items.extend(replies);
+        }
+        Value::Array(items)
     }
 
     /// `EVAL` after `NOSCRIPT`. A failure here means the node cannot run scripts.

@@ -92,7 +92,8 @@ pub(crate) fn parse_acquire_many(v: Value) -> Result<AcquireReply, NodeError> {
     }
 }
 
-/// Judges the acquire pipeline by its `SET` reply: `OK` is acquired whatever
+/// Judges the acquire by its `SET` reply (an unfenced acquire's `SET` comes
+/// alone when it said OK, with the probe's `PTTL` and `TYPE` when it refused): `OK` is acquired whatever
 /// `PTTL` and `TYPE` said (the key is set; a user not allowed those commands
 /// must still be able to lock), an error is the node's error, and nil is busy.
 /// Only then do `PTTL` and `TYPE` describe the holder; a refused one leaves that
@@ -100,8 +101,15 @@ pub(crate) fn parse_acquire_many(v: Value) -> Result<AcquireReply, NodeError> {
 /// be readable when `SET` said OK: a token picked without them could be too
 /// small, so the node then counts as failed (and is released).
 pub(crate) fn parse_acquire(v: Value) -> Result<AcquireReply, NodeError> {
-    let Value::Array(mut items) = v else {
-        return Err(NodeError::Protocol(format!("acquire reply {v:?}")));
+    let mut items = match v {
+        // An unfenced acquire's `SET` alone, and a refusal whose probe failed.
+        Value::Okay => return Ok(AcquireReply::Acquired { fence: None }),
+        Value::SimpleString(s) if s == "OK" => return Ok(AcquireReply::Acquired { fence: None }),
+        Value::Array(items) if items.len() == 1 && items[0] == Value::Nil => {
+            return Ok(AcquireReply::Busy { pttl_ms: -2 });
+        }
+        Value::Array(items) => items,
+        v => return Err(NodeError::Protocol(format!("acquire reply {v:?}"))),
     };
     let fenced = match items.len() {
         5 => items.split_off(3),

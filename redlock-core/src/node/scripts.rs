@@ -110,21 +110,30 @@ pub(crate) enum Call {
         key: Arc<str>,
         args: Vec<String>,
     },
-    /// Spec step 2, the acquire: `SET key token NX PX ttl`, pipelined with `PTTL`
-    /// and `TYPE` of the key so a refusal says, in the same round trip, how long
-    /// the holder has left and whether the key is a foreign non-string value.
-    /// Plain commands cost the node less than a script; the answers to `PTTL` and
-    /// `TYPE` only matter when `SET` refused.
+    /// Spec step 2, the acquire: `SET key token NX PX ttl` alone. Only when
+    /// `SET` refused does the node get `PTTL` and `TYPE` of `key`, so a
+    /// refusal still says how long the holder has left and whether the key is
+    /// a foreign non-string value, at the cost of a second round trip; the
+    /// common path, a free key, costs each node one command instead of three
+    /// (BENCHMARKS.md, "Client and server CPU per lock").
+    Set { set: Cmd, key: Arc<str> },
+    /// A fencing lock's acquire: the same `SET`, `PTTL` and `TYPE`, then its
+    /// reads, pipelined in one round trip (the reads must follow the `SET`).
     Acquire { pipeline: Pipeline },
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
     Keys { evalsha: Cmd, eval: Cmd },
     /// The release script for `key` and `token`: its last argument is each
-    /// node's own database (the channel it announces on), so it is encoded
-    /// per node (`release_parts`).
-    Release { key: Arc<str>, token: String },
+    /// node's own database (the channel it announces on). `evalsha` is encoded
+    /// once for database 0, what nearly every node uses; a node of another
+    /// database encodes its own (`release_parts`).
+    Release {
+        key: Arc<str>,
+        token: Arc<str>,
+        evalsha: Cmd,
+    },
     /// The release script of a multi-resource lock (`RELEASE_MANY_LUA`),
-    /// encoded per node like [`Call::Release`].
+    /// encoded per node.
     ReleaseMany { many: Arc<Many>, token: String },
 }
 
@@ -141,10 +150,21 @@ impl Call {
         }
     }
 
-    /// The acquire pipeline for `key`, `token` and `ttl_ms`.
-    pub(crate) fn acquire(key: &str, token: &str, ttl_ms: u128) -> Self {
-        Call::Acquire {
-            pipeline: acquire_pipeline(key, token, ttl_ms),
+    /// The release (compare-and-delete) of `key` held with `token`.
+    pub(crate) fn release(key: Arc<str>, token: Arc<str>) -> Self {
+        let evalsha = release_evalsha(&key, &token, 0);
+        Call::Release {
+            key,
+            token,
+            evalsha,
+        }
+    }
+
+    /// The acquire's `SET` for `key`, `token` and `ttl_ms`.
+    pub(crate) fn acquire(key: &Arc<str>, token: &str, ttl_ms: u128) -> Self {
+        Call::Set {
+            set: set_nx(key, token, ttl_ms),
+            key: Arc::clone(key),
         }
     }
 
@@ -153,8 +173,16 @@ impl Call {
     /// `TIME`. Read after the `SET` on the same connection, so after any fence
     /// of an earlier holder whose key the `SET` found gone.
     pub(crate) fn fenced_acquire(key: &str, token: &str, ttl_ms: u128, fence_key: &[u8]) -> Self {
-        let mut pipeline = acquire_pipeline(key, token, ttl_ms);
-        pipeline.cmd("GET").arg(fence_key).cmd("TIME");
+        let mut pipeline = redis::pipe();
+        pipeline
+            .add_command(set_nx(key, token, ttl_ms))
+            .cmd("PTTL")
+            .arg(key)
+            .cmd("TYPE")
+            .arg(key)
+            .cmd("GET")
+            .arg(fence_key)
+            .cmd("TIME");
         Call::Acquire { pipeline }
     }
 
@@ -179,30 +207,28 @@ where
     (build("EVALSHA", &script.sha), build("EVAL", script.body))
 }
 
-/// Spec step 2's `SET key token NX PX ttl`, then `PTTL` and `TYPE` of the key.
-fn acquire_pipeline(key: &str, token: &str, ttl_ms: u128) -> Pipeline {
-    let mut pipeline = redis::pipe();
-    pipeline
-        .cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms.to_string())
-        .cmd("PTTL")
-        .arg(key)
-        .cmd("TYPE")
-        .arg(key);
-    pipeline
+/// Spec step 2's `SET key token NX PX ttl`.
+fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
+    let mut cmd = redis::cmd("SET");
+    // `u128` is no `ToRedisArgs`; a TTL is checked to fit a `u64` earlier.
+    let ttl_ms = u64::try_from(ttl_ms).unwrap_or(u64::MAX);
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+    cmd
 }
 
-/// The release's `EVALSHA` and arguments as node `db` runs it: the database
-/// names the channel the release is announced on.
+/// The release's `EVALSHA` as node database `db` runs it: the database names
+/// the channel the release is announced on.
+pub(super) fn release_evalsha(key: &str, token: &str, db: i64) -> Cmd {
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(&RELEASE.sha).arg(1).arg(key).arg(token).arg(db);
+    evalsha
+}
+
+/// The release's `EVALSHA` and arguments as node `db` runs it (the arguments
+/// for the `EVAL` fallback).
 pub(super) fn release_parts(key: &str, token: &str, db: i64) -> (Cmd, Vec<String>) {
     let args = vec![token.to_owned(), db.to_string()];
-    let mut evalsha = redis::cmd("EVALSHA");
-    evalsha.arg(&RELEASE.sha).arg(1).arg(key).arg(&args);
-    (evalsha, args)
+    (release_evalsha(key, token, db), args)
 }
 
 /// `EVAL body 1 key args..`: the fallback after `NOSCRIPT` (a restarted or flushed
@@ -313,10 +339,13 @@ impl Call {
     }
 
     /// The release (compare-and-delete) of the lock's keys held with `token`.
-    pub(crate) fn release_keys(keys: Keys, token: String) -> Self {
+    pub(crate) fn release_keys(keys: Keys, token: Arc<str>) -> Self {
         match keys {
-            Keys::One(key) => Call::Release { key, token },
-            Keys::Many(many) => Call::ReleaseMany { many, token },
+            Keys::One(key) => Call::release(key, token),
+            Keys::Many(many) => Call::ReleaseMany {
+                many,
+                token: token.to_string(),
+            },
         }
     }
 }

@@ -422,56 +422,95 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// 3. 16 tasks on one key, wait mode.
+/// Scenario 3, 16 tasks on one key, in turn: the library waiting
+/// (`lock_with`), the library trying in a loop (`try_lock`, then the raw
+/// loop's sleep), the raw loop, and rslock (one attempt, then the same sleep).
 async fn contended(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let raw = Arc::new(Raw::new(&setup.pools).await?);
+    let rsl = Arc::new(peer(setup));
     let secs = if setup.quick { 1.0 } else { 4.0 };
     let delay = Duration::from_millis(5);
     let jitter = Duration::from_millis(10);
+    // 0: library wait, 1: raw, 2: rslock, 3: library try_lock loop.
     let mut results = Vec::new();
-    for run_lib in [true, false] {
+    for who in [0u8, 3, 1, 2] {
         let stop = Arc::new(AtomicBool::new(false));
         let count = Arc::new(AtomicU64::new(0));
         // Instant (as ns since `t0`) of the last release; the next acquire measures from it.
         let t0 = Instant::now();
         let last_release = Arc::new(AtomicU64::new(0));
         let handoffs = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let key = if run_lib {
-            "bench:contended:lib"
-        } else {
-            "bench:contended:raw"
+        let key: &'static str = match who {
+            0 => "bench:contended:lib",
+            3 => "bench:contended:try",
+            1 => "bench:contended:raw",
+            _ => "bench:contended:rslock",
         };
+        let before = cost::snapshot(&setup.pools).await?;
         let start = Instant::now();
         let tasks: Vec<_> = (0..16)
             .map(|_| {
-                let (stop, count, lib, raw) =
-                    (stop.clone(), count.clone(), lib.clone(), raw.clone());
+                let (stop, count, lib, raw, rsl) = (
+                    stop.clone(),
+                    count.clone(),
+                    lib.clone(),
+                    raw.clone(),
+                    rsl.clone(),
+                );
                 let (last_release, handoffs) = (last_release.clone(), handoffs.clone());
                 tokio::spawn(async move {
                     let policy = RetryPolicy::deadline(Duration::from_secs(30))
                         .with_delay(delay)
                         .with_jitter(jitter);
+                    let pause = || async {
+                        let extra = rand_below(jitter.as_micros() as u64);
+                        tokio::time::sleep(delay + Duration::from_micros(extra)).await;
+                    };
                     while !stop.load(Ordering::Relaxed) {
                         let tok = Raw::token();
-                        let got = if run_lib {
-                            lib.lock_with(key, TTL, &policy).await.ok()
-                        } else {
-                            let mut ok = false;
-                            while !stop.load(Ordering::Relaxed) {
-                                if raw.lock(key, &tok).await {
-                                    ok = true;
-                                    break;
+                        let mut lib_lock = None;
+                        let mut peer_lock = None;
+                        let mut ok = false;
+                        match who {
+                            0 => {
+                                lib_lock = lib.lock_with(key, TTL, &policy).await.ok();
+                                ok = lib_lock.is_some();
+                            }
+                            3 => {
+                                while !stop.load(Ordering::Relaxed) {
+                                    if let Ok(l) = lib.try_lock(key, TTL).await {
+                                        lib_lock = Some(l);
+                                        ok = true;
+                                        break;
+                                    }
+                                    pause().await;
                                 }
-                                raw.unlock(key, &tok).await;
-                                let extra = rand_below(jitter.as_micros() as u64);
-                                tokio::time::sleep(delay + Duration::from_micros(extra)).await;
                             }
-                            if !ok {
-                                break;
+                            1 => {
+                                while !stop.load(Ordering::Relaxed) {
+                                    if raw.lock(key, &tok).await {
+                                        ok = true;
+                                        break;
+                                    }
+                                    raw.unlock(key, &tok).await;
+                                    pause().await;
+                                }
                             }
-                            None
-                        };
+                            _ => {
+                                while !stop.load(Ordering::Relaxed) {
+                                    if let Ok(l) = rsl.lock(key, TTL).await {
+                                        peer_lock = Some(l);
+                                        ok = true;
+                                        break;
+                                    }
+                                    pause().await;
+                                }
+                            }
+                        }
+                        if !ok {
+                            break;
+                        }
                         let acquired_at = t0.elapsed().as_nanos() as u64;
                         let released_at = last_release.load(Ordering::SeqCst);
                         if released_at > 0
@@ -483,11 +522,12 @@ async fn contended(setup: &Setup) -> Result<(), BoxError> {
                         }
                         count.fetch_add(1, Ordering::Relaxed);
                         last_release.store(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
-                        match got {
-                            Some(l) => {
-                                let _ = lib.unlock(l).await;
-                            }
-                            None => raw.unlock(key, &tok).await,
+                        if let Some(l) = lib_lock {
+                            let _ = lib.unlock(l).await;
+                        } else if let Some(l) = peer_lock {
+                            rsl.unlock(&l).await;
+                        } else {
+                            raw.unlock(key, &tok).await;
                         }
                     }
                 })
@@ -498,22 +538,59 @@ async fn contended(setup: &Setup) -> Result<(), BoxError> {
         for t in tasks {
             let _ = t.await;
         }
-        let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        let n = count.load(Ordering::Relaxed);
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let mut c = cost::Cost::default();
+        c.add(before, cost::snapshot(&setup.pools).await?);
         let h = Stats::new(handoffs.lock().map(|v| v.clone()).unwrap_or_default());
-        results.push((rate, h));
+        results.push((rate, h, c, n.max(1)));
     }
-    header("3. 16 tasks, one key, wait mode (retry 5 ms + 0..10 ms jitter)");
-    row("acquisitions/s", results[0].0, results[1].0, "acq/s");
-    row(
+    // Printed in the columns' order: library (try_lock loop), raw, rslock;
+    // the waiting library on rows of its own.
+    let (wait, try_, raw_, peer_) = (&results[0], &results[1], &results[2], &results[3]);
+    header3("3. 16 tasks, one key, try_lock + sleep 5 ms + 0..10 ms jitter (library: try_lock)");
+    row3("acquisitions/s", try_.0, raw_.0, peer_.0, "acq/s");
+    row3(
         "handoff p50 (release→next acquire)",
-        us(results[0].1.pct(0.5)),
-        us(results[1].1.pct(0.5)),
+        us(try_.1.pct(0.5)),
+        us(raw_.1.pct(0.5)),
+        us(peer_.1.pct(0.5)),
         "µs",
     );
-    row(
+    row3(
         "handoff p99",
-        us(results[0].1.pct(0.99)),
-        us(results[1].1.pct(0.99)),
+        us(try_.1.pct(0.99)),
+        us(raw_.1.pct(0.99)),
+        us(peer_.1.pct(0.99)),
+        "µs",
+    );
+    let per_acq = |r: &(f64, Stats, cost::Cost, u64), x: f64| x / r.3 as f64;
+    row3(
+        "server CPU per acquisition",
+        per_acq(try_, us(try_.2.server_cpu)),
+        per_acq(raw_, us(raw_.2.server_cpu)),
+        per_acq(peer_, us(peer_.2.server_cpu)),
+        "µs",
+    );
+    row3(
+        "commands per node per acquisition",
+        per_acq(try_, try_.2.commands as f64) / setup.pools.len().max(1) as f64,
+        per_acq(raw_, raw_.2.commands as f64) / setup.pools.len().max(1) as f64,
+        per_acq(peer_, peer_.2.commands as f64) / setup.pools.len().max(1) as f64,
+        "cmds",
+    );
+    row3(
+        "library lock_with (wait): acquisitions/s",
+        wait.0,
+        raw_.0,
+        peer_.0,
+        "acq/s",
+    );
+    row3(
+        "library lock_with (wait): handoff p50",
+        us(wait.1.pct(0.5)),
+        us(raw_.1.pct(0.5)),
+        us(peer_.1.pct(0.5)),
         "µs",
     );
     Ok(())
@@ -537,11 +614,17 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
     };
     let lib = redlock(setup)?;
     let raw = Raw::new(&setup.pools).await?;
+    let rsl = peer(setup);
+    // rslock sets no timeout on a node's call; bounded here so that a pair
+    // stuck on the paused node ends (and is counted as failed). One pair per
+    // block, since each may take the whole bound.
+    let peer_bound = Duration::from_secs(1);
+    let mut peer_failed = 0;
     // Alternating blocks of healthy and paused pairs, so the machine's load
     // drifts alike for both; the resumed node gets a moment to answer what was
     // queued while it was stopped.
     let (blocks, per_block) = if setup.quick { (2, 50) } else { (10, 100) };
-    let (mut healthy, mut l, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut healthy, mut l, mut r, mut p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut failed = 0;
     for b in 0..blocks {
         for i in 0..per_block {
@@ -569,17 +652,51 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
                 raw.unlock(&rkey, &tok).await;
                 r.push(start.elapsed());
             }
+            // rslock once per block: a pair waits for the paused node.
+            if i == 0 {
+                let pkey = format!("bench:ppaused:{b}:{i}");
+                let start = Instant::now();
+                let pair = async {
+                    match rsl.lock(pkey.as_str(), TTL).await {
+                        Ok(l) => {
+                            rsl.unlock(&l).await;
+                            true
+                        }
+                        Err(_) => false,
+                    }
+                };
+                let ok = matches!(tokio::time::timeout(peer_bound, pair).await, Ok(true));
+                p.push(start.elapsed());
+                peer_failed += usize::from(!ok);
+            }
         }
         cluster.node(4).resume();
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    let (h, l, r) = (Stats::new(healthy), Stats::new(l), Stats::new(r));
-    header(&format!(
+    let (h, l, r, p) = (
+        Stats::new(healthy),
+        Stats::new(l),
+        Stats::new(r),
+        Stats::new(p),
+    );
+    header3(&format!(
         "4. one node of five SIGSTOPped: lock+unlock pairs, node_timeout {NODE_TIMEOUT:?}"
     ));
-    row("pair p50", us(l.pct(0.5)), us(r.pct(0.5)), "µs");
-    row("pair p99", us(l.pct(0.99)), us(r.pct(0.99)), "µs");
-    row("pair max", us(l.max()), us(r.max()), "µs");
+    row3(
+        "pair p50",
+        us(l.pct(0.5)),
+        us(r.pct(0.5)),
+        us(p.pct(0.5)),
+        "µs",
+    );
+    row3(
+        "pair p99",
+        us(l.pct(0.99)),
+        us(r.pct(0.99)),
+        us(p.pct(0.99)),
+        "µs",
+    );
+    row3("pair max", us(l.max()), us(r.max()), us(p.max()), "µs");
     println!(
         "library, paused vs healthy (same run): p50 {:.1} vs {:.1} µs = {:.3}x (target <= 1.2x); p99 {:.1} vs {:.1} µs; failed pairs {failed}",
         us(l.pct(0.5)),
@@ -589,7 +706,11 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
         us(h.pct(0.99)),
     );
     println!(
-        "(raw waits for every node's answer or timeout; the library decides acquire and release at quorum)"
+        "rslock: {} pairs, {peer_failed} failed or past {peer_bound:?}",
+        p.sorted.len()
+    );
+    println!(
+        "(raw waits for every node's answer or timeout; rslock for every node's answer; the library decides acquire and release at quorum)"
     );
     Ok(())
 }
