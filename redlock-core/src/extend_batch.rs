@@ -67,11 +67,22 @@ impl Redlock {
     /// error reply, a reply of the wrong length) counts against every lock of
     /// the batch on that node.
     ///
+    /// A batch of one is [`Redlock::extend`] itself: its script is the one
+    /// every node already runs for manual extends, and a lone lock saves
+    /// nothing by the batch script.
+    ///
     /// Returns one outcome per lock, in order.
     pub(crate) async fn extend_batch(
         &self,
         batch: &mut [(&mut Lock, Duration)],
     ) -> Vec<BatchOutcome> {
+        if let [(lock, ttl)] = batch {
+            let result = self.extend(lock, *ttl).await;
+            return vec![BatchOutcome {
+                decided: Instant::now(),
+                result,
+            }];
+        }
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         // Checked per lock; a lock refused here is not sent.
         let checks: Vec<Result<Instant, Error>> = batch

@@ -222,7 +222,17 @@ impl Task {
             let Some(Entry::Idle(mut renewal)) = self.entries.remove(&id) else {
                 continue;
             };
-            match renewal.due() {
+            let d = renewal.due();
+            eprintln!(
+                "DBG tick id {id} at {:?} due {}",
+                renewal.lock.remaining(),
+                match &d {
+                    Due::Renew(t) => format!("renew {t:?}"),
+                    Due::Wait => "wait".into(),
+                    Due::Lost => "lost".into(),
+                }
+            );
+            match d {
                 Due::Renew(ttl) => {
                     self.entries.insert(id, Entry::InFlight(After::Keep));
                     batch.push((id, renewal, ttl));
