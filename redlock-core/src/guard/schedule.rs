@@ -222,17 +222,7 @@ impl Task {
             let Some(Entry::Idle(mut renewal)) = self.entries.remove(&id) else {
                 continue;
             };
-            let d = renewal.due();
-            eprintln!(
-                "DBG tick id {id} at {:?} due {}",
-                renewal.lock.remaining(),
-                match &d {
-                    Due::Renew(t) => format!("renew {t:?}"),
-                    Due::Wait => "wait".into(),
-                    Due::Lost => "lost".into(),
-                }
-            );
-            match d {
+            match renewal.due() {
                 Due::Renew(ttl) => {
                     self.entries.insert(id, Entry::InFlight(After::Keep));
                     batch.push((id, renewal, ttl));
