@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`. It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
 //! multiplexed connection per node taken from the pool (as the library does), a
@@ -34,6 +34,7 @@ use redlock_tower::RedlockLayer;
 mod cost;
 mod idempotency;
 mod metrics_cost;
+mod scale;
 mod waiting;
 
 const RELEASE: &str = r#"
@@ -915,6 +916,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "metrics" {
         metrics_cost::metrics_cost(&setup).await?;
+    }
+    if all || scenario == "scale" {
+        scale::scale(&setup).await?;
     }
     Ok(())
 }
