@@ -47,14 +47,24 @@ fn scripts_run(cluster: &Cluster) -> Vec<u64> {
             let info: String = n.raw(&["INFO", "commandstats"]).unwrap();
             info.lines()
                 .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
                 .sum()
         })
         .collect()
 }
 
 fn extensions(guards: &[LockGuard]) -> u64 {
-    guards.iter().map(|g| u64::from(g.handle().extensions())).sum()
+    guards
+        .iter()
+        .map(|g| u64::from(g.handle().extensions()))
+        .sum()
 }
 
 /// 300 guards of one handle, renewed twice each: each node runs a few script
@@ -106,8 +116,10 @@ async fn one_lock_stolen_among_many_is_lost_alone() {
     let stolen_key = guards[stolen].handle().key().to_owned();
     let expired_key = guards[expired].handle().key().to_owned();
     // Every node has both keys before they are touched.
-    assert!(cluster.wait_until(ms(3_000), |c| c.count_with_key(&stolen_key) == 3
-        && c.count_with_key(&expired_key) == 3));
+    assert!(
+        cluster.wait_until(ms(3_000), |c| c.count_with_key(&stolen_key) == 3
+            && c.count_with_key(&expired_key) == 3)
+    );
     for n in &cluster.nodes()[..2] {
         n.cmd(&["SET", &stolen_key, "someone-else", "PX", "10000"]);
     }
@@ -116,7 +128,9 @@ async fn one_lock_stolen_among_many_is_lost_alone() {
     }
     let marks: Vec<u32> = guards.iter().map(|g| g.handle().extensions()).collect();
     assert!(
-        eventually(ms(5_000), || guards[stolen].is_lost() && guards[expired].is_lost()).await,
+        eventually(ms(5_000), || guards[stolen].is_lost()
+            && guards[expired].is_lost())
+        .await,
         "the stolen and the expired lock were not reported lost"
     );
     // The others are renewed after the losses, and none of them is lost.
