@@ -34,10 +34,10 @@ mod schedule;
 /// handle's other guarded locks due at the same time (one script call per node
 /// for up to 100 of them). It stops at [`LockGuard::release`],
 /// at drop, or once [`LockOptions::max_hold`] has passed. If a renewal finds the
-/// lock gone, the validity ends first, or the task stops for any other reason
-/// (a panic, its runtime shutting down), [`LockGuard::lost`] completes. The
-/// holder's view is also checked against the clock on every call, so it is
-/// right even while the renewal task cannot run.
+/// lock gone, the validity ends first, or the schedule's task stops for any
+/// other reason (a panic, its runtime shutting down), [`LockGuard::lost`]
+/// completes. The holder's view is also checked against the clock on every
+/// call, so it is right even while the schedule cannot run.
 ///
 /// Drop never blocks: it signals the schedule, which finishes any renewal in
 /// flight and then releases the keys. Outside a Tokio runtime nothing runs and the keys expire
