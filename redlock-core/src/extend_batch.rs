@@ -57,7 +57,7 @@ fn parse_flags(v: Value) -> Result<Vec<bool>, NodeError> {
 }
 
 impl Redlock {
-    /// Spec step "extend" for each `(lock, ttl)` of `batch` (at most [`BATCH`]),
+    /// Spec step "extend" for each `(lock, ttl, deadline)` of `batch` (at most [`BATCH`]),
     /// in one script call per node. Each lock is judged as by
     /// [`Redlock::extend`]: its TTL and extension limit are checked first, a
     /// shorter TTL lowers its validity before anything is sent, and it counts
@@ -65,7 +65,9 @@ impl Redlock {
     /// token before its validity ended; its new validity is
     /// `ttl - elapsed - drift` from its own start. A node's failure (timeout,
     /// error reply, a reply of the wrong length) counts against every lock of
-    /// the batch on that node.
+    /// the batch on that node. A lock not decided before `deadline` (its
+    /// holder's: the validity less the loss margin) is `Expired`, not
+    /// extended: its holder was told "lost" by then.
     ///
     /// A batch of one is [`Redlock::extend`] itself: its script is the one
     /// every node already runs for manual extends, and a lone lock saves
@@ -74,10 +76,18 @@ impl Redlock {
     /// Returns one outcome per lock, in order.
     pub(crate) async fn extend_batch(
         &self,
-        batch: &mut [(&mut Lock, Duration)],
+        batch: &mut [(&mut Lock, Duration, Instant)],
     ) -> Vec<BatchOutcome> {
-        if let [(lock, ttl)] = batch {
-            let result = self.extend(lock, *ttl).await;
+        if let [(lock, ttl, deadline)] = batch {
+            // Cut at the holder's deadline: a renewal confirmed after it is of
+            // no use to the holder, and is not counted as an extension.
+            let result = tokio::time::timeout_at((*deadline).into(), self.extend(lock, *ttl))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Expired {
+                        resource: Arc::clone(&lock.resource),
+                    })
+                });
             return vec![BatchOutcome {
                 decided: Instant::now(),
                 result,
@@ -87,7 +97,7 @@ impl Redlock {
         // Checked per lock; a lock refused here is not sent.
         let checks: Vec<Result<Instant, Error>> = batch
             .iter_mut()
-            .map(|(lock, ttl)| {
+            .map(|(lock, ttl, _)| {
                 let start = self.check_extend(lock, *ttl)?;
                 lock.valid_until = lock.valid_until.min(self.extend_cap(*ttl, start));
                 Ok(start)
@@ -156,7 +166,16 @@ impl Redlock {
             .zip(checks)
             .zip(tallies)
             .enumerate()
-            .map(|(i, (((lock, ttl), check), t))| {
+            .map(|(i, (((lock, ttl, deadline), check), t))| {
+                let decided = t.decided.unwrap_or(end);
+                if check.is_ok() && decided >= *deadline {
+                    return BatchOutcome {
+                        decided,
+                        result: Err(Error::Expired {
+                            resource: Arc::clone(&lock.resource),
+                        }),
+                    };
+                }
                 let result = check.and_then(|start| {
                     let now = t.decided.unwrap_or(end);
                     let validity = validity(
@@ -187,10 +206,7 @@ impl Redlock {
                     self.apply_extend(lock, *ttl, start, extended)
                 });
                 self.extended(lock, &result);
-                BatchOutcome {
-                    decided: t.decided.unwrap_or(end),
-                    result,
-                }
+                BatchOutcome { decided, result }
             })
             .collect()
     }

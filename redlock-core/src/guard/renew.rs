@@ -173,6 +173,11 @@ impl Renewal {
         Due::Renew(ttl)
     }
 
+    /// The holder's deadline the renewal sent at [`Renewal::due`] must beat.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// The renewal sent at [`Renewal::due`] was decided at `decided` with
     /// `outcome`. Returns whether the lock is still held.
     pub(super) fn settled(&mut self, decided: Instant, outcome: Result<(), Error>) -> bool {

@@ -268,9 +268,12 @@ impl Task {
         };
         self.batches.push(Box::pin(async move {
             let outcomes = {
-                let mut locks: Vec<(&mut Lock, Duration)> = batch
+                let mut locks: Vec<(&mut Lock, Duration, Instant)> = batch
                     .iter_mut()
-                    .map(|(_, renewal, ttl)| (&mut renewal.lock, *ttl))
+                    .map(|(_, renewal, ttl)| {
+                        let deadline = renewal.deadline();
+                        (&mut renewal.lock, *ttl, deadline)
+                    })
                     .collect();
                 redlock.extend_batch(&mut locks).await
             };
