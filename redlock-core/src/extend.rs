@@ -16,18 +16,18 @@ use crate::redlock::Redlock;
 use crate::steps::{instant_after, validity};
 
 /// What one extend found once it was decided.
-struct Extended {
+pub(crate) struct Extended {
     /// When the outcome was decided.
-    now: Instant,
+    pub(crate) now: Instant,
     /// How many nodes extended the key.
-    ok: usize,
+    pub(crate) ok: usize,
     /// How many nodes no longer held this lock's token.
-    not_held: usize,
+    pub(crate) not_held: usize,
     /// The validity the new TTL leaves (`ttl - elapsed - drift`); `None` when
     /// nothing is left.
-    validity: Option<Duration>,
+    pub(crate) validity: Option<Duration>,
     /// Every node's outcome.
-    report: Report,
+    pub(crate) report: Report,
 }
 
 impl Redlock {
@@ -55,6 +55,13 @@ impl Redlock {
         );
         let extended = self.extend_round(lock, ttl, start, &span).await;
         let result = self.apply_extend(lock, ttl, start, extended);
+        self.extended(lock, &result);
+        result
+    }
+
+    /// What follows every extend's verdict, batched or not: the local queue
+    /// and the metrics learn it.
+    pub(crate) fn extended(&self, lock: &Lock, result: &Result<(), Error>) {
         // The local queue's turn follows the validity: a lock renewed for many
         // TTLs keeps its local waiters queued for the hand-over at its release
         // instead of sending them to contend (and poll) at its first expiry.
@@ -62,7 +69,7 @@ impl Redlock {
             .waiting
             .queues
             .renew(&lock.key, &lock.token, lock.valid_until);
-        let outcome = match &result {
+        let outcome = match result {
             Ok(()) => "extended",
             Err(Error::NotHeld { .. }) => "not_held",
             Err(Error::NoQuorum { .. }) => "no_quorum",
@@ -70,7 +77,6 @@ impl Redlock {
             Err(_) => "error",
         };
         crate::metrics::extended(self.metrics_key(&lock.key), outcome);
-        result
     }
 
     /// The latest validity an extend to `ttl` sent from `start` on can leave:
@@ -84,7 +90,7 @@ impl Redlock {
     /// Checks that `lock` may be extended now, and returns the extend's start:
     /// the TTL is valid, the extension limit is not reached, and the validity
     /// has not run out.
-    fn check_extend(&self, lock: &Lock, ttl: Duration) -> Result<Instant, Error> {
+    pub(crate) fn check_extend(&self, lock: &Lock, ttl: Duration) -> Result<Instant, Error> {
         self.check_ttl(ttl)?;
         if let Some(limit) = self.inner.settings.max_extensions
             && lock.extensions >= limit
@@ -185,7 +191,7 @@ impl Redlock {
     /// The extend's verdict: with a quorum inside the current validity, the
     /// lock takes the new validity, counted from `start`; otherwise the error
     /// that says why not.
-    fn apply_extend(
+    pub(crate) fn apply_extend(
         &self,
         lock: &mut Lock,
         ttl: Duration,

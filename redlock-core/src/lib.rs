@@ -124,6 +124,7 @@ mod builder;
 mod error;
 mod eviction;
 mod extend;
+mod extend_batch;
 mod fan_out;
 pub mod fence;
 mod fencing;

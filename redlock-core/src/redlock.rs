@@ -20,6 +20,8 @@ pub(crate) struct Inner {
     pub(crate) quorum: usize,
     pub(crate) settings: Settings,
     pub(crate) waiting: Waiting,
+    /// The auto-extension of this handle's guarded locks, batched.
+    pub(crate) renewals: crate::guard::Schedule,
 }
 
 impl Inner {
@@ -32,6 +34,7 @@ impl Inner {
             waiting: Waiting::new(&nodes, &settings),
             nodes,
             settings,
+            renewals: crate::guard::Schedule::default(),
         }
     }
 }

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
@@ -20,23 +19,28 @@ use crate::release::Released;
 use crate::settings::LockOptions;
 use handle::Shared;
 pub use handle::{LockHandle, LostFuture};
-use renew::{LostOnExit, keep_alive};
+use renew::{LostOnExit, Renewal};
+pub(crate) use schedule::Schedule;
+use schedule::{Handback, Ticket};
 
 mod handle;
 mod renew;
+mod schedule;
 
 /// A lock held with auto-extension.
 ///
-/// A background task renews the keys before the validity runs low, by the
-/// validity left rather than on a fixed tick. It stops at [`LockGuard::release`],
+/// The handle's renewal schedule renews the keys before the validity runs
+/// low, by the validity left rather than on a fixed tick, together with the
+/// handle's other guarded locks due at the same time (one script call per node
+/// for up to 100 of them). It stops at [`LockGuard::release`],
 /// at drop, or once [`LockOptions::max_hold`] has passed. If a renewal finds the
-/// lock gone, the validity ends first, or the task stops for any other reason
-/// (a panic, its runtime shutting down), [`LockGuard::lost`] completes. The
-/// holder's view is also checked against the clock on every call, so it is
-/// right even while the renewal task cannot run.
+/// lock gone, the validity ends first, or the schedule's task stops for any
+/// other reason (a panic, its runtime shutting down), [`LockGuard::lost`]
+/// completes. The holder's view is also checked against the clock on every
+/// call, so it is right even while the schedule cannot run.
 ///
-/// Drop never blocks: it signals the task, which finishes any renewal in flight and
-/// then releases the keys. Outside a Tokio runtime nothing runs and the keys expire
+/// Drop never blocks: it signals the schedule, which finishes any renewal in
+/// flight and then releases the keys. Outside a Tokio runtime nothing runs and the keys expire
 /// with their TTL.
 ///
 /// ```no_run
@@ -55,8 +59,7 @@ mod renew;
 #[must_use = "dropping a LockGuard releases the lock"]
 pub struct LockGuard {
     handle: LockHandle,
-    stop: CancellationToken,
-    task: Option<JoinHandle<Result<Released, Error>>>,
+    ticket: Option<Ticket>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -76,7 +79,8 @@ impl LockGuard {
     pub fn new(lock: Lock, options: &LockOptions) -> Result<Self, Error> {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::NoRuntime("a LockGuard's renewal task"))?;
-        let margin = lock.redlock().loss_margin_for(options)?;
+        let redlock = lock.redlock().clone();
+        let margin = redlock.loss_margin_for(options)?;
         let shared = Arc::new(Shared {
             resource: Arc::clone(lock.shared_resource()),
             key: Arc::clone(lock.shared_key()),
@@ -99,24 +103,17 @@ impl LockGuard {
             released: std::sync::atomic::AtomicBool::new(false),
         });
         shared.set_valid_until(lock.valid_until());
-        let stop = CancellationToken::new();
-        // Moved into the task's future now, so that even a task dropped before
-        // its first poll (its runtime shut down) fires `lost`.
+        // Moved with the lock now, so that even a schedule dropped before it
+        // took the lock (its runtime shut down) fires `lost`.
         let exit = LostOnExit {
             lost: shared.lost.clone(),
             armed: true,
         };
-        let task = rt.spawn(keep_alive(
-            lock,
-            Arc::clone(&shared),
-            stop.clone(),
-            options.clone(),
-            exit,
-        ));
+        let renewal = Renewal::new(lock, Arc::clone(&shared), options, exit);
+        let ticket = redlock.inner.renewals.add(&rt, renewal);
         Ok(Self {
             handle: LockHandle { shared },
-            stop,
-            task: Some(task),
+            ticket,
         })
     }
 
@@ -159,27 +156,29 @@ impl LockGuard {
     /// panicked.
     pub async fn release(mut self) -> Result<Released, Error> {
         self.handle.shared.give_up();
-        self.stop.cancel();
-        match self.task.take() {
-            Some(task) => task.await.unwrap_or_else(|_| {
-                Err(Error::Lost {
-                    resource: Arc::clone(&self.handle.shared.resource),
-                })
-            }),
-            None => Err(Error::Lost {
-                resource: Arc::clone(&self.handle.shared.resource),
-            }),
+        let lost = || Error::Lost {
+            resource: Arc::clone(&self.handle.shared.resource),
+        };
+        let Some(ticket) = self.ticket.take() else {
+            return Err(lost());
+        };
+        match ticket.release().await {
+            Some(Handback::Lock(lock)) => lock.redlock().clone().unlock(lock).await,
+            Some(Handback::Releasing(release)) => release.await.unwrap_or_else(|_| Err(lost())),
+            None => Err(lost()),
         }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        // The renewal task sees this, finishes any renewal in flight, then releases
+        // The schedule sees this, finishes any renewal in flight, then releases
         // (spawned work: nothing here blocks). Handles kept elsewhere stop saying
         // "held" now, before the release is sent.
         self.handle.shared.give_up();
-        self.stop.cancel();
+        if let Some(ticket) = &self.ticket {
+            ticket.drop_lock();
+        }
     }
 }
 

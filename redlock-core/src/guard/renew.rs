@@ -1,5 +1,6 @@
-//! Auto-extension: the renewal task behind a [`LockGuard`](crate::LockGuard),
-//! scheduled against the holder's deadline, and the loss it reports.
+//! Auto-extension of one lock behind a [`LockGuard`](crate::LockGuard):
+//! when to renew it, against the holder's deadline, to what TTL, and the loss
+//! it reports. `schedule.rs` runs the renewals of a handle's locks in batches.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,11 +12,10 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Error;
 use crate::guard::handle::Shared;
 use crate::lock::Lock;
-use crate::release::Released;
 use crate::settings::LockOptions;
 
-/// Fires `lost` when the renewal task ends any way but a normal release: a panic
-/// unwinds through it, a runtime shutdown drops it.
+/// Fires `lost` when a lock's renewals end any way but a normal release: a
+/// panic unwinds through the schedule, a runtime shutdown drops it.
 pub(super) struct LostOnExit {
     pub(super) lost: CancellationToken,
     pub(super) armed: bool,
@@ -57,141 +57,197 @@ fn renew_point(valid_until: Instant, granted: Duration) -> Instant {
         .map_or(at, |s| s.min(at))
 }
 
-/// The auto-extension loop. It renews when about half of the last granted
-/// validity is left (see [`renew_point`]), retries failed renewals until the
-/// holder's deadline, and signals loss. It owns the [`Lock`], so a release always
-/// comes after the last renewal.
-pub(super) async fn keep_alive(
-    mut lock: Lock,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-    options: LockOptions,
-    mut exit: LostOnExit,
-) -> Result<Released, Error> {
-    let redlock = lock.redlock().clone();
-    // `Duration::MAX` (or any cap past the end of time) means no cap.
-    let hold_until = options
-        .max_hold
-        .and_then(|m| lock.started_at().checked_add(m));
-    // Renewals are scheduled against the holder's deadline (validity less the
-    // margin), not the keys' expiry: a renewal confirmed after the holder was
-    // told "lost" is of no use, so with a margin close to the TTL they come
-    // early enough to land before it.
-    let mut granted = shared.deadline().saturating_duration_since(Instant::now());
-    let mut renew_at = renew_point(shared.deadline(), granted);
-    // A renewal shorter than this would be refused (`InvalidTtl`), or could not
-    // complete within its own validity: stop renewing instead.
-    let min_ttl = redlock
-        .min_ttl()
-        .max(redlock.node_timeout().saturating_mul(2));
-    // Why the renewals stopped, for the loss's cause in the metrics: the cap
-    // (`max_hold`, the extension limit) or a failing renewal.
-    let mut stopped_by: &'static str = "expired";
-    // The cause of a loss the loop itself found.
-    let mut loss: Option<&'static str> = None;
-    let metrics_key = redlock.metrics_key(lock.key());
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            _ = shared.lost.cancelled() => break,
-            _ = tokio::time::sleep_until(renew_at.into()) => {}
+/// What a lock's renewal does when its time comes.
+pub(super) enum Due {
+    /// Renew the keys to this TTL now.
+    Renew(Duration),
+    /// Nothing to send (the cap was reached): wait for `renew_at`.
+    Wait,
+    /// The lock is lost: release it.
+    Lost,
+}
+
+/// One auto-extended lock's renewal state: when to renew it, to what TTL, and
+/// what each outcome means for its holder. The schedule
+/// (`guard/schedule.rs`) runs it, batched with the handle's other locks. It
+/// owns the [`Lock`], so a release always comes after the last renewal.
+pub(super) struct Renewal {
+    pub(super) lock: Lock,
+    pub(super) shared: Arc<Shared>,
+    ttl: Duration,
+    /// `Duration::MAX` (or any cap past the end of time) means no cap.
+    hold_until: Option<Instant>,
+    /// A renewal shorter than this would be refused (`InvalidTtl`), or could
+    /// not complete within its own validity: stop renewing instead.
+    min_ttl: Duration,
+    /// The validity the last renewal left, for the next renewal point.
+    granted: Duration,
+    /// When to renew next.
+    pub(super) renew_at: Instant,
+    /// The deadline the renewal in flight must beat.
+    deadline: Instant,
+    /// Why the renewals stopped, for the loss's cause in the metrics: the cap
+    /// (`max_hold`, the extension limit) or a failing renewal.
+    stopped_by: &'static str,
+    /// The cause of a loss the renewal itself found.
+    loss: Option<&'static str>,
+    exit: LostOnExit,
+}
+
+impl Renewal {
+    pub(super) fn new(
+        lock: Lock,
+        shared: Arc<Shared>,
+        options: &LockOptions,
+        exit: LostOnExit,
+    ) -> Self {
+        let redlock = lock.redlock();
+        let hold_until = options
+            .max_hold
+            .and_then(|m| lock.started_at().checked_add(m));
+        let min_ttl = redlock
+            .min_ttl()
+            .max(redlock.node_timeout().saturating_mul(2));
+        // Renewals are scheduled against the holder's deadline (validity less the
+        // margin), not the keys' expiry: a renewal confirmed after the holder was
+        // told "lost" is of no use, so with a margin close to the TTL they come
+        // early enough to land before it.
+        let deadline = shared.deadline();
+        let granted = deadline.saturating_duration_since(Instant::now());
+        Self {
+            lock,
+            shared,
+            ttl: options.ttl,
+            hold_until,
+            min_ttl,
+            granted,
+            renew_at: renew_point(deadline, granted),
+            deadline,
+            stopped_by: "expired",
+            loss: None,
+            exit,
         }
-        if shared.is_lost() || Instant::now() >= lock.valid_until() {
+    }
+
+    /// How much earlier than `renew_at` this lock may be renewed to fill a
+    /// batch that goes out anyway: a tenth of its last validity, so it is
+    /// renewed with 40–70% of it left.
+    pub(super) fn slack(&self) -> Duration {
+        self.granted / 10
+    }
+
+    /// The renewal's time came (`renew_at`, or within [`Renewal::slack`]
+    /// before it, to fill a batch): checks the lock is still held and picks the TTL. A renewal
+    /// that shortens the keys (the `max_hold` cap) lowers the holder's
+    /// validity here, before it is sent: a schedule starved between the send
+    /// and the reply cannot leave the holder counting on the old one.
+    pub(super) fn due(&mut self) -> Due {
+        let now = Instant::now();
+        if self.shared.is_lost() || now >= self.lock.valid_until() {
             tracing::warn!(
-                resource = lock.resource(),
+                resource = self.lock.resource(),
                 "lock validity ran out before a renewal succeeded"
             );
-            loss = Some(stopped_by);
-            shared.lost.cancel();
-            break;
+            self.lose(self.stopped_by);
+            return Due::Lost;
         }
-        let ttl = match hold_until {
-            None => options.ttl,
+        let ttl = match self.hold_until {
+            None => self.ttl,
             Some(until) => {
-                let left = until.saturating_duration_since(Instant::now());
-                if left < min_ttl {
+                let left = until.saturating_duration_since(now);
+                if left < self.min_ttl {
                     // max_hold reached: stop renewing; the holder is told when the
                     // validity it has runs out.
-                    stopped_by = "max_hold";
-                    renew_at = shared.deadline();
-                    continue;
+                    self.stopped_by = "max_hold";
+                    self.renew_at = self.shared.deadline();
+                    return Due::Wait;
                 }
-                options.ttl.min(left)
+                self.ttl.min(left)
             }
         };
-        // A renewal that shortens the keys (the `max_hold` cap) does so on every
-        // node it reaches, from the moment it is sent: the holder is told the
-        // lower validity first, so a task starved between the send and the
-        // reply cannot leave it counting on the old one.
-        shared.lower_valid_until(redlock.extend_cap(ttl, Instant::now()));
+        let redlock = self.lock.redlock();
+        self.shared.lower_valid_until(redlock.extend_cap(ttl, now));
         // The extend may not outlast the holder's deadline: a renewal confirmed
         // after the holder was told "lost" would be no use to it.
-        let deadline = shared.deadline();
-        let outcome = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            r = redlock.extend(&mut lock, ttl) => Some(r),
-            _ = tokio::time::sleep_until(deadline.into()) => None,
-        };
+        self.deadline = self.shared.deadline();
+        Due::Renew(ttl)
+    }
+
+    /// The holder's deadline the renewal sent at [`Renewal::due`] must beat.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The renewal sent at [`Renewal::due`] was decided at `decided` with
+    /// `outcome`. Returns whether the lock is still held.
+    pub(super) fn settled(&mut self, decided: Instant, outcome: Result<(), Error>) -> bool {
         // A shortening extend lowers the lock's validity before it is sent, and
         // keeps it lowered whatever the outcome: publish it either way.
-        shared.set_valid_until(lock.valid_until());
+        self.shared.set_valid_until(self.lock.valid_until());
+        if decided >= self.deadline {
+            tracing::warn!(
+                resource = self.lock.resource(),
+                "lock validity ran out during a renewal"
+            );
+            self.lose("renewal_failed");
+            return false;
+        }
+        let deadline = self.shared.deadline();
         match outcome {
-            Some(Ok(())) => {
-                shared
+            Ok(()) => {
+                self.shared
                     .extensions
-                    .store(lock.extensions(), Ordering::Relaxed);
-                granted = shared.deadline().saturating_duration_since(Instant::now());
-                renew_at = renew_point(shared.deadline(), granted);
+                    .store(self.lock.extensions(), Ordering::Relaxed);
+                self.granted = deadline.saturating_duration_since(Instant::now());
+                self.renew_at = renew_point(deadline, self.granted);
             }
-            Some(Err(e @ (Error::NoQuorum { .. } | Error::Expired { .. })))
-                if Instant::now() < shared.deadline() =>
+            Err(e @ (Error::NoQuorum { .. } | Error::Expired { .. }))
+                if Instant::now() < deadline =>
             {
-                tracing::debug!(resource = lock.resource(), error = %e, "renewal failed, retrying");
-                stopped_by = "renewal_failed";
-                renew_at = Instant::now()
-                    .checked_add(renewal_retry_step(granted))
-                    .map_or(shared.deadline(), |t| t.min(shared.deadline()));
+                tracing::debug!(resource = self.lock.resource(), error = %e, "renewal failed, retrying");
+                self.stopped_by = "renewal_failed";
+                self.renew_at = Instant::now()
+                    .checked_add(renewal_retry_step(self.granted))
+                    .map_or(deadline, |t| t.min(deadline));
             }
-            Some(Err(e @ (Error::ExtensionLimit { .. } | Error::InvalidTtl { .. }))) => {
-                tracing::debug!(resource = lock.resource(), error = %e, "no more renewals");
-                stopped_by = "max_hold";
-                renew_at = shared.deadline();
+            Err(e @ (Error::ExtensionLimit { .. } | Error::InvalidTtl { .. })) => {
+                tracing::debug!(resource = self.lock.resource(), error = %e, "no more renewals");
+                self.stopped_by = "max_hold";
+                self.renew_at = deadline;
             }
-            Some(Err(e)) => {
-                tracing::warn!(resource = lock.resource(), error = %e, "lock lost");
-                let cause = match e {
+            Err(e) => {
+                tracing::warn!(resource = self.lock.resource(), error = %e, "lock lost");
+                self.lose(match e {
                     Error::NotHeld { .. } => "refused",
                     _ => "renewal_failed",
-                };
-                loss = Some(cause);
-                shared.lost.cancel();
-                break;
-            }
-            None => {
-                tracing::warn!(
-                    resource = lock.resource(),
-                    "lock validity ran out during a renewal"
-                );
-                loss = Some("renewal_failed");
-                shared.lost.cancel();
-                break;
+                });
+                return false;
             }
         }
+        true
     }
-    // A loss the holder saw on its own clock and answered with a release
-    // before this task woke counts too (a release while held does not).
-    if let Some(cause) =
-        loss.or((shared.lost.is_cancelled() && !shared.is_released()).then_some(stopped_by))
-    {
-        crate::metrics::lost(metrics_key, cause);
+
+    fn lose(&mut self, cause: &'static str) {
+        self.loss = Some(cause);
+        self.shared.lost.cancel();
     }
-    // From here the task ends by releasing; a shutdown mid-release has nothing
-    // more to tell the holder than what the loop already did.
-    exit.armed = false;
-    drop(exit);
-    redlock.unlock(lock).await
+
+    /// The renewals end (a loss, a release, a drop): counts a loss in the
+    /// metrics and hands the lock over for its release.
+    pub(super) fn finish(mut self) -> Lock {
+        let metrics_key = self.lock.redlock().metrics_key(self.lock.key());
+        // A loss the holder saw on its own clock and answered with a release
+        // before the renewal ran counts too (a release while held does not).
+        let seen = (self.shared.lost.is_cancelled() && !self.shared.is_released())
+            .then_some(self.stopped_by);
+        if let Some(cause) = self.loss.or(seen) {
+            crate::metrics::lost(metrics_key, cause);
+        }
+        // From here the lock ends by its release; a shutdown mid-release has
+        // nothing more to tell the holder than what the renewals already did.
+        self.exit.armed = false;
+        self.lock
+    }
 }
 
 #[cfg(test)]

@@ -210,7 +210,7 @@ impl Node {
             return None;
         }
         match call {
-            Call::Release { key, token } if mode.release() => {
+            Call::Release { key, token, .. } if mode.release() => {
                 let delete = self.native_support(generation)?.compare_and_delete?;
                 let mut cmd = match delete {
                     CompareAndDelete::DelIfEq => redis::cmd("DELIFEQ"),
@@ -220,7 +220,7 @@ impl Node {
                 if delete == CompareAndDelete::DelExIfEq {
                     cmd.arg("IFEQ");
                 }
-                cmd.arg(token.as_str());
+                cmd.arg(&**token);
                 let reply = self.send_native(generation, conn, &cmd).await?;
                 if matches!(reply, Ok(Value::Int(1))) {
                     self.announce(conn, key).await;

@@ -32,6 +32,22 @@ end
 return 0
 "#;
 
+/// Batched extend (`extend_batch.rs`): compare-and-pexpire of every key
+/// `KEYS[i]` held with token `ARGV[2i-1]` to `ARGV[2i]` ms, one flag per key.
+/// The `GET` is a `pcall`: a key holding a foreign non-string value is "not
+/// held" for that lock alone instead of failing the whole batch on the node.
+const EXTEND_BATCH_LUA: &str = r#"
+local out = {}
+for i = 1, #KEYS do
+  if redis.pcall('GET', KEYS[i]) == ARGV[2 * i - 1] then
+    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"#;
+
 /// A Lua script with its SHA1 computed once per process.
 pub(crate) struct LuaScript {
     body: &'static str,
@@ -100,6 +116,8 @@ pub(crate) static RECORD_GET: LazyLock<LuaScript> =
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
+pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(EXTEND_BATCH_LUA));
 
 /// One call, encoded once and sent to every node.
 pub(crate) enum Call {

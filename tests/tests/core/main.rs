@@ -3,6 +3,7 @@
 //! holder's view, the idempotency store, mutual exclusion, TLS, tracing, and the harness itself).
 
 mod algorithm;
+mod batch;
 mod faults;
 mod fencing;
 mod guard;

@@ -531,3 +531,37 @@ async fn dedup_order_and_the_limit() {
     assert_eq!(cluster.count_with_key("p:lim:64"), 0);
     assert_eq!(cluster.count_with_key("p:x"), 0);
 }
+
+/// Guards renewed together by the handle's schedule (one batch script per
+/// node over many locks) keep every key of a lock on several resources: the
+/// batch script extends one key per lock, so such a lock is renewed by its
+/// own script. (Merged as first written, the batch renewed only the set's
+/// first key: its other keys expired while the guard said "held".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guards_renewed_in_one_batch_keep_every_key_of_a_set() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(500));
+    let options = LockOptions::new(ms(600));
+    let names: Vec<String> = (0..4).map(|i| format!("bs{i}")).collect();
+    let (singles, set) = tokio::join!(
+        futures_util::future::join_all(names.iter().map(|name| rl.lock_guard(name, &options))),
+        rl.lock_guard_many(["bx", "by"], &options),
+    );
+    let singles: Vec<_> = singles.into_iter().map(Result::unwrap).collect();
+    let set = set.unwrap();
+    tokio::time::sleep(ms(2000)).await;
+    assert!(!set.is_lost(), "the set's guard lost its lock");
+    let token = cluster.node(0).get("bx").unwrap();
+    for key in ["bx", "by"] {
+        assert!(
+            cluster.count_holding(key, &token) >= 2,
+            "{key} is gone from a quorum while the guard says held (remaining {:?})",
+            set.remaining()
+        );
+    }
+    for guard in singles {
+        assert!(!guard.is_lost());
+        guard.release().await.unwrap();
+    }
+    set.release().await.unwrap();
+}

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `native` (not in `all`:
+//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `native` (not in `all`:
 //! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
@@ -36,6 +36,7 @@ mod cost;
 mod idempotency;
 mod metrics_cost;
 mod native;
+mod scale;
 mod waiting;
 
 const RELEASE: &str = r#"
@@ -1038,6 +1039,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "metrics" {
         metrics_cost::metrics_cost(&setup).await?;
+    }
+    if all || scenario == "scale" {
+        scale::scale(&setup).await?;
     }
     if scenario == "native" {
         native::native(&setup).await?;

@@ -1,0 +1,235 @@
+//! The distlock page's extension for many locks at once: one compare-and-pexpire
+//! script per node over every key of the batch, each lock counted on its own
+//! quorum inside its own validity.
+//!
+//! The auto-extension schedule (`guard/schedule.rs`) renews a handle's held
+//! locks this way, so that renewing a hundred locks costs each node one call
+//! rather than a hundred.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redis::Value;
+
+use crate::error::{Error, NodeError, NodeStatus, Report};
+use crate::extend::Extended;
+use crate::fan_out::Settled;
+use crate::lock::Lock;
+use crate::node::{Call, EXTEND_BATCH};
+use crate::redlock::Redlock;
+use crate::steps::validity;
+
+/// At most this many keys go in one script call: a node runs a script alone,
+/// so a batch is kept short enough not to hold up other clients' calls
+/// (Redisson renews 100 locks per call for the same reason).
+pub(crate) const BATCH: usize = 100;
+
+/// One lock's outcome in a batch.
+pub(crate) struct BatchOutcome {
+    /// When this lock's outcome was decided.
+    pub(crate) decided: Instant,
+    /// The extend's verdict, as [`Redlock::extend`] gives it.
+    pub(crate) result: Result<(), Error>,
+}
+
+/// One lock's tally while the nodes answer.
+struct Tally {
+    ok: usize,
+    not_ok: usize,
+    not_held: usize,
+    decided: Option<Instant>,
+}
+
+/// The batch script's reply: one flag per key, in the order sent.
+fn parse_flags(v: Value) -> Result<Vec<bool>, NodeError> {
+    match v {
+        Value::Array(items) => items
+            .into_iter()
+            .map(|item| match item {
+                Value::Int(1) => Ok(true),
+                Value::Int(0) => Ok(false),
+                other => Err(NodeError::Protocol(format!("batch extend flag {other:?}"))),
+            })
+            .collect(),
+        other => Err(NodeError::Protocol(format!("batch extend reply {other:?}"))),
+    }
+}
+
+impl Redlock {
+    /// Spec step "extend" for each `(lock, ttl, deadline)` of `batch` (at most [`BATCH`]),
+    /// in one script call per node. Each lock is judged as by
+    /// [`Redlock::extend`]: its TTL and extension limit are checked first, a
+    /// shorter TTL lowers its validity before anything is sent, and it counts
+    /// as extended only if a quorum of nodes extended *its* key with *its*
+    /// token before its validity ended; its new validity is
+    /// `ttl - elapsed - drift` from its own start. A node's failure (timeout,
+    /// error reply, a reply of the wrong length) counts against every lock of
+    /// the batch on that node. A lock not decided before `deadline` (its
+    /// holder's: the validity less the loss margin) is `Expired`, not
+    /// extended: its holder was told "lost" by then.
+    ///
+    /// A batch of one is [`Redlock::extend`] itself: its script is the one
+    /// every node already runs for manual extends, and a lone lock saves
+    /// nothing by the batch script. So is a batch with a lock over several
+    /// resources: the batch script extends one key per lock, and such a lock
+    /// counts only where every one of its keys was extended.
+    ///
+    /// Returns one outcome per lock, in order.
+    pub(crate) async fn extend_batch(
+        &self,
+        batch: &mut [(&mut Lock, Duration, Instant)],
+    ) -> Vec<BatchOutcome> {
+        // A lone lock, or a batch holding a lock over several resources
+        // (whose every key must be extended, by its own script): each lock
+        // by `extend`, at once.
+        if batch.len() == 1 || batch.iter().any(|(lock, ..)| lock.many.is_some()) {
+            let each = batch.iter_mut().map(|(lock, ttl, deadline)| async move {
+                // Cut at the holder's deadline: a renewal confirmed after it
+                // is of no use to the holder, and is not counted as an
+                // extension.
+                let result = tokio::time::timeout_at((*deadline).into(), self.extend(lock, *ttl))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::Expired {
+                            resource: Arc::clone(&lock.resource),
+                        })
+                    });
+                BatchOutcome {
+                    decided: Instant::now(),
+                    result,
+                }
+            });
+            return futures_util::future::join_all(each).await;
+        }
+        let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        // Checked per lock; a lock refused here is not sent.
+        let checks: Vec<Result<Instant, Error>> = batch
+            .iter_mut()
+            .map(|(lock, ttl, _)| {
+                let start = self.check_extend(lock, *ttl)?;
+                lock.valid_until = lock.valid_until.min(self.extend_cap(*ttl, start));
+                Ok(start)
+            })
+            .collect();
+        let sent: Vec<usize> = (0..batch.len()).filter(|&i| checks[i].is_ok()).collect();
+        let mut tallies: Vec<Tally> = checks
+            .iter()
+            .map(|_| Tally {
+                ok: 0,
+                not_ok: 0,
+                not_held: 0,
+                decided: None,
+            })
+            .collect();
+        let mut settled: Vec<Option<Settled<Vec<bool>>>> = (0..n).map(|_| None).collect();
+        if !sent.is_empty() {
+            let ttls: Vec<String> = sent
+                .iter()
+                .map(|&i| batch[i].1.as_millis().to_string())
+                .collect();
+            let keys: Vec<&[u8]> = sent.iter().map(|&i| batch[i].0.key.as_bytes()).collect();
+            let args: Vec<&[u8]> = sent
+                .iter()
+                .zip(&ttls)
+                .flat_map(|(&i, ttl)| [batch[i].0.token.as_bytes(), ttl.as_bytes()])
+                .collect();
+            let call = Arc::new(Call::keys(&EXTEND_BATCH, &keys, &args));
+            let span = tracing::debug_span!("redlock.extend_batch", locks = sent.len());
+            let mut pending = self.fan_out(&call, parse_flags, 0..n);
+            let mut undecided = sent.len();
+            settled = self
+                .settle(&mut pending, |s| {
+                    let now = Instant::now();
+                    let flags = s.result.as_ref().ok().filter(|f| f.len() == sent.len());
+                    for (j, &i) in sent.iter().enumerate() {
+                        let t = &mut tallies[i];
+                        match flags.map(|f| f[j]) {
+                            Some(true) => t.ok += 1,
+                            Some(false) => {
+                                t.not_ok += 1;
+                                t.not_held += 1;
+                            }
+                            None => t.not_ok += 1,
+                        }
+                        if t.decided.is_none() && (t.ok >= q || n - t.not_ok < q) {
+                            t.decided = Some(now);
+                            undecided -= 1;
+                        }
+                    }
+                    undecided == 0
+                })
+                .await;
+            // As in `Redlock::extend`: the nodes that have not answered still
+            // get their `PEXPIRE`s, so no key is left to expire early.
+            if !pending.is_empty()
+                && let Ok(rt) = tokio::runtime::Handle::try_current()
+            {
+                rt.spawn(async move { while pending.next().await.is_some() {} });
+            }
+            span.in_scope(|| tracing::debug!(locks = sent.len(), "batch extend"));
+        }
+        let end = Instant::now();
+        batch
+            .iter_mut()
+            .zip(checks)
+            .zip(tallies)
+            .enumerate()
+            .map(|(i, (((lock, ttl, deadline), check), t))| {
+                let decided = t.decided.unwrap_or(end);
+                if check.is_ok() && decided >= *deadline {
+                    return BatchOutcome {
+                        decided,
+                        result: Err(Error::Expired {
+                            resource: Arc::clone(&lock.resource),
+                        }),
+                    };
+                }
+                let result = check.and_then(|start| {
+                    let now = t.decided.unwrap_or(end);
+                    let validity = validity(
+                        *ttl,
+                        now.saturating_duration_since(start),
+                        &self.inner.settings,
+                    );
+                    let held = t.ok >= q && validity.is_some() && now < lock.valid_until;
+                    // The per-node report only when it is part of an error.
+                    let report = if held {
+                        Report { nodes: Vec::new() }
+                    } else {
+                        let j = sent.iter().position(|&s| s == i);
+                        self.report(&settled, |flags: &Vec<bool>| {
+                            match j.and_then(|j| flags.get(j)) {
+                                Some(true) => NodeStatus::Ok,
+                                _ => NodeStatus::NotHeld,
+                            }
+                        })
+                    };
+                    let extended = Extended {
+                        now,
+                        ok: t.ok,
+                        not_held: t.not_held,
+                        validity,
+                        report,
+                    };
+                    self.apply_extend(lock, *ttl, start, extended)
+                });
+                self.extended(lock, &result);
+                BatchOutcome { decided, result }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_in_order_and_refuse_other_shapes() {
+        let reply = Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(1)]);
+        assert_eq!(parse_flags(reply).ok(), Some(vec![true, false, true]));
+        assert!(parse_flags(Value::Int(1)).is_err());
+        assert!(parse_flags(Value::Array(vec![Value::Int(2)])).is_err());
+    }
+}
