@@ -139,6 +139,13 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
         }
     };
     let released = guard.release().await;
+    // The release returns at a quorum and finishes the other nodes in the
+    // background, which ends with this process: one more compare-and-delete,
+    // which each node runs after the first, waits for every node (or its
+    // timeout), so no key outlives the command but on a node that failed.
+    let _ = redlock
+        .release_token(handle.resource(), handle.token())
+        .await;
     if lost_at.is_some() {
         return ExitCode::from(code::LOST);
     }
