@@ -19,7 +19,7 @@ use crate::redlock::Redlock;
 pub(crate) struct Settled<T> {
     pub(crate) index: usize,
     pub(crate) latency: Duration,
-    /// The node's connection generation when the call was sent.
+    /// The node's connection generation the call was sent on.
     pub(crate) generation: u64,
     pub(crate) result: Result<T, NodeError>,
 }
@@ -79,8 +79,11 @@ impl Redlock {
                 let call = Arc::clone(call);
                 Box::pin(async move {
                     let node = &inner.nodes[index];
-                    let generation = node.generation();
-                    let (result, latency) = node.run(&call, timeout).await;
+                    // The connection the call went out on: a call sent while
+                    // the node had none yet goes out on the one opened for it.
+                    let before = node.generation();
+                    let (result, latency, used) = node.run_on(&call, timeout).await;
+                    let generation = used.unwrap_or(before);
                     let result = result.and_then(parse);
                     if let Err(e) = &result {
                         crate::metrics::node_error(&node.label, e);

@@ -100,6 +100,17 @@ impl Node {
         call: &Call,
         timeout: Duration,
     ) -> (Result<Value, NodeError>, Duration) {
+        let (result, latency, _) = self.run_on(call, timeout).await;
+        (result, latency)
+    }
+
+    /// [`Node::run`], also telling which connection generation the call went
+    /// out on (`None`: it never had a connection).
+    pub(crate) async fn run_on(
+        &self,
+        call: &Call,
+        timeout: Duration,
+    ) -> (Result<Value, NodeError>, Duration, Option<u64>) {
         let start = Instant::now();
         let mut used = None;
         let result =
@@ -110,7 +121,7 @@ impl Node {
         if let Err(e) = &result {
             self.forget_connection(e, used, start);
         }
-        (result, start.elapsed())
+        (result, start.elapsed(), used)
     }
 
     async fn run_inner(
