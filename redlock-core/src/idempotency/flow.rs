@@ -6,14 +6,19 @@
 //!    (422 on another fingerprint), read in the same round trip as step 4's
 //!    acquire, and heard first;
 //! 4. take the lock on the lookup key (busy → 409 + `Retry-After`, or wait);
-//! 5. read again under the lock: another fingerprint → 422, a record →
-//!    replay (written again first if it was not durable), none → run;
+//! 5. read under the lock: another fingerprint → 422, a record → replay
+//!    (written again first if it was not durable), none → run. With the
+//!    [`RedisStore`], step 3's read already is this read when a quorum of
+//!    nodes ran it after the acquire's `SET` (it reads the lock key's holder
+//!    in the same script); otherwise it is read again;
 //! 6. after the handler: record the response if its status is stored, while
 //!    holding the lock; then release (in the background once the record is
 //!    written: a retry replays it by step 3, without the lock).
 //!
-//! A first request thus costs one round trip more than the lock alone: the
-//! read under the lock (step 5).
+//! A first request thus costs what the lock alone costs, with the record
+//! write in place of the release's round trip; when step 3's read cannot
+//! serve as step 5's (a retried acquire, a node answering out of turn), one
+//! round trip more.
 
 use std::sync::Arc;
 
@@ -62,6 +67,9 @@ pub const KEY_HEADER: &str = "idempotency-key";
 pub struct Idempotency {
     redlock: Redlock,
     store: Arc<dyn IdempotencyStore>,
+    /// The store when it is a [`RedisStore`]: its fast read then also
+    /// serves as the read under the lock (step 5) when it can.
+    redis: Option<RedisStore>,
     policy: Arc<IdempotencyPolicy>,
 }
 
@@ -113,8 +121,10 @@ impl Idempotency {
     /// An engine on `redlock`, recording on its own nodes ([`RedisStore`],
     /// records kept 24 h), with the default [`IdempotencyPolicy`].
     pub fn new(redlock: Redlock) -> Self {
+        let redis = RedisStore::new(redlock.clone());
         Self {
-            store: Arc::new(RedisStore::new(redlock.clone())),
+            store: Arc::new(redis.clone()),
+            redis: Some(redis),
             redlock,
             policy: Arc::new(IdempotencyPolicy::default()),
         }
@@ -124,6 +134,9 @@ impl Idempotency {
     /// written in the transaction of the work's effects).
     #[must_use]
     pub fn store(mut self, store: impl IdempotencyStore) -> Self {
+        self.redis = (&store as &dyn std::any::Any)
+            .downcast_ref::<RedisStore>()
+            .cloned();
         self.store = Arc::new(store);
         self
     }
@@ -203,8 +216,16 @@ impl Idempotency {
             &self.policy.lock,
         ));
         let mut acquired = None;
-        let record = {
-            let mut read = std::pin::pin!(self.store.get(&lookup));
+        let (record, peeked) = {
+            let mut read = std::pin::pin!(async {
+                match &self.redis {
+                    Some(redis) => {
+                        let (record, peeked) = redis.peek(&lookup).await;
+                        (Ok(record), Some(peeked))
+                    }
+                    None => (self.store.get(&lookup).await, None),
+                }
+            });
             std::future::poll_fn(|cx| {
                 if acquired.is_none()
                     && let std::task::Poll::Ready(r) = acquire.as_mut().poll(cx)
@@ -228,11 +249,21 @@ impl Idempotency {
             return Ok(Begin::PassThrough);
         };
         let holder = lock.handle();
-        let found = self
-            .store
-            .get_held(&lookup, &holder)
-            .await
-            .map_err(IdempotencyRejection::Store)?;
+        // The read under the lock: the fast read's own answers when they
+        // were heard under this lock (the common first request), else one
+        // more round trip.
+        let from_peek = match (peeked, &self.redis) {
+            (Some(peeked), Some(redis)) => redis.held_from_peek(peeked, &holder).await,
+            _ => None,
+        };
+        let found = match from_peek {
+            Some(found) => found,
+            None => self
+                .store
+                .get_held(&lookup, &holder)
+                .await
+                .map_err(IdempotencyRejection::Store)?,
+        };
         let order = match &found {
             Some(found) => found.record.order.saturating_add(1),
             None => 1,

@@ -27,7 +27,7 @@ pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE, RELEASE};
 use scripts::{LuaScript, eval, release_many_cmds, release_parts};
 #[cfg(feature = "idempotency")]
-pub(crate) use scripts::{RECORD_GET, RECORD_PUT};
+pub(crate) use scripts::{RECORD_GET, RECORD_PEEK, RECORD_PUT};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 

@@ -107,12 +107,26 @@ return 1
 #[cfg(feature = "idempotency")]
 const RECORD_GET_LUA: &str = "return redis.call('GET', KEYS[1])";
 
+/// The idempotency record's fast read, with the lock key's value read in the
+/// same step: `{record, lock value}`. A node whose lock key already holds the
+/// reader's token answered under the reader's lock (see `RedisStore::peek`).
+/// A lock key of another type reads as no holder.
+#[cfg(feature = "idempotency")]
+const RECORD_PEEK_LUA: &str = r#"
+local holder = redis.pcall('GET', KEYS[2])
+if type(holder) ~= 'string' then holder = false end
+return {redis.call('GET', KEYS[1]), holder}
+"#;
+
 #[cfg(feature = "idempotency")]
 pub(crate) static RECORD_PUT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RECORD_PUT_LUA));
 #[cfg(feature = "idempotency")]
 pub(crate) static RECORD_GET: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RECORD_GET_LUA));
+#[cfg(feature = "idempotency")]
+pub(crate) static RECORD_PEEK: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RECORD_PEEK_LUA));
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));

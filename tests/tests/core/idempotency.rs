@@ -425,3 +425,125 @@ async fn a_record_ttl_of_duration_max_is_accepted() {
         "a record without an expiry"
     );
 }
+
+/// The script calls of `monitor`'s clients that name `key` as their first
+/// key of `nkeys` (`EVALSHA sha nkeys key ..`; an `EVAL` after a `NOSCRIPT`
+/// is the same call again, so only `EVALSHA`s count).
+fn scripts_on(monitor: &redlock_tests::monitor::Monitor, nkeys: &str, key: &str) -> usize {
+    monitor
+        .client_commands()
+        .iter()
+        .filter(|c| c.len() > 3 && c[0].eq_ignore_ascii_case("EVALSHA"))
+        .filter(|c| c[2] == nkeys && c[3] == key)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_reads_the_record_with_its_acquire_not_again() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster).await;
+    let store = RedisStore::new(redlock.clone());
+    let idem = Idempotency::new(redlock.clone());
+    let lookup = idem.lookup_key(None, &key("one-read-1"));
+    let record_key = store.record_key(&lookup);
+    let monitors: Vec<_> = cluster.nodes().iter().map(|n| n.monitor()).collect();
+    assert_eq!(request(&idem, None, "one-read-1", "a").await.unwrap(), None);
+    // The record's write and the lock's release finish in the background.
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .count_with_key(&record_key)
+            >= 2
+            && cluster.count_with_key(lookup.resource()) == 0)
+        .await
+    );
+    for (i, monitor) in monitors.iter().enumerate() {
+        // One read of the record with the lock key (the peek, sent after the
+        // `SET`), and no read of the record alone (the read under the lock).
+        assert_eq!(scripts_on(monitor, "2", &record_key), 1, "node {i}");
+        assert_eq!(scripts_on(monitor, "1", &record_key), 0, "node {i}");
+    }
+    // The replay too: one peek per node, no read under the lock.
+    assert_eq!(
+        request(&idem, None, "one-read-1", "a").await.unwrap(),
+        Some((201, Bytes::from_static(b"ran:a")))
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || monitors
+            .iter()
+            .filter(|m| scripts_on(m, "2", &record_key) == 2)
+            .count()
+            >= 2)
+        .await
+    );
+    for (i, monitor) in monitors.iter().enumerate() {
+        assert_eq!(scripts_on(monitor, "1", &record_key), 0, "node {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_waited_for_the_lock_replays_the_record_not_runs() {
+    // The second copy's fast read runs while the first holds the lock, so it
+    // finds no record, and its acquire is answered only after the first
+    // wrote its record and released: that read is not a read under the
+    // second copy's lock, and must not decide for it.
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster).await;
+    let store = RedisStore::new(redlock.clone());
+    let idem = Idempotency::new(redlock.clone()).policy(
+        redlock_core::idempotency::IdempotencyPolicy::default()
+            .lock(|l| l.wait(Duration::from_secs(20))),
+    );
+    let lookup = idem.lookup_key(None, &key("waited-1"));
+    let record_key = store.record_key(&lookup);
+    let monitor = cluster.node(0).monitor();
+    let headers = http::HeaderMap::new();
+    let parts = RequestParts {
+        method: "POST",
+        path: "/pay",
+        query: None,
+        headers: &headers,
+        body: b"a",
+    };
+    let Begin::Run(first) = idem
+        .begin(Some(IdempotencyKey::parse(b"waited-1")), None, &parts)
+        .await
+        .unwrap()
+    else {
+        panic!("the first copy must run");
+    };
+    let second = {
+        let idem = idem.clone();
+        tokio::spawn(async move { request(&idem, None, "waited-1", "a").await })
+    };
+    // The second copy's peek has run on node 0 (the first copy's is one).
+    assert!(
+        eventually(Duration::from_secs(10), || scripts_on(
+            &monitor,
+            "2",
+            &record_key
+        ) >= 2)
+        .await
+    );
+    assert!(
+        !second.is_finished(),
+        "the second copy must wait for the lock"
+    );
+    first
+        .finish(
+            201,
+            [("content-type", &b"text/plain"[..])].into_iter(),
+            Some(Bytes::from_static(b"first")),
+        )
+        .await
+        .unwrap();
+    let replay = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second copy finishes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        replay,
+        Some((201, Bytes::from_static(b"first"))),
+        "the second copy ran the work again"
+    );
+}
