@@ -9,7 +9,10 @@
 //! - **Fast read** ([`IdempotencyStore::get`]): one `GET` per node in one
 //!   round trip; a record answers only when a quorum of nodes return the very
 //!   same bytes. A record on fewer nodes (a write that failed its quorum)
-//!   never answers by itself: the request takes the lock path.
+//!   never answers by itself: the request takes the lock path. The flow
+//!   sends its fast read with the acquire, as one script per node that also
+//!   reads the lock key's holder; on a quorum of nodes that name the new
+//!   holder, that read is the read under the lock (`RedisStore::peek`).
 //! - **Read under the lock** ([`IdempotencyStore::get_held`]): every node's
 //!   answer (each within the node timeout), at least a quorum of them; the
 //!   newest record wins. *Newest* is the largest [`Record::order`], then the
