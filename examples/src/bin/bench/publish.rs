@@ -1,0 +1,103 @@
+//! `publish`: what the release's `PUBLISH` costs when nobody is subscribed.
+//!
+//! The raw 64-task loop of scenario 2 twice, in alternating blocks: with the
+//! raw compare-and-delete, and with the library's release script, which also
+//! announces the release on `redlock:released:<db>:<key>` for the waiters of
+//! other processes. Nothing subscribes, so the difference is the announcement
+//! alone: the servers' CPU (`INFO cpu`) and commands per pair, and pairs/s.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{BoxError, Raw, Setup, cost, header, row, us};
+
+/// The library's release script (`redlock-core`, `RELEASE_LUA`), as text.
+const RELEASE_AND_PUBLISH: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.pcall('PUBLISH', 'redlock:released:' .. (ARGV[2] or '0') .. ':' .. KEYS[1], '1')
+  return 1
+end
+return 0
+"#;
+
+pub(crate) async fn publish(setup: &Setup) -> Result<(), BoxError> {
+    let plain = Arc::new(Raw::new(&setup.pools).await?);
+    let announcing = Arc::new(Raw::with_release(&setup.pools, RELEASE_AND_PUBLISH).await?);
+    let secs = if setup.quick { 1.0 } else { 5.0 };
+    let rounds = if setup.quick { 1 } else { 3 };
+    let mut pairs = [0u64; 2];
+    let mut time = [0.0f64; 2];
+    let mut costs = [cost::Cost::default(); 2];
+    for round in 0..rounds {
+        for pass in 0..2 {
+            let who = (pass + round) % 2;
+            let raw = if who == 0 { &announcing } else { &plain };
+            let before = cost::snapshot(&setup.pools).await?;
+            let start = Instant::now();
+            pairs[who] += run_block(raw, secs, &format!("bench:pub:{round}:{who}")).await?;
+            time[who] += start.elapsed().as_secs_f64();
+            costs[who].add(before, cost::snapshot(&setup.pools).await?);
+        }
+    }
+    // Left column: the release with `PUBLISH`; right: without.
+    header("publish: raw loop, release with PUBLISH (nobody subscribed) vs without");
+    let per_pair = |w: usize, x: f64| x / pairs[w].max(1) as f64;
+    row(
+        "pairs/s",
+        pairs[0] as f64 / time[0].max(1e-9),
+        pairs[1] as f64 / time[1].max(1e-9),
+        "pairs/s",
+    );
+    row(
+        "server CPU per pair (all nodes)",
+        per_pair(0, us(costs[0].server_cpu)),
+        per_pair(1, us(costs[1].server_cpu)),
+        "µs",
+    );
+    row(
+        "client CPU per pair",
+        per_pair(0, us(costs[0].client_cpu)),
+        per_pair(1, us(costs[1].client_cpu)),
+        "µs",
+    );
+    let n = setup.pools.len().max(1) as f64;
+    row(
+        "commands per node per pair",
+        per_pair(0, costs[0].commands as f64) / n,
+        per_pair(1, costs[1].commands as f64) / n,
+        "cmds",
+    );
+    Ok(())
+}
+
+/// 64 tasks of raw lock+unlock pairs on distinct keys for `secs`: the pairs.
+async fn run_block(raw: &Arc<Raw>, secs: f64, prefix: &str) -> Result<u64, BoxError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..64)
+        .map(|t| {
+            let (stop, count, raw) = (stop.clone(), count.clone(), raw.clone());
+            let prefix = format!("{prefix}:{t}");
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let key = format!("{prefix}:{i}");
+                    let tok = Raw::token();
+                    if raw.lock(&key, &tok).await {
+                        raw.unlock(&key, &tok).await;
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await?;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
