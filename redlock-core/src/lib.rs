@@ -165,6 +165,11 @@ pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
 pub use settings::{LockOptions, RetryPolicy};
+
+/// The release script's text, for the bench's `publish` scenario, which
+/// measures it against a plain compare-and-delete. Not part of the API.
+#[doc(hidden)]
+pub const __RELEASE_LUA: &str = node::RELEASE_LUA;
 pub use url::redact_url;
 
 /// The deadpool-redis crate this one is built on, for building pools.

@@ -79,6 +79,35 @@ impl Round {
     }
 }
 
+impl<'a> Attempt<'a> {
+    /// The attempt whose `SET`s for `keys` with `token` were sent at
+    /// `start`, armed to release them if dropped before it is decided.
+    pub(super) fn new(
+        redlock: &'a Redlock,
+        resource: &'a Arc<str>,
+        key: &'a Arc<str>,
+        keys: Keys,
+        token: Arc<str>,
+        ttl: Duration,
+        start: Instant,
+    ) -> Self {
+        Attempt {
+            redlock,
+            resource,
+            key,
+            ttl,
+            start,
+            cleanup: ReleaseOnDrop {
+                redlock,
+                keys,
+                token: Arc::clone(&token),
+                armed: true,
+            },
+            token,
+        }
+    }
+}
+
 impl Attempt<'_> {
     /// Spec step 3's count: collects the `SET` answers until a quorum said OK or
     /// no longer can, and the validity that leaves.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join_all, select_all};
 use tracing::Instrument;
 
-use super::attempt::{Attempt, ReleaseOnDrop, Round};
+use super::attempt::{Attempt, Round};
 use crate::error::Error;
 use crate::fencing::{FencingMode, fence_key};
 use crate::guard::{LockGuard, LockHandle};
@@ -272,20 +272,15 @@ impl Redlock {
             ));
             let start = Instant::now();
             let pending = self.fan_out(&call, parse_acquire_many, 0..self.inner.nodes.len());
-            Attempt {
-                redlock: self,
-                resource: &many.label,
-                key: &many.keys[0],
+            Attempt::new(
+                self,
+                &many.label,
+                &many.keys[0],
+                Keys::Many(Arc::clone(many)),
+                token,
                 ttl,
                 start,
-                cleanup: ReleaseOnDrop {
-                    redlock: self,
-                    keys: Keys::Many(Arc::clone(many)),
-                    token: Arc::clone(&token),
-                    armed: true,
-                },
-                token,
-            }
+            )
             .run(pending)
             .await
         }

@@ -19,7 +19,7 @@ use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 
 mod attempt;
 mod many;
-use attempt::{Attempt, ReleaseOnDrop};
+use attempt::Attempt;
 
 impl Redlock {
     /// One attempt to take the lock (no retry).
@@ -192,21 +192,10 @@ impl Redlock {
         });
         let start = Instant::now();
         let pending = self.fan_out(&call, parse_acquire, 0..self.inner.nodes.len());
-        let attempt = Attempt {
-            redlock: self,
-            resource,
-            key,
-            ttl,
-            start,
-            cleanup: ReleaseOnDrop {
-                redlock: self,
-                keys: Keys::One(Arc::clone(key)),
-                token: Arc::clone(&token),
-                armed: true,
-            },
-            token,
-        };
-        attempt.run(pending).await
+        let keys = Keys::One(Arc::clone(key));
+        Attempt::new(self, resource, key, keys, token, ttl, start)
+            .run(pending)
+            .await
     }
 
     /// Why an attempt failed: too late for any validity once a quorum said OK;

@@ -22,7 +22,6 @@ pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
-#[cfg(test)]
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE, RELEASE};
 use scripts::{LuaScript, eval, release_many_cmds, release_parts};

@@ -32,6 +32,17 @@ async fn redlock(cluster: &Cluster) -> Redlock {
     redlock
 }
 
+/// Three nodes, a handle over them, its Redis store and engine, and the
+/// lookup key of the client key `raw`.
+async fn three_nodes(raw: &str) -> (Cluster, Redlock, RedisStore, Idempotency, LookupKey) {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster).await;
+    let store = RedisStore::new(redlock.clone());
+    let idem = Idempotency::new(redlock.clone());
+    let lookup = idem.lookup_key(None, &key(raw));
+    (cluster, redlock, store, idem, lookup)
+}
+
 fn key(s: &str) -> IdempotencyKey {
     IdempotencyKey::parse(s.as_bytes()).unwrap()
 }
@@ -49,6 +60,17 @@ fn record(body: &'static str) -> Record {
     }
 }
 
+/// `POST /pay` with `body`.
+fn post_pay<'a>(headers: &'a http::HeaderMap, body: &'a [u8]) -> RequestParts<'a> {
+    RequestParts {
+        method: "POST",
+        path: "/pay",
+        query: None,
+        headers,
+        body,
+    }
+}
+
 /// Runs one request through the flow: `Ok(Some(status, body))` for a replay,
 /// `Ok(None)` when it ran (and recorded `201 ran:<body>`).
 pub(crate) async fn request(
@@ -58,13 +80,7 @@ pub(crate) async fn request(
     body: &str,
 ) -> Result<Option<(u16, Bytes)>, IdempotencyRejection> {
     let headers = http::HeaderMap::new();
-    let parts = RequestParts {
-        method: "POST",
-        path: "/pay",
-        query: None,
-        headers: &headers,
-        body: body.as_bytes(),
-    };
+    let parts = post_pay(&headers, body.as_bytes());
     match idem
         .begin(
             Some(IdempotencyKey::parse(raw_key.as_bytes())),
@@ -188,11 +204,7 @@ async fn a_stale_holder_s_record_is_refused_on_every_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_on_a_minority_does_not_answer_without_the_lock() {
-    let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
-    let store = RedisStore::new(redlock.clone());
-    let idem = Idempotency::new(redlock.clone());
-    let lookup = idem.lookup_key(None, &key("minority-1"));
+    let (cluster, redlock, store, idem, lookup) = three_nodes("minority-1").await;
     assert_eq!(request(&idem, None, "minority-1", "a").await.unwrap(), None);
     let record_key = store.record_key(&lookup);
     // A quorum has it (a third copy is not promised: the lock's release may
@@ -440,11 +452,7 @@ fn scripts_on(monitor: &redlock_tests::monitor::Monitor, nkeys: &str, key: &str)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_request_reads_the_record_with_its_acquire_not_again() {
-    let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster).await;
-    let store = RedisStore::new(redlock.clone());
-    let idem = Idempotency::new(redlock.clone());
-    let lookup = idem.lookup_key(None, &key("one-read-1"));
+    let (cluster, _redlock, store, idem, lookup) = three_nodes("one-read-1").await;
     let record_key = store.record_key(&lookup);
     let monitors: Vec<_> = cluster.nodes().iter().map(|n| n.monitor()).collect();
     assert_eq!(request(&idem, None, "one-read-1", "a").await.unwrap(), None);
@@ -497,13 +505,7 @@ async fn a_copy_that_waited_for_the_lock_replays_the_record_not_runs() {
     let record_key = store.record_key(&lookup);
     let monitor = cluster.node(0).monitor();
     let headers = http::HeaderMap::new();
-    let parts = RequestParts {
-        method: "POST",
-        path: "/pay",
-        query: None,
-        headers: &headers,
-        body: b"a",
-    };
+    let parts = post_pay(&headers, b"a");
     let Begin::Run(first) = idem
         .begin(Some(IdempotencyKey::parse(b"waited-1")), None, &parts)
         .await

@@ -307,6 +307,37 @@ async fn sequential(setup: &Setup) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `tasks` tasks, each running `pair(task, i)` for i = 1, 2, .. until `secs`
+/// are up: how many pairs said `true`.
+async fn run_tasks<F, Fut>(tasks: usize, secs: f64, pair: F) -> Result<u64, BoxError>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (stop, count, pair) = (stop.clone(), count.clone(), pair.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    if pair(t, i).await {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await?;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
 /// 2. 64 tasks on distinct keys for a fixed time.
 ///
 /// The library, raw and rslock run in turn, in an order that rotates from
@@ -329,63 +360,43 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             if (only == "lib" && who != 0) || (only == "raw" && who != 1) {
                 continue;
             }
-            let stop = Arc::new(AtomicBool::new(false));
-            let count = Arc::new(AtomicU64::new(0));
             let before = cost::snapshot(&setup.pools).await?;
             let cpu0 = cpu_time();
             let start = Instant::now();
-            let tasks: Vec<_> = (0..64)
-                .map(|t| {
-                    let (stop, count, lib, raw, rsl) = (
-                        stop.clone(),
-                        count.clone(),
-                        lib.clone(),
-                        raw.clone(),
-                        rsl.clone(),
-                    );
-                    tokio::spawn(async move {
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            i += 1;
-                            let key = format!("bench:conc:{round}:{pass}:{t}:{i}");
-                            let done = match who {
-                                0 => match lib.try_lock(&key, TTL).await {
-                                    Ok(l) => lib.unlock(l).await.is_ok(),
-                                    Err(_) => false,
-                                },
-                                1 => {
-                                    let tok = Raw::token();
-                                    let ok = raw.lock(&key, &tok).await;
-                                    if ok {
-                                        raw.unlock(&key, &tok).await;
-                                    }
-                                    ok
-                                }
-                                _ => match rsl.lock(key.as_str(), TTL).await {
-                                    Ok(l) => {
-                                        rsl.unlock(&l).await;
-                                        true
-                                    }
-                                    Err(_) => false,
-                                },
-                            };
-                            if done {
-                                count.fetch_add(1, Ordering::Relaxed);
+            let contenders = (lib.clone(), raw.clone(), rsl.clone());
+            let pairs = run_tasks(64, secs, move |t, i| {
+                let (lib, raw, rsl) = contenders.clone();
+                let key = format!("bench:conc:{round}:{pass}:{t}:{i}");
+                async move {
+                    match who {
+                        0 => match lib.try_lock(&key, TTL).await {
+                            Ok(l) => lib.unlock(l).await.is_ok(),
+                            Err(_) => false,
+                        },
+                        1 => {
+                            let tok = Raw::token();
+                            let ok = raw.lock(&key, &tok).await;
+                            if ok {
+                                raw.unlock(&key, &tok).await;
                             }
+                            ok
                         }
-                    })
-                })
-                .collect();
-            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-            stop.store(true, Ordering::Relaxed);
-            for t in tasks {
-                t.await?;
-            }
+                        _ => match rsl.lock(key.as_str(), TTL).await {
+                            Ok(l) => {
+                                rsl.unlock(&l).await;
+                                true
+                            }
+                            Err(_) => false,
+                        },
+                    }
+                }
+            })
+            .await?;
             time[who] += start.elapsed().as_secs_f64();
             cpu[who] += cpu_time() - cpu0;
             let after = cost::snapshot(&setup.pools).await?;
             costs[who].add(before, after);
-            total[who] += count.load(Ordering::Relaxed);
+            total[who] += pairs;
         }
     }
     header3("2. 64 tasks, distinct keys");

@@ -7,24 +7,13 @@
 //! alone: the servers' CPU (`INFO cpu`) and commands per pair, and pairs/s.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::{BoxError, Raw, Setup, cost, header, row, us};
 
-/// The library's release script (`redlock-core`, `RELEASE_LUA`), as text.
-const RELEASE_AND_PUBLISH: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.pcall('PUBLISH', 'redlock:released:' .. (ARGV[2] or '0') .. ':' .. KEYS[1], '1')
-  return 1
-end
-return 0
-"#;
-
 pub(crate) async fn publish(setup: &Setup) -> Result<(), BoxError> {
     let plain = Arc::new(Raw::new(&setup.pools).await?);
-    let announcing = Arc::new(Raw::with_release(&setup.pools, RELEASE_AND_PUBLISH).await?);
+    let announcing = Arc::new(Raw::with_release(&setup.pools, redlock_core::__RELEASE_LUA).await?);
     let secs = if setup.quick { 1.0 } else { 5.0 };
     let rounds = if setup.quick { 1 } else { 3 };
     let mut pairs = [0u64; 2];
@@ -74,30 +63,17 @@ pub(crate) async fn publish(setup: &Setup) -> Result<(), BoxError> {
 
 /// 64 tasks of raw lock+unlock pairs on distinct keys for `secs`: the pairs.
 async fn run_block(raw: &Arc<Raw>, secs: f64, prefix: &str) -> Result<u64, BoxError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..64)
-        .map(|t| {
-            let (stop, count, raw) = (stop.clone(), count.clone(), raw.clone());
-            let prefix = format!("{prefix}:{t}");
-            tokio::spawn(async move {
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let key = format!("{prefix}:{i}");
-                    let tok = Raw::token();
-                    if raw.lock(&key, &tok).await {
-                        raw.unlock(&key, &tok).await;
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await?;
-    }
-    Ok(count.load(Ordering::Relaxed))
+    let (raw, prefix) = (raw.clone(), prefix.to_owned());
+    crate::run_tasks(64, secs, move |t, i| {
+        let (raw, key) = (raw.clone(), format!("{prefix}:{t}:{i}"));
+        async move {
+            let tok = Raw::token();
+            let ok = raw.lock(&key, &tok).await;
+            if ok {
+                raw.unlock(&key, &tok).await;
+            }
+            ok
+        }
+    })
+    .await
 }
