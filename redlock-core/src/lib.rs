@@ -120,6 +120,7 @@
 )]
 
 mod acquire;
+mod background;
 mod builder;
 mod error;
 mod eviction;

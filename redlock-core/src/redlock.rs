@@ -22,6 +22,9 @@ pub(crate) struct Inner {
     pub(crate) waiting: Waiting,
     /// The auto-extension of this handle's guarded locks, batched.
     pub(crate) renewals: crate::guard::Schedule,
+    /// The task that drives calls still on their way after their operation
+    /// was decided.
+    pub(crate) background: crate::background::Background,
 }
 
 impl Inner {
@@ -35,6 +38,7 @@ impl Inner {
             nodes,
             settings,
             renewals: crate::guard::Schedule::default(),
+            background: crate::background::Background::default(),
         }
     }
 }

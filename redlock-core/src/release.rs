@@ -116,10 +116,7 @@ impl Redlock {
         if pending.is_empty() {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        rt.spawn(async move {
+        self.inner.background.run(async move {
             while let Some(s) = pending.next().await {
                 log(s);
             }

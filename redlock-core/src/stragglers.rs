@@ -56,16 +56,13 @@ impl Redlock {
                 return Some(late);
             }
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return Some(late);
-        };
         let (this, state, keys, token) = (
             self.clone(),
             Arc::clone(&late),
             keys.clone(),
             Arc::clone(token),
         );
-        rt.spawn(async move {
+        self.inner.background.run(async move {
             while let Some(s) = pending.next().await {
                 if matches!(
                     s.result,
