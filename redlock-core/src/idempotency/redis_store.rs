@@ -113,12 +113,19 @@ fn parse_bytes(v: Value) -> Result<Option<Vec<u8>>, NodeError> {
     }
 }
 
-/// The answers grouped by value: each distinct answer and how many nodes
-/// gave it.
-fn tally(settled: &[Option<Settled<Option<Vec<u8>>>>]) -> Vec<(&Option<Vec<u8>>, usize)> {
+/// Where an answer's record bytes are: the whole answer of a `GET`, a part
+/// of a peek's.
+type RecordBytes<T> = fn(&T) -> &Option<Vec<u8>>;
+
+/// The answers grouped by their record bytes: each distinct value and how
+/// many nodes gave it.
+fn tally<T>(
+    settled: &[Option<Settled<T>>],
+    bytes: RecordBytes<T>,
+) -> Vec<(&Option<Vec<u8>>, usize)> {
     let mut groups: Vec<(&Option<Vec<u8>>, usize)> = Vec::new();
     for s in settled.iter().flatten() {
-        if let Ok(v) = &s.result {
+        if let Ok(v) = s.result.as_ref().map(bytes) {
             match groups.iter_mut().find(|(g, _)| *g == v) {
                 Some((_, c)) => *c += 1,
                 None => groups.push((v, 1)),
@@ -130,12 +137,12 @@ fn tally(settled: &[Option<Settled<Option<Vec<u8>>>>]) -> Vec<(&Option<Vec<u8>>,
 
 /// The fast read's rule for when it is decided: one answer has a quorum, or
 /// none can reach one any more.
-fn quorum_decided<T: PartialEq + Clone>(q: usize, n: usize) -> impl FnMut(&Settled<T>) -> bool {
-    let mut answers: Vec<T> = Vec::new();
+fn quorum_decided<T>(q: usize, n: usize, bytes: RecordBytes<T>) -> impl FnMut(&Settled<T>) -> bool {
+    let mut answers: Vec<Option<Vec<u8>>> = Vec::new();
     let mut settled_count = 0;
     move |s| {
         settled_count += 1;
-        if let Ok(v) = &s.result {
+        if let Ok(v) = s.result.as_ref().map(bytes) {
             answers.push(v.clone());
         }
         let best = answers
@@ -150,8 +157,8 @@ fn quorum_decided<T: PartialEq + Clone>(q: usize, n: usize) -> impl FnMut(&Settl
 /// The record a quorum of answers agree on, if any. A quorum agreeing on
 /// bytes that do not decode is not a record to replay: the lock path
 /// decides.
-fn vouched(settled: &[Option<Settled<Option<Vec<u8>>>>], q: usize) -> Option<Record> {
-    tally(settled)
+fn vouched<T>(settled: &[Option<Settled<T>>], q: usize, bytes: RecordBytes<T>) -> Option<Record> {
+    tally(settled, bytes)
         .into_iter()
         .find(|(_, c)| *c >= q)
         .and_then(|(v, _)| v.as_deref())
@@ -160,8 +167,8 @@ fn vouched(settled: &[Option<Settled<Option<Vec<u8>>>>], q: usize) -> Option<Rec
 
 /// The newest record among the answers (see the module docs), and whether a
 /// quorum of them hold it.
-fn newest(settled: &[Option<Settled<Option<Vec<u8>>>>], q: usize) -> Option<Found> {
-    let groups = tally(settled);
+fn newest<T>(settled: &[Option<Settled<T>>], q: usize, bytes: RecordBytes<T>) -> Option<Found> {
+    let groups = tally(settled, bytes);
     let newest = groups
         .iter()
         .filter_map(|(v, c)| {
@@ -187,6 +194,17 @@ fn newest(settled: &[Option<Settled<Option<Vec<u8>>>>], q: usize) -> Option<Foun
 struct Peek {
     record: Option<Vec<u8>>,
     holder: Option<Vec<u8>>,
+}
+
+impl Peek {
+    fn record(&self) -> &Option<Vec<u8>> {
+        &self.record
+    }
+}
+
+/// A `GET`'s answer is the record bytes.
+fn whole(v: &Option<Vec<u8>>) -> &Option<Vec<u8>> {
+    v
 }
 
 fn parse_peek(v: Value) -> Result<Peek, NodeError> {
@@ -215,28 +233,6 @@ pub(crate) struct Peeked {
     pending: FuturesUnordered<NodeFuture<Peek>>,
 }
 
-/// The record part of each answer.
-fn records(answers: &[Option<Settled<Peek>>]) -> Vec<Option<Settled<Option<Vec<u8>>>>> {
-    answers
-        .iter()
-        .map(|a| a.as_ref().map(record_part))
-        .collect()
-}
-
-/// The record part of a peek's answer.
-fn record_part(s: &Settled<Peek>) -> Settled<Option<Vec<u8>>> {
-    Settled {
-        index: s.index,
-        latency: s.latency,
-        generation: s.generation,
-        result: s
-            .result
-            .as_ref()
-            .map(|p| p.record.clone())
-            .map_err(Clone::clone),
-    }
-}
-
 impl RedisStore {
     /// The fast read ([`IdempotencyStore::get`]), each node also telling who
     /// holds the lock key there, in the same step as it reads the record.
@@ -253,12 +249,9 @@ impl RedisStore {
         ));
         let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
         let mut pending = self.redlock.fan_out(&call, parse_peek, 0..n);
-        let mut by_record = quorum_decided::<Option<Vec<u8>>>(q, n);
-        let answers = self
-            .redlock
-            .settle(&mut pending, |s| by_record(&record_part(s)))
-            .await;
-        let vouched = vouched(&records(&answers), q);
+        let by_record = quorum_decided(q, n, Peek::record);
+        let answers = self.redlock.settle(&mut pending, by_record).await;
+        let vouched = vouched(&answers, q, Peek::record);
         let peeked = Peeked {
             lock_key,
             answers,
@@ -311,7 +304,7 @@ impl RedisStore {
                     .is_ok_and(|p| p.holder.as_deref() == Some(holder.token().as_bytes()))
             })
             .count();
-        (under_lock >= q).then(|| newest(&records(&answers), q))
+        (under_lock >= q).then(|| newest(&answers, q, Peek::record))
     }
 }
 
@@ -321,10 +314,14 @@ impl IdempotencyStore for RedisStore {
             let settled = self
                 .read(
                     key,
-                    quorum_decided(self.redlock.inner.quorum, self.redlock.inner.nodes.len()),
+                    quorum_decided(
+                        self.redlock.inner.quorum,
+                        self.redlock.inner.nodes.len(),
+                        whole,
+                    ),
                 )
                 .await;
-            Ok(vouched(&settled, self.redlock.inner.quorum))
+            Ok(vouched(&settled, self.redlock.inner.quorum, whole))
         })
     }
 
@@ -351,7 +348,7 @@ impl IdempotencyStore for RedisStore {
                 });
                 return Err(StoreError::NoQuorum { report });
             }
-            Ok(newest(&settled, q))
+            Ok(newest(&settled, q, whole))
         })
     }
 
