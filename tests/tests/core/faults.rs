@@ -103,13 +103,18 @@ async fn connection_reset_is_an_io_error() {
     let key = "fault-reset";
     let three = build(cluster.urls(), ms(300));
     let one = build(vec![cluster.node(2).url()], ms(300));
-    // Use every connection once.
+    // Use every connection once. The release is decided at a quorum, so the
+    // next handle waits until the key is gone from every node.
     for rl in [&three, &one] {
         let lock = rl
             .try_lock("use-once", Duration::from_secs(5))
             .await
             .unwrap();
         rl.unlock(lock).await.unwrap();
+        assert!(
+            cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key("use-once")
+                == 0)
+        );
     }
     cluster.node(2).kill();
     let lock = three.try_lock(key, Duration::from_secs(5)).await.unwrap();
