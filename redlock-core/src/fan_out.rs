@@ -21,6 +21,8 @@ pub(crate) struct Settled<T> {
     pub(crate) latency: Duration,
     /// The node's connection generation the call was sent on.
     pub(crate) generation: u64,
+    /// The call's number among the node's sends (see [`crate::node::Ran`]).
+    pub(crate) sent: u64,
     pub(crate) result: Result<T, NodeError>,
 }
 
@@ -82,16 +84,17 @@ impl Redlock {
                     // The connection the call went out on: a call sent while
                     // the node had none yet goes out on the one opened for it.
                     let before = node.generation();
-                    let (result, latency, used) = node.run_on(&call, timeout).await;
-                    let generation = used.unwrap_or(before);
-                    let result = result.and_then(parse);
+                    let ran = node.run_on(&call, timeout).await;
+                    let generation = ran.generation.unwrap_or(before);
+                    let result = ran.result.and_then(parse);
                     if let Err(e) = &result {
                         crate::metrics::node_error(&node.label, e);
                     }
                     Settled {
                         index,
-                        latency,
+                        latency: ran.latency,
                         generation,
+                        sent: ran.sent,
                         result,
                     }
                 }) as NodeFuture<T>

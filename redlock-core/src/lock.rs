@@ -1,7 +1,6 @@
 //! A held lock: what the holder knows about it, and its release on drop.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -162,8 +161,7 @@ impl Lock {
             Some(self.acquired_at.elapsed()),
         );
         if let Some(late) = &self.late {
-            late.released_everywhere.store(true, Ordering::SeqCst);
-            late.abandoned.store(true, Ordering::SeqCst);
+            late.releasing_everywhere(&self.redlock.inner.nodes);
         }
     }
 

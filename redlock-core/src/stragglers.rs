@@ -2,16 +2,16 @@
 //! A late `OK` joins the lock and is released with it; once the lock is released
 //! (or the attempt failed), a late `OK` is released again.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::error::NodeError;
-use crate::fan_out::{NodeFuture, ready_now};
+use crate::fan_out::{NodeFuture, Settled, ready_now};
 use crate::keys::Keys;
-use crate::node::{AcquireReply, Call};
+use crate::node::{AcquireReply, Call, Node};
 use crate::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.
@@ -23,16 +23,43 @@ pub(crate) struct Late {
     /// Set when the lock is released (or the attempt failed): a late `OK` must not
     /// outlive it.
     pub(crate) abandoned: AtomicBool,
-    /// Set when the release was sent to every node, pending ones included. A late
-    /// `OK` is then already covered if it used the connection the release used.
-    pub(crate) released_everywhere: AtomicBool,
+    /// Set when the release is about to be sent to every node, pending ones
+    /// included: each node's [`Node::sends`] read just before. A late `OK`
+    /// is covered by that release if its `SET` was on the connection by then
+    /// (numbered at most this) and the release used the same connection.
+    released_everywhere: OnceLock<Box<[u64]>>,
+}
+
+impl Late {
+    /// Marks the lock as released on every node, just before its release is
+    /// sent.
+    pub(crate) fn releasing_everywhere(&self, nodes: &[Node]) {
+        let _ = self
+            .released_everywhere
+            .set(nodes.iter().map(Node::sends).collect());
+        self.abandoned.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the release sent to every node runs after this late `SET` on
+    /// its node: the `SET` was on that node's connection before the release
+    /// was sent, and the connection is still the one both used. A `SET` that
+    /// waited for a connection being opened may go out after a release that
+    /// waited for the same one, so that alone is not enough.
+    fn covered(&self, s: &Settled<AcquireReply>, node: &Node) -> bool {
+        self.released_everywhere.get().is_some_and(|sends| {
+            sends
+                .get(s.index)
+                .is_some_and(|&n| s.sent != 0 && s.sent <= n)
+        }) && node.generation() == s.generation
+    }
 }
 
 impl Redlock {
     /// Drives the acquire answers that came after the outcome was decided, in a
     /// background task. A late `OK` joins the lock and is released with it; once
     /// the lock is released (or the attempt failed), a late `OK` is released again
-    /// unless the release already followed it on the same connection. A late error
+    /// unless the release already followed it on the same connection
+    /// ([`Late::covered`]). A late error
     /// is released too, in case the `SET` ran.
     pub(crate) fn drive_stragglers(
         &self,
@@ -71,9 +98,7 @@ impl Redlock {
                 {
                     continue;
                 }
-                let covered = state.released_everywhere.load(Ordering::SeqCst)
-                    && this.inner.nodes[s.index].generation() == s.generation;
-                if !covered {
+                if !state.covered(&s, &this.inner.nodes[s.index]) {
                     this.release_on(s.index, &keys, &token).await;
                 }
             }

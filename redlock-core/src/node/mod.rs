@@ -8,7 +8,10 @@ mod native;
 mod parse;
 mod scripts;
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
@@ -30,6 +33,20 @@ pub(crate) use scripts::{RECORD_GET, RECORD_PEEK, RECORD_PUT};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 
+/// How one call went.
+pub(crate) struct Ran {
+    pub(crate) result: Result<Value, NodeError>,
+    pub(crate) latency: Duration,
+    /// The connection generation the call went out on (`None`: it never had a
+    /// connection).
+    pub(crate) generation: Option<u64>,
+    /// The call's number among this node's calls, taken once its command was
+    /// on the connection (0: it never got that far). If a later reading of
+    /// [`Node::sends`] is at least this, the command was on the connection
+    /// before anything sent after that reading.
+    pub(crate) sent: u64,
+}
+
 /// One independent Redis master.
 pub(crate) struct Node {
     pub(crate) label: Arc<str>,
@@ -49,6 +66,10 @@ pub(crate) struct Node {
     /// How to open this node's pub/sub connection for wake-ups; known only for
     /// nodes given by URL.
     pub(crate) pubsub: Option<redis::ConnectionInfo>,
+    /// How many calls have put their command on a connection of this node
+    /// (see [`Node::run_on`]): a call that took number `n` was ahead of every
+    /// call that starts sending after this counter was read at `n` or more.
+    sends: AtomicU64,
     /// The node's database, when known (0 for a node given as a pool): the
     /// release announces itself on a channel of this database's.
     pub(crate) db: i64,
@@ -64,6 +85,7 @@ impl Node {
             address,
             pool,
             shared: Arc::new(Shared::new()),
+            sends: AtomicU64::new(0),
             pubsub: None,
             db: 0,
             native: NativeCommands::Off,
@@ -99,28 +121,40 @@ impl Node {
         call: &Call,
         timeout: Duration,
     ) -> (Result<Value, NodeError>, Duration) {
-        let (result, latency, _) = self.run_on(call, timeout).await;
-        (result, latency)
+        let ran = self.run_on(call, timeout).await;
+        (ran.result, ran.latency)
     }
 
-    /// [`Node::run`], also telling which connection generation the call went
-    /// out on (`None`: it never had a connection).
-    pub(crate) async fn run_on(
-        &self,
-        call: &Call,
-        timeout: Duration,
-    ) -> (Result<Value, NodeError>, Duration, Option<u64>) {
+    /// [`Node::run`], also telling which connection the call went out on and
+    /// when (see [`Ran`]).
+    pub(crate) async fn run_on(&self, call: &Call, timeout: Duration) -> Ran {
         let start = Instant::now();
-        let mut used = None;
-        let result =
-            match tokio::time::timeout(timeout, self.run_inner(call, timeout, &mut used)).await {
-                Ok(r) => r,
-                Err(_) => Err(NodeError::Timeout(timeout)),
-            };
+        let (mut used, mut sent) = (None, 0);
+        let result = match tokio::time::timeout(
+            timeout,
+            self.run_inner(call, timeout, &mut used, &mut sent),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        };
         if let Err(e) = &result {
             self.forget_connection(e, used, start);
         }
-        (result, start.elapsed(), used)
+        Ran {
+            result,
+            latency: start.elapsed(),
+            generation: used,
+            sent,
+        }
+    }
+
+    /// The number the next call to send will take, minus one: every call
+    /// numbered up to this value put its command on its connection before
+    /// this was read (see [`Ran::sent`]).
+    pub(crate) fn sends(&self) -> u64 {
+        self.sends.load(Ordering::SeqCst)
     }
 
     async fn run_inner(
@@ -128,8 +162,33 @@ impl Node {
         call: &Call,
         timeout: Duration,
         used: &mut Option<u64>,
+        sent: &mut u64,
     ) -> Result<Value, NodeError> {
-        let (generation, mut conn) = self.connection(timeout, used).await?;
+        let (generation, conn) = self.connection(timeout, used).await?;
+        // The first poll of what follows reaches the first send's first poll
+        // (nothing before it waits), which hands the command to the
+        // connection's queue or takes a place in its fair wait for room: from
+        // then on, a command sent later on this connection runs after it. The
+        // call is numbered only once that poll returned.
+        let mut rest = pin!(self.run_call(call, generation, conn));
+        let mut first = true;
+        std::future::poll_fn(|cx| {
+            let polled = rest.as_mut().poll(cx);
+            if std::mem::take(&mut first) {
+                *sent = self.sends.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+            }
+            polled
+        })
+        .await
+    }
+
+    /// [`Node::run_inner`] once the connection is there.
+    async fn run_call(
+        &self,
+        call: &Call,
+        generation: u64,
+        mut conn: MultiplexedConnection,
+    ) -> Result<Value, NodeError> {
         if let Some(reply) = self.run_native(call, generation, &mut conn).await {
             return reply;
         }

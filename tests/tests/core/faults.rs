@@ -637,6 +637,42 @@ async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
     );
 }
 
+/// A `SET` that waits for a cold connection's handshake and the release sent
+/// after it wait for the same handshake, and may go out in either order: the
+/// release can run first on that node and find nothing. The late `OK` must then
+/// be released again; otherwise its key blocks the resource there for its TTL.
+/// Node 2 sits behind a proxy that holds its replies until the lock has been
+/// taken and released on nodes 0 and 1; each round uses a new handle, so node
+/// 2's connection is cold each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_set_behind_a_cold_handshake_is_not_left_by_the_release() {
+    use redlock_tests::proxy::{Direction, FaultProxy};
+    let cluster = Cluster::start(3);
+    let proxy = FaultProxy::start(2, cluster.node(2).port(), None)
+        .await
+        .unwrap();
+    let urls = vec![cluster.node(0).url(), cluster.node(1).url(), proxy.url()];
+    let mut ghosts = Vec::new();
+    for round in 0..20 {
+        let key = format!("cold-{round}");
+        proxy.hold(Direction::Reply);
+        let rl = build(urls.clone(), ms(3000));
+        let lock = rl.try_lock(&key, Duration::from_secs(60)).await.unwrap();
+        rl.unlock(lock).await.unwrap();
+        proxy.flush();
+        // Both calls reach node 2 once the handshake is through; a key that
+        // is still there long after that was left behind.
+        let gone = wait_for(Duration::from_secs(5), || cluster.count_with_key(&key) == 0);
+        if !gone {
+            ghosts.push((round, cluster.node(2).pttl(&key)));
+        }
+    }
+    assert!(
+        ghosts.is_empty(),
+        "keys left on node 2 after the release (round, PTTL ms): {ghosts:?}"
+    );
+}
+
 // ------------------------------------- acquire secondary errors (issue 10, B)
 
 /// A user allowed `SET`, the scripts and the handshake, but not `PTTL` or `TYPE`.
