@@ -9,7 +9,7 @@ use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{NodeFuture, Settled};
+use crate::fan_out::Settled;
 use crate::lock::Lock;
 use crate::node::{Call, EXTEND, parse_flag};
 use crate::redlock::Redlock;
@@ -164,11 +164,14 @@ impl Redlock {
     /// Collects the extend's answers until a quorum extended the key or no
     /// longer can: `(ok, not_held, settled)`. A key holding a foreign value
     /// counts as not held.
-    async fn settle_extends(
+    async fn settle_extends<F>(
         &self,
-        pending: &mut FuturesUnordered<NodeFuture<bool>>,
+        pending: &mut FuturesUnordered<F>,
         span: &tracing::Span,
-    ) -> (usize, usize, Vec<Option<Settled<bool>>>) {
+    ) -> (usize, usize, Vec<Option<Settled<bool>>>)
+    where
+        F: Future<Output = Settled<bool>>,
+    {
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut ok, mut not_ok, mut not_held) = (0, 0, 0);
         let settled = self

@@ -13,7 +13,7 @@ use redis::Value;
 
 use crate::error::{NodeError, NodeOutcome, NodeStatus, Report};
 use crate::node::Call;
-use crate::redlock::Redlock;
+use crate::redlock::{Inner, Redlock};
 
 /// One node's settled answer within a fan-out.
 pub(crate) struct Settled<T> {
@@ -26,14 +26,18 @@ pub(crate) struct Settled<T> {
     pub(crate) result: Result<T, NodeError>,
 }
 
-/// One node's call, boxed.
+/// One node's call, boxed: for a set of calls kept in a struct, where the
+/// call's own type cannot be named.
 pub(crate) type NodeFuture<T> = Pin<Box<dyn Future<Output = Settled<T>> + Send>>;
 
 /// Polls every call of `pending` once, so that each node's command is on its
 /// connection (over a connection already open) when this returns: what is
 /// sent after it on the same connection runs after it on the node. Returns
 /// the answers that came at once (a node that failed without a round trip).
-pub(crate) async fn send_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -> Vec<Settled<T>> {
+pub(crate) async fn send_now<T, F>(pending: &mut FuturesUnordered<F>) -> Vec<Settled<T>>
+where
+    F: Future<Output = Settled<T>>,
+{
     std::future::poll_fn(|cx| {
         let mut ready = Vec::new();
         // `FuturesUnordered` polls each new call once per pass, and returns
@@ -48,7 +52,10 @@ pub(crate) async fn send_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -
 
 /// The answers of `pending` that are in already, without waiting: what is
 /// left after them may need a task to drive it, and often nothing is left.
-pub(crate) fn ready_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -> Vec<Settled<T>> {
+pub(crate) fn ready_now<T, F>(pending: &mut FuturesUnordered<F>) -> Vec<Settled<T>>
+where
+    F: Future<Output = Settled<T>>,
+{
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut ready = Vec::new();
     if pending.is_empty() {
@@ -62,42 +69,81 @@ pub(crate) fn ready_now<T>(pending: &mut FuturesUnordered<NodeFuture<T>>) -> Vec
     ready
 }
 
+/// Node `index`'s call, under `timeout`, its reply read by `parse`.
+async fn node_call<T>(
+    inner: Arc<Inner>,
+    call: Arc<Call>,
+    index: usize,
+    timeout: Duration,
+    parse: fn(Value) -> Result<T, NodeError>,
+) -> Settled<T> {
+    let node = &inner.nodes[index];
+    // The connection the call went out on: a call sent while the node had
+    // none yet goes out on the one opened for it.
+    let before = node.generation();
+    let ran = node.run_on(&call, timeout).await;
+    let result = ran.result.and_then(parse);
+    if let Err(e) = &result {
+        crate::metrics::node_error(&node.label, e);
+    }
+    Settled {
+        index,
+        latency: ran.latency,
+        generation: ran.generation.unwrap_or(before),
+        sent: ran.sent,
+        result,
+    }
+}
+
 impl Redlock {
     /// Spec step 2: sends `call` to the given nodes at once, each under the node
-    /// timeout. Each node's future is boxed once, so the set only moves pointers.
-    pub(crate) fn fan_out<T>(
+    /// timeout. The set holds each call in place (one allocation per call, the
+    /// set's own), without a box of its own.
+    pub(crate) fn fan_out<T, I>(
         &self,
         call: &Arc<Call>,
         parse: fn(Value) -> Result<T, NodeError>,
-        nodes: impl Iterator<Item = usize>,
-    ) -> FuturesUnordered<NodeFuture<T>>
+        nodes: I,
+    ) -> FuturesUnordered<impl Future<Output = Settled<T>> + Send + 'static + use<T, I>>
     where
         T: Send + 'static,
+        I: Iterator<Item = usize>,
     {
         let timeout = self.inner.settings.node_timeout;
         nodes
             .map(|index| {
-                let inner = Arc::clone(&self.inner);
-                let call = Arc::clone(call);
-                Box::pin(async move {
-                    let node = &inner.nodes[index];
-                    // The connection the call went out on: a call sent while
-                    // the node had none yet goes out on the one opened for it.
-                    let before = node.generation();
-                    let ran = node.run_on(&call, timeout).await;
-                    let generation = ran.generation.unwrap_or(before);
-                    let result = ran.result.and_then(parse);
-                    if let Err(e) = &result {
-                        crate::metrics::node_error(&node.label, e);
-                    }
-                    Settled {
-                        index,
-                        latency: ran.latency,
-                        generation,
-                        sent: ran.sent,
-                        result,
-                    }
-                }) as NodeFuture<T>
+                node_call(
+                    Arc::clone(&self.inner),
+                    Arc::clone(call),
+                    index,
+                    timeout,
+                    parse,
+                )
+            })
+            .collect()
+    }
+
+    /// [`Redlock::fan_out`] with each call boxed, for a set kept in a struct.
+    pub(crate) fn fan_out_boxed<T, I>(
+        &self,
+        call: &Arc<Call>,
+        parse: fn(Value) -> Result<T, NodeError>,
+        nodes: I,
+    ) -> FuturesUnordered<NodeFuture<T>>
+    where
+        T: Send + 'static,
+        I: Iterator<Item = usize>,
+    {
+        let timeout = self.inner.settings.node_timeout;
+        nodes
+            .map(|index| {
+                Box::pin(node_call(
+                    Arc::clone(&self.inner),
+                    Arc::clone(call),
+                    index,
+                    timeout,
+                    parse,
+                )) as NodeFuture<T>
             })
             .collect()
     }

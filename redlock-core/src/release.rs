@@ -3,6 +3,7 @@
 //! once a majority has answered, and the other nodes are driven to the end in
 //! the background.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -10,7 +11,7 @@ use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{NodeFuture, Settled, ready_now, send_now};
+use crate::fan_out::{Settled, ready_now, send_now};
 use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::node::{Call, parse_flag};
@@ -102,7 +103,10 @@ impl Redlock {
     /// Drives a release's remaining nodes to the end in the background:
     /// dropping their calls could cancel them before they are written, leaving
     /// those keys to block the resource for a TTL.
-    fn finish_release(&self, mut pending: FuturesUnordered<NodeFuture<bool>>, key: &Arc<str>) {
+    fn finish_release<F>(&self, mut pending: FuturesUnordered<F>, key: &Arc<str>)
+    where
+        F: Future<Output = Settled<bool>> + Send + 'static,
+    {
         let (label, this) = (Arc::clone(key), self.clone());
         let log = move |s: Settled<bool>| {
             if let Err(e) = &s.result {

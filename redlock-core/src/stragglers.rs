@@ -2,6 +2,7 @@
 //! A late `OK` joins the lock and is released with it; once the lock is released
 //! (or the attempt failed), a late `OK` is released again.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -9,13 +10,13 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::error::NodeError;
-use crate::fan_out::{NodeFuture, Settled, ready_now};
+use crate::fan_out::{Settled, ready_now};
 use crate::keys::Keys;
 use crate::node::{AcquireReply, Call, Node};
 use crate::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.
-pub(crate) type Stragglers = FuturesUnordered<NodeFuture<AcquireReply>>;
+pub(crate) type Stragglers<F> = FuturesUnordered<F>;
 
 /// What the task that drives [`Stragglers`] needs to know about the lock.
 #[derive(Default)]
@@ -61,25 +62,32 @@ impl Redlock {
     /// unless the release already followed it on the same connection
     /// ([`Late::covered`]). A late error
     /// is released too, in case the `SET` ran.
-    pub(crate) fn drive_stragglers(
+    pub(crate) fn drive_stragglers<F>(
         &self,
-        mut pending: Stragglers,
+        mut pending: Stragglers<F>,
         late: Option<Arc<Late>>,
         keys: &Keys,
         token: &Arc<str>,
-    ) -> Option<Arc<Late>> {
+    ) -> Option<Arc<Late>>
+    where
+        F: Future<Output = Settled<AcquireReply>> + Send + 'static,
+    {
         let late = late?;
+        // Late errors already in: the `SET` may still land, so they go to the
+        // task, which releases them if the lock is released by the time it
+        // runs. (A `SET` held up in the network past every release, on a
+        // connection since replaced, can still land after them: that key
+        // expires with its TTL, the distlock page's delayed-packet case.)
+        let mut errors = Vec::new();
         // A held lock whose other answers are in already needs no task: a late
         // answer is acted on only once the lock is released, and an `OK` or a
-        // refusal that came back is on the node before that release. A late
-        // error (the `SET` may still land) is kept for the task.
+        // refusal that came back is on the node before that release.
         if !late.abandoned.load(Ordering::SeqCst) {
-            for s in ready_now(&mut pending) {
-                if matches!(s.result, Err(ref e) if !matches!(e, NodeError::WrongType { .. })) {
-                    pending.push(Box::pin(std::future::ready(s)));
-                }
-            }
-            if pending.is_empty() {
+            errors = ready_now(&mut pending);
+            errors.retain(
+                |s| matches!(s.result, Err(ref e) if !matches!(e, NodeError::WrongType { .. })),
+            );
+            if pending.is_empty() && errors.is_empty() {
                 return Some(late);
             }
         }
@@ -90,7 +98,15 @@ impl Redlock {
             Arc::clone(token),
         );
         self.inner.background.run(async move {
-            while let Some(s) = pending.next().await {
+            let mut errors = errors.into_iter();
+            loop {
+                let s = match errors.next() {
+                    Some(s) => s,
+                    None => match pending.next().await {
+                        Some(s) => s,
+                        None => break,
+                    },
+                };
                 if matches!(
                     s.result,
                     Ok(AcquireReply::Busy { .. }) | Err(NodeError::WrongType { .. })

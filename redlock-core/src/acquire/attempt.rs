@@ -1,6 +1,7 @@
 //! One acquire attempt after its `SET`s are sent: settle at quorum, fence,
 //! judge validity, and release what a failed attempt took.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -111,7 +112,10 @@ impl<'a> Attempt<'a> {
 impl Attempt<'_> {
     /// Spec step 3's count: collects the `SET` answers until a quorum said OK or
     /// no longer can, and the validity that leaves.
-    pub(super) async fn settle_sets(&self, pending: &mut Stragglers) -> Round {
+    pub(super) async fn settle_sets<F>(&self, pending: &mut Stragglers<F>) -> Round
+    where
+        F: Future<Output = Settled<AcquireReply>>,
+    {
         let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
         let (mut ok, mut not_ok) = (0, 0);
         let settled = self
@@ -174,7 +178,10 @@ impl Attempt<'_> {
     /// Spec steps 3 and 4 once the `SET`s are sent: settle at quorum, fence,
     /// then the lock, or the release of the failed attempt. Shared by the
     /// single- and multi-resource acquires, which differ only in the call.
-    pub(super) async fn run(self, mut pending: Stragglers) -> Result<Lock, Error> {
+    pub(super) async fn run<F>(self, mut pending: Stragglers<F>) -> Result<Lock, Error>
+    where
+        F: Future<Output = Settled<AcquireReply>> + Send + 'static,
+    {
         let mut round = self.settle_sets(&mut pending).await;
         self.fence(&mut round).await;
         let late = (!pending.is_empty()).then(|| Arc::new(Late::default()));
@@ -192,14 +199,17 @@ impl Attempt<'_> {
 
     /// The lock of an attempt that holds it. The `SET`s still on their way join
     /// it (see [`Redlock::drive_stragglers`]).
-    pub(super) fn into_lock(
+    pub(super) fn into_lock<F>(
         mut self,
-        pending: Stragglers,
+        pending: Stragglers<F>,
         late: Option<Arc<Late>>,
         round: &Round,
         validity: Duration,
         fencing_token: Option<FencingToken>,
-    ) -> Lock {
+    ) -> Lock
+    where
+        F: Future<Output = Settled<AcquireReply>> + Send + 'static,
+    {
         let redlock = self.redlock;
         tracing::debug!(report = %redlock.report(&round.settled, acquire_status), "acquired");
         // From here the `Lock` (and its `Drop`) owns the release.
@@ -230,12 +240,15 @@ impl Attempt<'_> {
     /// Spec step 4: a failed attempt is released wherever it may have landed:
     /// now on the nodes that answered, and on the others as their answers come.
     /// Returns why it failed.
-    pub(super) async fn release_failed(
+    pub(super) async fn release_failed<F>(
         mut self,
-        pending: Stragglers,
+        pending: Stragglers<F>,
         late: Option<Arc<Late>>,
         round: Round,
-    ) -> Error {
+    ) -> Error
+    where
+        F: Future<Output = Settled<AcquireReply>> + Send + 'static,
+    {
         let redlock = self.redlock;
         if let Some(late) = &late {
             late.abandoned.store(true, Ordering::SeqCst);

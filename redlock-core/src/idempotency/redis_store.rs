@@ -248,7 +248,7 @@ impl RedisStore {
             &[],
         ));
         let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
-        let mut pending = self.redlock.fan_out(&call, parse_peek, 0..n);
+        let mut pending = self.redlock.fan_out_boxed(&call, parse_peek, 0..n);
         let by_record = quorum_decided(q, n, Peek::record);
         let answers = self.redlock.settle(&mut pending, by_record).await;
         let vouched = vouched(&answers, q, Peek::record);

@@ -25,6 +25,7 @@ pub(crate) struct Snapshot {
     allocations: u64,
     server_cpu: Duration,
     commands: u64,
+    command_usec: u64,
 }
 
 /// The difference of two snapshots, summed over blocks.
@@ -34,6 +35,9 @@ pub(crate) struct Cost {
     pub(crate) allocations: u64,
     pub(crate) server_cpu: Duration,
     pub(crate) commands: u64,
+    /// Time the nodes spent running commands (`usec` of `INFO
+    /// commandstats`): the server CPU less its event loop and I/O.
+    pub(crate) command_time: Duration,
 }
 
 impl Cost {
@@ -42,6 +46,8 @@ impl Cost {
         self.allocations += after.allocations.saturating_sub(before.allocations);
         self.server_cpu += after.server_cpu.saturating_sub(before.server_cpu);
         self.commands += after.commands.saturating_sub(before.commands);
+        self.command_time +=
+            Duration::from_micros(after.command_usec.saturating_sub(before.command_usec));
     }
 }
 
@@ -71,18 +77,18 @@ pub(crate) async fn snapshot(pools: &[deadpool_redis::Pool]) -> Result<Snapshot,
             .arg("commandstats")
             .query_async(&mut c)
             .await?;
-        s.commands += stats
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum::<u64>();
+        let counted = || {
+            stats
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        };
+        let sum = |name: &str| {
+            counted()
+                .filter_map(|l| l.split(name).nth(1)?.split(',').next()?.parse::<u64>().ok())
+                .sum::<u64>()
+        };
+        s.commands += sum("calls=");
+        s.command_usec += sum(",usec=");
     }
     Ok(s)
 }

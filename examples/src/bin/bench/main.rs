@@ -146,6 +146,14 @@ impl Raw {
     }
 }
 
+/// A number from the environment, or `default`.
+fn env_or(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn getrandom_fill(b: &mut [u8]) -> Result<(), BoxError> {
     getrandom::fill(b).map_err(|e| e.to_string().into())
 }
@@ -346,8 +354,12 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let raw = Arc::new(Raw::new(&setup.pools).await?);
     let rsl = Arc::new(peer(setup));
-    let secs = if setup.quick { 1.0 } else { 5.0 };
-    let rounds = if setup.quick { 1 } else { 2 };
+    // Short blocks, many rounds: the machine's pace drifts by tens of percent
+    // over minutes, and a contender's blocks should share its drift.
+    let secs = env_or("BENCH_BLOCK_SECS", if setup.quick { 1.0 } else { 1.5 });
+    let rounds = env_or("BENCH_ROUNDS", if setup.quick { 1.0 } else { 8.0 }) as usize;
+    // Each round's library and rslock pairs/s over raw's.
+    let mut per_round: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     // Per contender (library, raw, rslock): pairs, seconds, client CPU, cost.
     let mut total = [0u64; 3];
     let mut time = [0.0f64; 3];
@@ -355,6 +367,7 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let mut costs = [cost::Cost::default(); 3];
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for round in 0..rounds {
+        let mut rate = [0.0f64; 3];
         for pass in 0..3 {
             let who = (pass + round) % 3;
             if (only == "lib" && who != 0) || (only == "raw" && who != 1) {
@@ -397,6 +410,11 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             let after = cost::snapshot(&setup.pools).await?;
             costs[who].add(before, after);
             total[who] += pairs;
+            rate[who] = pairs as f64 / start.elapsed().as_secs_f64().max(1e-9);
+        }
+        if rate[1] > 0.0 {
+            per_round[0].push(rate[0] / rate[1]);
+            per_round[1].push(rate[2] / rate[1]);
         }
     }
     header3("2. 64 tasks, distinct keys");
@@ -407,6 +425,29 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         per_s(1),
         per_s(2),
         "pairs/s",
+    );
+    let spread = |v: &[f64], pick: fn(f64, f64) -> f64| {
+        v.iter().copied().reduce(pick).unwrap_or(f64::NAN)
+    };
+    println!(
+        "| {:<38} | {:>12.3} | {:>12.3} | {:<8} | {:>6} | {:>12.3} | {:>6} |",
+        "  each round's pairs/s ×raw, min",
+        spread(&per_round[0], f64::min),
+        1.0,
+        "ratio",
+        "",
+        spread(&per_round[1], f64::min),
+        ""
+    );
+    println!(
+        "| {:<38} | {:>12.3} | {:>12.3} | {:<8} | {:>6} | {:>12.3} | {:>6} |",
+        "  each round's pairs/s ×raw, max",
+        spread(&per_round[0], f64::max),
+        1.0,
+        "ratio",
+        "",
+        spread(&per_round[1], f64::max),
+        ""
     );
     let per_pair = |w: usize, x: f64| x / total[w].max(1) as f64;
     row3(
@@ -428,6 +469,13 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         per_pair(0, us(costs[0].server_cpu)),
         per_pair(1, us(costs[1].server_cpu)),
         per_pair(2, us(costs[2].server_cpu)),
+        "µs",
+    );
+    row3(
+        "  of it in commands (commandstats usec)",
+        per_pair(0, us(costs[0].command_time)),
+        per_pair(1, us(costs[1].command_time)),
+        per_pair(2, us(costs[2].command_time)),
         "µs",
     );
     let n = setup.pools.len().max(1) as f64;
