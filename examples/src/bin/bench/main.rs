@@ -413,6 +413,9 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             rate[who] = pairs as f64 / start.elapsed().as_secs_f64().max(1e-9);
         }
         if rate[1] > 0.0 {
+            if std::env::var_os("BENCH_VERBOSE").is_some() {
+                eprintln!("round {round}: library {:.0}, raw {:.0}, rslock {:.0} pairs/s", rate[0], rate[1], rate[2]);
+            }
             per_round[0].push(rate[0] / rate[1]);
             per_round[1].push(rate[2] / rate[1]);
         }
