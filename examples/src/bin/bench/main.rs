@@ -414,7 +414,10 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         }
         if rate[1] > 0.0 {
             if std::env::var_os("BENCH_VERBOSE").is_some() {
-                eprintln!("round {round}: library {:.0}, raw {:.0}, rslock {:.0} pairs/s", rate[0], rate[1], rate[2]);
+                eprintln!(
+                    "round {round}: library {:.0}, raw {:.0}, rslock {:.0} pairs/s",
+                    rate[0], rate[1], rate[2]
+                );
             }
             per_round[0].push(rate[0] / rate[1]);
             per_round[1].push(rate[2] / rate[1]);
@@ -429,9 +432,8 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         per_s(2),
         "pairs/s",
     );
-    let spread = |v: &[f64], pick: fn(f64, f64) -> f64| {
-        v.iter().copied().reduce(pick).unwrap_or(f64::NAN)
-    };
+    let spread =
+        |v: &[f64], pick: fn(f64, f64) -> f64| v.iter().copied().reduce(pick).unwrap_or(f64::NAN);
     println!(
         "| {:<38} | {:>12.3} | {:>12.3} | {:<8} | {:>6} | {:>12.3} | {:>6} |",
         "  each round's pairs/s ×raw, min",
