@@ -48,7 +48,12 @@ return 0
 "#;
 
 const TTL: Duration = Duration::from_secs(10);
-const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// The node timeout: 50 ms, or `BENCH_NODE_TIMEOUT_MS` (an instruction count
+/// under valgrind, which runs the client some 50 times slower, needs more).
+static NODE_TIMEOUT: std::sync::LazyLock<Duration> =
+    std::sync::LazyLock::new(
+        || Duration::from_millis(env_or("BENCH_NODE_TIMEOUT_MS", 50.0) as u64),
+    );
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -63,6 +68,9 @@ struct Setup {
 struct Raw {
     conns: Vec<MultiplexedConnection>,
     release_sha: String,
+    /// Whether the release script takes the key's release channel as its
+    /// second argument (the library's does).
+    channel: bool,
 }
 
 impl Raw {
@@ -85,7 +93,12 @@ impl Raw {
                 .query_async(c)
                 .await?;
         }
-        Ok(Self { conns, release_sha })
+        let channel = release.contains("ARGV[2]");
+        Ok(Self {
+            conns,
+            release_sha,
+            channel,
+        })
     }
 
     /// 128 random bits from the OS, hex: the same work the library does.
@@ -108,7 +121,7 @@ impl Raw {
             let mut c = c.clone();
             async move {
                 let r = tokio::time::timeout(
-                    NODE_TIMEOUT,
+                    *NODE_TIMEOUT,
                     redis::cmd("SET")
                         .arg(key)
                         .arg(token)
@@ -126,17 +139,20 @@ impl Raw {
     }
 
     async fn unlock(&self, key: &str, token: &str) {
+        let channel = self.channel.then(|| format!("redlock:released:0:{key}"));
         join_all(self.conns.iter().map(|c| {
             let mut c = c.clone();
             let sha = &self.release_sha;
+            let channel = &channel;
             async move {
                 let _ = tokio::time::timeout(
-                    NODE_TIMEOUT,
+                    *NODE_TIMEOUT,
                     redis::cmd("EVALSHA")
                         .arg(sha)
                         .arg(1)
                         .arg(key)
                         .arg(token)
+                        .arg(channel)
                         .query_async::<i64>(&mut c),
                 )
                 .await;
@@ -144,6 +160,15 @@ impl Raw {
         }))
         .await;
     }
+}
+
+/// Whether `BENCH_ONLY` leaves contender `who` (0 library, 1 raw, 2 rslock)
+/// out: unset runs all three; `lib`, `raw` or `rslock` runs that one alone,
+/// and `none` runs none (the rest of the process alone, to take it out of an
+/// instruction count).
+fn skipped(only: &str, who: usize) -> bool {
+    let name = ["lib", "raw", "rslock"].get(who).copied().unwrap_or("");
+    !only.is_empty() && only != name
 }
 
 /// A number from the environment, or `default`.
@@ -164,7 +189,7 @@ fn redlock(setup: &Setup) -> Result<Redlock, Error> {
         .iter()
         .cloned()
         .fold(Redlock::builder(), |b, p| b.pool(p))
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(*NODE_TIMEOUT)
         .build()
 }
 
@@ -268,7 +293,7 @@ async fn sequential(setup: &Setup) -> Result<(), BoxError> {
             // that rotates from block to block.
             let who = (pass + b) % 3;
             let run_lib = who == 0;
-            if (only == "lib" && who != 0) || (only == "raw" && who != 1) {
+            if skipped(&only, who) {
                 continue;
             }
             for _ in 0..per_block {
@@ -370,7 +395,7 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         let mut rate = [0.0f64; 3];
         for pass in 0..3 {
             let who = (pass + round) % 3;
-            if (only == "lib" && who != 0) || (only == "raw" && who != 1) {
+            if skipped(&only, who) {
                 continue;
             }
             let before = cost::snapshot(&setup.pools).await?;
@@ -752,7 +777,8 @@ async fn paused(setup: &Setup) -> Result<(), BoxError> {
         Stats::new(p),
     );
     header3(&format!(
-        "4. one node of five SIGSTOPped: lock+unlock pairs, node_timeout {NODE_TIMEOUT:?}"
+        "4. one node of five SIGSTOPped: lock+unlock pairs, node_timeout {:?}",
+        *NODE_TIMEOUT
     ));
     row3(
         "pair p50",
@@ -972,7 +998,7 @@ async fn fenced(setup: &Setup) -> Result<(), BoxError> {
         .iter()
         .cloned()
         .fold(Redlock::builder(), |b, p| b.pool(p))
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(*NODE_TIMEOUT)
         .fencing(redlock_core::FencingMode::Hybrid)
         .build()?;
     let (blocks, per_block) = if setup.quick { (4, 250) } else { (10, 600) };
@@ -1073,11 +1099,12 @@ async fn main() -> Result<(), BoxError> {
             .to_owned()
     };
     println!(
-        "# redlock bench: {} nodes (redis {version}), {} cores, node_timeout {NODE_TIMEOUT:?}, ttl {TTL:?}{}",
+        "# redlock bench: {} nodes (redis {version}), {} cores, node_timeout {:?}, ttl {TTL:?}{}",
         setup.urls.len(),
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
+        *NODE_TIMEOUT,
         if quick { ", --quick" } else { "" }
     );
     let all = scenario == "all";

@@ -30,7 +30,7 @@ fn handle(setup: &Setup, native: NativeCommands) -> Result<Redlock, BoxError> {
         .iter()
         .cloned()
         .fold(Redlock::builder(), |b, p| b.pool(p))
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(*NODE_TIMEOUT)
         .native_commands(native)
         .build()?)
 }

@@ -35,7 +35,7 @@ fn policy() -> RetryPolicy {
 fn handle(urls: &[String], wake: bool) -> Result<Redlock, BoxError> {
     Ok(Redlock::builder()
         .urls(urls.iter().cloned())
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(*NODE_TIMEOUT)
         .wake_on_release(wake)
         .build()?)
 }
