@@ -27,9 +27,9 @@ pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE, RELEASE};
-use scripts::{LuaScript, eval, release_many_cmds, release_parts};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GET, RECORD_PEEK, RECORD_PUT};
+use scripts::{eval, release_many_cmds, release_parts};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 
@@ -183,17 +183,66 @@ impl Node {
     }
 
     /// [`Node::run_inner`] once the connection is there.
+    ///
+    /// Every node call's future lives in its fan-out's set, so its size is
+    /// copied into that allocation on every call: the common shapes (the
+    /// acquire's `SET`, the release's and the extend's scripts) share one
+    /// `send`, and every rarer shape (a native command, the busy probe, a
+    /// pipeline, a script over several keys, the `EVAL` fallback) is boxed,
+    /// so that its state costs only the calls that take it (BENCHMARKS.md,
+    /// "Smaller node calls").
     async fn run_call(
         &self,
         call: &Call,
         generation: u64,
         mut conn: MultiplexedConnection,
     ) -> Result<Value, NodeError> {
-        if let Some(reply) = self.run_native(call, generation, &mut conn).await {
+        if self.native_may_run(call)
+            && let Some(reply) = Box::pin(self.run_native(call, generation, &mut conn)).await
+        {
             return reply;
         }
-        let release;
-        let (script, evalsha, key, args): (&LuaScript, _, _, _) = match call {
+        let cmd = match call {
+            Call::Set { set, .. } => set,
+            Call::Release { evalsha, .. } if self.db == 0 => evalsha,
+            Call::Script { evalsha, .. } => evalsha,
+            _ => return Box::pin(self.run_rare(call, generation, conn)).await,
+        };
+        // Error replies are made errors (by `send`) so they are classified.
+        match (self.send(generation, &mut conn, cmd).await, call) {
+            // A refused `SET`: who holds the key, one more round trip.
+            (Ok(Value::Nil), Call::Set { key, .. }) => {
+                Ok(Box::pin(self.probe_holder(generation, &mut conn, key)).await)
+            }
+            (Ok(v), _) => Ok(v),
+            // Rare (a restarted or flushed node).
+            (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOSCRIPT") => {
+                let (_, args) = release_parts(key, token, self.db);
+                Box::pin(self.eval_fallback(generation, conn, &eval(&RELEASE, key, &args))).await
+            }
+            (
+                Err(e),
+                Call::Script {
+                    script, key, args, ..
+                },
+            ) if e.code() == Some("NOSCRIPT") => {
+                Box::pin(self.eval_fallback(generation, conn, &eval(script, key, args))).await
+            }
+            (Err(e), _) => Err(NodeError::from_redis(&e)),
+        }
+    }
+
+    /// Any call, the way [`Node::run_call`] runs it; boxed there, and used
+    /// for the shapes it does not send itself: a fencing lock's acquire
+    /// pipeline, scripts over several keys, and a release on a node of
+    /// another database than 0.
+    async fn run_rare(
+        &self,
+        call: &Call,
+        generation: u64,
+        mut conn: MultiplexedConnection,
+    ) -> Result<Value, NodeError> {
+        match call {
             Call::Acquire { pipeline } => {
                 // Error replies stay in the array: `parse_acquire` judges by the
                 // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
@@ -205,61 +254,35 @@ impl Node {
                 {
                     self.answered(generation);
                 }
-                return replies
+                replies
                     .map(Value::Array)
-                    .map_err(|e| NodeError::from_redis(&e));
+                    .map_err(|e| NodeError::from_redis(&e))
             }
-            Call::Set { set, key } => {
-                let reply = self.send(generation, &mut conn, set).await;
-                return match reply {
-                    Ok(Value::Nil) => Ok(self.probe_holder(generation, &mut conn, key).await),
-                    Ok(v) => Ok(v),
-                    Err(e) => Err(NodeError::from_redis(&e)),
-                };
-            }
-            Call::Keys { evalsha, eval } => {
-                return self.run_keys(generation, conn, evalsha, eval).await;
-            }
+            Call::Keys { evalsha, eval } => self.run_keys(generation, conn, evalsha, eval).await,
             Call::ReleaseMany { many, token } => {
                 let (evalsha, eval) = release_many_cmds(many, token, self.db);
-                return self.run_keys(generation, conn, &evalsha, &eval).await;
+                self.run_keys(generation, conn, &evalsha, &eval).await
             }
+            Call::Release { key, token, .. } => {
+                let (evalsha, args) = release_parts(key, token, self.db);
+                self.run_keys(generation, conn, &evalsha, &eval(&RELEASE, key, &args))
+                    .await
+            }
+            // `run_call` sends these two itself; the same here.
+            Call::Set { set, key } => match self.send(generation, &mut conn, set).await {
+                Ok(Value::Nil) => Ok(self.probe_holder(generation, &mut conn, key).await),
+                Ok(v) => Ok(v),
+                Err(e) => Err(NodeError::from_redis(&e)),
+            },
             Call::Script {
                 script,
                 evalsha,
                 key,
                 args,
-            } => (*script, evalsha, key, args),
-            // Nearly every node is database 0, which the call encoded once.
-            Call::Release {
-                evalsha,
-                key,
-                token,
-            } if self.db == 0 => {
-                return match self.send(generation, &mut conn, evalsha).await {
-                    Ok(v) => Ok(v),
-                    Err(e) if e.code() == Some("NOSCRIPT") => {
-                        let (_, args) = release_parts(key, token, self.db);
-                        Box::pin(self.eval_fallback(generation, conn, &eval(&RELEASE, key, &args)))
-                            .await
-                    }
-                    Err(e) => Err(NodeError::from_redis(&e)),
-                };
+            } => {
+                self.run_keys(generation, conn, evalsha, &eval(script, key, args))
+                    .await
             }
-            Call::Release { key, token, .. } => {
-                release = release_parts(key, token, self.db);
-                (&RELEASE, &release.0, key, &release.1)
-            }
-        };
-        // Error replies are made errors (by `send`) so they are classified.
-        match self.send(generation, &mut conn, evalsha).await {
-            Ok(v) => Ok(v),
-            // Rare (a restarted or flushed node): boxed, so its state does not
-            // enlarge every call's future.
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                Box::pin(self.eval_fallback(generation, conn, &eval(script, key, args))).await
-            }
-            Err(e) => Err(NodeError::from_redis(&e)),
         }
     }
 
@@ -335,5 +358,37 @@ impl Node {
             self.forget_connection(e, used, start);
         }
         result
+    }
+}
+
+#[cfg(all(test, not(redlock_loom)))]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns, without calling it.
+    fn future_size<A, F: FnOnce(A) -> Fut, Fut>(_f: F) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// Every node call's future is moved into its fan-out's set: the common
+    /// path keeps it to one `send` and a timeout (1776 bytes on rustc 1.95,
+    /// 2424 with the rare shapes inline). The bound leaves room for other
+    /// compilers and redis versions, not for the rare shapes coming back.
+    #[test]
+    fn a_node_call_future_holds_one_send_not_the_rare_shapes() {
+        let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        let node = Node::new("n".into(), None, pool);
+        let call = Call::release("k".into(), "t".into());
+        let timeout = Duration::from_millis(1);
+        let whole = future_size(|()| node.run_on(&call, timeout));
+        let get = redis::cmd("GET");
+        let send =
+            future_size(|conn: &'static mut MultiplexedConnection| conn.send_packed_command(&get));
+        assert!(
+            whole < send + 1024,
+            "node call {whole} bytes, one send {send}"
+        );
     }
 }

@@ -22,7 +22,6 @@ use redis::{Cmd, Value};
 use super::Node;
 use super::scripts::{Call, EXTEND};
 use crate::error::NodeError;
-use crate::wake::CHANNEL_PREFIX;
 
 /// Which native commands a [`Redlock`](crate::Redlock) uses where a node has
 /// them ([`RedlockBuilder::native_commands`](crate::RedlockBuilder::native_commands)).
@@ -205,10 +204,10 @@ impl Node {
         generation: u64,
         conn: &mut MultiplexedConnection,
     ) -> Option<Result<Value, NodeError>> {
-        let mode = self.native;
-        if mode == NativeCommands::Off {
+        if !self.native_may_run(call) {
             return None;
         }
+        let mode = self.native;
         match call {
             Call::Release { key, token, .. } if mode.release() => {
                 let delete = self.native_support(generation)?.compare_and_delete?;
@@ -256,6 +255,18 @@ impl Node {
         }
     }
 
+    /// Whether the handle's [`NativeCommands`] let a native command replace
+    /// `call`'s script (the connection may still lack it): known without a
+    /// wait, so that the other calls skip [`Node::run_native`] and its state.
+    pub(super) fn native_may_run(&self, call: &Call) -> bool {
+        let mode = self.native;
+        match call {
+            Call::Release { .. } => mode.release(),
+            Call::Script { script, .. } => mode.extend() && std::ptr::eq(*script, &*EXTEND),
+            _ => false,
+        }
+    }
+
     /// Sends a native command; `None` (the script runs) when the node does
     /// not take it, which also stops native commands on this connection.
     async fn send_native(
@@ -283,7 +294,7 @@ impl Node {
     async fn announce(&self, conn: &mut MultiplexedConnection, key: &str) {
         let mut publish = redis::cmd("PUBLISH");
         publish
-            .arg(format!("{CHANNEL_PREFIX}{}:{key}", self.db))
+            .arg(crate::wake::channel(self.db, key))
             .arg("1")
             .set_no_response(true);
         let _ = conn.send_packed_command(&publish).await;

@@ -20,13 +20,14 @@ return 0
 /// A delete is announced on the key's channel (`wake::channel`) to wake the
 /// waiters; by `pcall`, so that a user not allowed to publish still releases.
 /// `PUBLISH` reaches every database of the server, and a script cannot read
-/// which database it runs in: the node's database comes as `ARGV[2]` and is
-/// part of the channel, so a release in one database wakes no waiter of
-/// another.
+/// which database it runs in, so the channel names the node's database; the
+/// client sends it ready-made as `ARGV[2]` (`release_evalsha`): built in Lua,
+/// it cost each release about 2,400 more instructions on the node, 7% of the
+/// call (BENCHMARKS.md, "The release's channel as an argument").
 pub(crate) const RELEASE_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.pcall('PUBLISH', 'redlock:released:' .. (ARGV[2] or '0') .. ':' .. KEYS[1], '1')
+  redis.pcall('PUBLISH', ARGV[2], '1')
   return 1
 end
 return 0
@@ -248,18 +249,23 @@ fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
     cmd
 }
 
-/// The release's `EVALSHA` as node database `db` runs it: the database names
-/// the channel the release is announced on.
+/// The release's `EVALSHA` as node database `db` runs it: the key, the
+/// token, and the channel of the key in that database.
 pub(super) fn release_evalsha(key: &str, token: &str, db: i64) -> Cmd {
     let mut evalsha = redis::cmd("EVALSHA");
-    evalsha.arg(&RELEASE.sha).arg(1).arg(key).arg(token).arg(db);
+    evalsha
+        .arg(&RELEASE.sha)
+        .arg(1)
+        .arg(key)
+        .arg(token)
+        .arg(crate::wake::channel(db, key));
     evalsha
 }
 
 /// The release's `EVALSHA` and arguments as node `db` runs it (the arguments
 /// for the `EVAL` fallback).
 pub(super) fn release_parts(key: &str, token: &str, db: i64) -> (Cmd, Vec<String>) {
-    let args = vec![token.to_owned(), db.to_string()];
+    let args = vec![token.to_owned(), crate::wake::channel(db, key)];
     (release_evalsha(key, token, db), args)
 }
 
