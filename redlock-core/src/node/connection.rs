@@ -37,13 +37,6 @@ type Attempt = Option<Result<(u64, MultiplexedConnection), NodeError>>;
 struct Cached {
     generation: u64,
     conn: MultiplexedConnection,
-    /// When the node last answered anything on this connection (the handshake
-    /// counts). A call that timed out with nothing answered since it started
-    /// says the connection is dead; one that timed out while answers kept
-    /// arriving says only that this call was slow (waiting for the reconnect or
-    /// an `EVAL` fallback used up its time), and dropping the connection then
-    /// would make the next call pay the handshake again.
-    answered_at: Instant,
     /// The native commands found on this connection, asked right after it
     /// was opened (`None`: not known yet, or not looked for with
     /// [`NativeCommands::Off`]).
@@ -67,6 +60,16 @@ pub(super) struct Shared {
     /// the same generation went over the same socket, so the node ran them in the
     /// order they were sent.
     generation: AtomicU64,
+    /// When the node last answered anything on the newest connection (the
+    /// handshake counts), in nanoseconds since `epoch`. A call that timed out
+    /// with nothing answered since it started says the connection is dead;
+    /// one that timed out while answers kept arriving says only that this
+    /// call was slow (waiting for the reconnect or an `EVAL` fallback used up
+    /// its time), and dropping the connection then would make the next call
+    /// pay the handshake again. An atomic, not a field under `slot`: every
+    /// answer writes it, from both worker threads.
+    answered: AtomicU64,
+    epoch: Instant,
 }
 
 impl Shared {
@@ -74,7 +77,20 @@ impl Shared {
         Self {
             slot: Mutex::new(Slot::default()),
             generation: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
+    }
+
+    /// `at` in nanoseconds since `epoch`.
+    fn since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The node answered on the newest connection now.
+    fn stamp_answer(&self) {
+        self.answered
+            .store(self.since_epoch(Instant::now()), Ordering::Relaxed);
     }
 
     fn slot(&self) -> MutexGuard<'_, Slot> {
@@ -158,10 +174,10 @@ impl Node {
                         .generation
                         .fetch_add(1, Ordering::SeqCst)
                         .wrapping_add(1);
+                    shared.stamp_answer();
                     slot.cached = Some(Cached {
                         generation,
                         conn: conn.clone(),
-                        answered_at: Instant::now(),
                         native: None,
                     });
                     (generation, conn)
@@ -223,13 +239,11 @@ impl Node {
         }
     }
 
-    /// The node answered on connection `generation`.
+    /// The node answered on connection `generation`: noted if that is the
+    /// newest connection (the cached one, when there is one).
     pub(super) fn answered(&self, generation: u64) {
-        let mut slot = self.shared.slot();
-        if let Some(c) = slot.cached.as_mut()
-            && c.generation == generation
-        {
-            c.answered_at = Instant::now();
+        if self.shared.generation.load(Ordering::SeqCst) == generation {
+            self.shared.stamp_answer();
         }
     }
 
@@ -255,7 +269,9 @@ impl Node {
             return;
         }
         let broken = match error {
-            NodeError::Timeout(_) => c.answered_at < started,
+            NodeError::Timeout(_) => {
+                self.shared.answered.load(Ordering::Relaxed) < self.shared.since_epoch(started)
+            }
             other => other.breaks_connection(),
         };
         if broken {

@@ -41,7 +41,8 @@ pub(crate) struct Ran {
     /// connection).
     pub(crate) generation: Option<u64>,
     /// The call's number among this node's calls, taken once its command was
-    /// on the connection (0: it never got that far). If a later reading of
+    /// on the connection (0: it never got that far, or it is a release, which
+    /// takes none). If a later reading of
     /// [`Node::sends`] is at least this, the command was on the connection
     /// before anything sent after that reading.
     pub(crate) sent: u64,
@@ -66,9 +67,10 @@ pub(crate) struct Node {
     /// How to open this node's pub/sub connection for wake-ups; known only for
     /// nodes given by URL.
     pub(crate) pubsub: Option<redis::ConnectionInfo>,
-    /// How many calls have put their command on a connection of this node
-    /// (see [`Node::run_on`]): a call that took number `n` was ahead of every
-    /// call that starts sending after this counter was read at `n` or more.
+    /// How many calls other than releases have put their command on a
+    /// connection of this node (see [`Node::run_on`]): a call that took number
+    /// `n` was ahead of every call that starts sending after this counter was
+    /// read at `n` or more.
     sends: AtomicU64,
     /// The node's database, when known (0 for a node given as a pool): the
     /// release announces itself on a channel of this database's.
@@ -171,10 +173,13 @@ impl Node {
         // then on, a command sent later on this connection runs after it. The
         // call is numbered only once that poll returned.
         let mut rest = pin!(self.run_call(call, generation, conn));
-        let mut first = true;
+        // Only acquire answers are judged by their number (a late `SET` and
+        // the release after it): a release need not take one, and skips a
+        // counter both worker threads write.
+        let mut number = !matches!(call, Call::Release { .. } | Call::ReleaseMany { .. });
         std::future::poll_fn(|cx| {
             let polled = rest.as_mut().poll(cx);
-            if std::mem::take(&mut first) {
+            if std::mem::take(&mut number) {
                 *sent = self.sends.fetch_add(1, Ordering::SeqCst).saturating_add(1);
             }
             polled
