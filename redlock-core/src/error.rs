@@ -121,6 +121,14 @@ pub enum Error {
     /// The resource name is empty.
     #[error("the resource name is empty")]
     EmptyResource,
+    /// The resource's key would end with `:redlock-waiters`, the suffix of
+    /// the flag by which waiters ask a release to announce itself: such a key
+    /// could be deleted by another lock's release.
+    #[error("the key of resource {resource:?} ends with \":redlock-waiters\", which is reserved")]
+    ReservedResource {
+        /// The resource refused.
+        resource: Arc<str>,
+    },
     /// A multi-resource lock was asked for no resource at all.
     #[error("no resource was given to lock")]
     NoResources,

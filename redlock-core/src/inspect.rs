@@ -127,7 +127,7 @@ impl Redlock {
     /// # Errors
     /// [`Error::EmptyResource`].
     pub async fn inspect(&self, resource: &str) -> Result<Inspection, Error> {
-        Self::check_resource(resource)?;
+        self.check_resource(resource)?;
         let key = self.key_for(resource);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(READ_LUA)
@@ -167,7 +167,7 @@ impl Redlock {
     /// [`Error::EmptyResource`]; [`Error::ReleaseIncomplete`] when too many
     /// nodes failed to confirm.
     pub async fn release_token(&self, resource: &str, token: &str) -> Result<Released, Error> {
-        Self::check_resource(resource)?;
+        self.check_resource(resource)?;
         let key = crate::keys::Keys::One(self.key_for(resource).into());
         let token: Arc<str> = token.into();
         let (deleted, report) = self.unlock_all(&key, &token, None).await;

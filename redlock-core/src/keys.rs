@@ -66,7 +66,7 @@ impl Redlock {
         let mut by_key: BTreeMap<String, Arc<str>> = BTreeMap::new();
         for r in resources {
             let r = r.as_ref();
-            Self::check_resource(r)?;
+            self.check_resource(r)?;
             by_key.entry(self.key_for(r)).or_insert_with(|| r.into());
             if by_key.len() > MAX_RESOURCES {
                 return Err(Error::TooManyResources { max: MAX_RESOURCES });

@@ -171,6 +171,10 @@ pub use settings::{LockOptions, RetryPolicy};
 /// measures it against a plain compare-and-delete. Not part of the API.
 #[doc(hidden)]
 pub const __RELEASE_LUA: &str = node::RELEASE_LUA;
+/// The waiters flag's suffix, which the release script's second key takes,
+/// for the same scenario. Not part of the API.
+#[doc(hidden)]
+pub const __WAITERS_SUFFIX: &str = wake::WAITERS_SUFFIX;
 pub use url::redact_url;
 
 /// The deadpool-redis crate this one is built on, for building pools.

@@ -323,9 +323,16 @@ impl Redlock {
         info.eviction = Some(check);
     }
 
-    pub(crate) fn check_resource(resource: &str) -> Result<(), Error> {
+    /// A resource this handle may lock: not empty, and its key not a
+    /// waiters flag's ([`crate::wake::WAITERS_SUFFIX`]).
+    pub(crate) fn check_resource(&self, resource: &str) -> Result<(), Error> {
         if resource.is_empty() {
             return Err(Error::EmptyResource);
+        }
+        if crate::wake::is_reserved(&self.inner.settings.key_prefix, resource) {
+            return Err(Error::ReservedResource {
+                resource: resource.into(),
+            });
         }
         Ok(())
     }

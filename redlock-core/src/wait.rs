@@ -72,7 +72,15 @@ impl Redlock {
                 s.mark_seen();
                 readied || s.confirmed()
             });
-            let err = match self.attempt(resource, key, ttl, attempt).await {
+            // Subscribed: the attempt leaves the waiters flag on the nodes
+            // first, so that a release after it announces itself.
+            let flag = subscription
+                .as_ref()
+                .map(|_| flag_ttl(ttl, retry, self.inner.settings.node_timeout));
+            let err = match self
+                .attempt_flagged(resource, key, ttl, attempt, flag)
+                .await
+            {
                 Ok(lock) => {
                     place.hold(lock.shared_token(), lock.valid_until());
                     return Ok(lock);
@@ -137,6 +145,23 @@ pub(crate) fn fallback(
         _ => None,
     };
     [poll, expiry, latest_start].into_iter().flatten().min()
+}
+
+/// The longest a flag must live: a waiter that set the waiters flag attempts
+/// again (and sets it again) within its longest poll delay, or at the
+/// holder's expiry, within a holder's TTL (taken to be the waiter's own),
+/// each attempt bounded by a few node timeouts; a second more for slack. A
+/// flag left by a waiter that gave up costs the next release one `PUBLISH`,
+/// so a day at most.
+pub(crate) fn flag_ttl(ttl: Duration, retry: &RetryPolicy, node_timeout: Duration) -> Duration {
+    const MAX_FLAG_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+    retry
+        .delay
+        .saturating_add(retry.jitter)
+        .max(ttl)
+        .saturating_add(node_timeout.saturating_mul(3))
+        .saturating_add(Duration::from_secs(1))
+        .min(MAX_FLAG_TTL)
 }
 
 /// The time an attempts-only policy would have spent polling: every delay at

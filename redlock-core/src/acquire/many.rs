@@ -17,7 +17,7 @@ use futures_util::future::{join_all, select_all};
 use tracing::Instrument;
 
 use super::attempt::{Attempt, Round};
-use crate::error::Error;
+use crate::error::{Error, NodeError};
 use crate::fencing::{FencingMode, fence_key};
 use crate::guard::{LockGuard, LockHandle};
 use crate::keys::{Keys, Many, Resources};
@@ -27,7 +27,7 @@ use crate::node::{Call, parse_acquire_many};
 use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 use crate::steps::{may_retry, new_token};
-use crate::wait::fallback;
+use crate::wait::{fallback, flag_ttl};
 use crate::wake::{Found, Subscription};
 
 impl Redlock {
@@ -199,6 +199,15 @@ impl Redlock {
             for s in subscriptions.iter_mut().flatten() {
                 s.mark_seen();
             }
+            if subscriptions.is_some() {
+                // Subscribed: the keys' waiters flags first, answered before
+                // the attempt, so that a release after it announces itself
+                // (one round trip more per attempt of a waiting set: the
+                // all-or-none script cannot take them, or a user refused
+                // the flags' keys could not lock).
+                let flag = flag_ttl(ttl, retry, self.inner.settings.node_timeout);
+                self.set_waiters_flags(many, flag).await;
+            }
             let err = match self.attempt_many(many, ttl, attempt).await {
                 Ok(lock) => return Ok(lock),
                 Err(e) if !e.is_retryable() => return Err(e),
@@ -238,6 +247,17 @@ impl Redlock {
                 () = any_release => {}
             }
         }
+    }
+
+    /// Sets the waiters flags of every key of `many` on every node, for
+    /// `flag`, and waits for the answers (at most a node timeout). A node
+    /// that refuses them or does not answer only loses the wake-up there.
+    async fn set_waiters_flags(&self, many: &Many, flag: Duration) {
+        let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
+        let call = Arc::new(Call::waiters_flags(&many.keys, flag_ms));
+        let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
+        let mut pending = self.fan_out(&call, ignore, 0..self.inner.nodes.len());
+        self.settle(&mut pending, |_| false).await;
     }
 
     /// One acquire attempt on a set: spec steps 1 to 4, with the

@@ -74,7 +74,7 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        Self::check_resource(resource)?;
+        self.check_resource(resource)?;
         self.check_ttl(ttl)?;
         let resource: Arc<str> = resource.into();
         // Without a prefix the key is the resource: one allocation, not three.
@@ -161,6 +161,21 @@ impl Redlock {
         ttl: Duration,
         attempt: u32,
     ) -> Result<Lock, Error> {
+        self.attempt_flagged(resource, key, ttl, attempt, None)
+            .await
+    }
+
+    /// [`Redlock::attempt`]; with `flag`, a waiter's, which first sets the
+    /// key's waiters flag for that long on every node (see
+    /// [`Call::waiting_acquire`]).
+    pub(crate) async fn attempt_flagged(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        ttl: Duration,
+        attempt: u32,
+        flag: Option<Duration>,
+    ) -> Result<Lock, Error> {
         let span = tracing::debug_span!(
             "redlock.acquire",
             resource = %resource,
@@ -170,7 +185,7 @@ impl Redlock {
             validity_ms = tracing::field::Empty,
             ok = tracing::field::Empty,
         );
-        self.attempt_steps(resource, key, ttl)
+        self.attempt_steps(resource, key, ttl, flag)
             .instrument(span)
             .await
     }
@@ -184,11 +199,18 @@ impl Redlock {
         resource: &Arc<str>,
         key: &Arc<str>,
         ttl: Duration,
+        flag: Option<Duration>,
     ) -> Result<Lock, Error> {
         let token = new_token()?;
-        let call = Arc::new(match self.inner.settings.fencing {
-            None => Call::acquire(key, &token, ttl.as_millis()),
-            Some(_) => Call::fenced_acquire(key, &token, ttl.as_millis(), &fence_key(key)),
+        let ttl_ms = ttl.as_millis();
+        let fencing = self.inner.settings.fencing.map(|_| fence_key(key));
+        let call = Arc::new(match (flag, &fencing) {
+            (None, None) => Call::acquire(key, &token, ttl_ms),
+            (None, Some(fence)) => Call::fenced_acquire(key, &token, ttl_ms, fence),
+            (Some(flag), fence) => {
+                let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
+                Call::waiting_acquire(key, &token, ttl_ms, fence.as_deref(), flag_ms)
+            }
         });
         let start = Instant::now();
         let pending = self.fan_out(&call, parse_acquire, 0..self.inner.nodes.len());

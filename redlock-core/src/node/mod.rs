@@ -26,10 +26,13 @@ pub(crate) use connection::ensure_crypto_provider;
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
 pub(crate) use scripts::RELEASE_LUA;
-pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE, RELEASE};
+pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GET, RECORD_PEEK, RECORD_PUT};
-use scripts::{eval, release_many_cmds, release_parts};
+use scripts::{
+    eval, release_eval, release_evalsha, release_many_cmds, release_many_unflagged_cmds,
+    release_unflagged,
+};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 
@@ -222,8 +225,12 @@ impl Node {
             (Ok(v), _) => Ok(v),
             // Rare (a restarted or flushed node).
             (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOSCRIPT") => {
-                let (_, args) = release_parts(key, token, self.db);
-                Box::pin(self.eval_fallback(generation, conn, &eval(&RELEASE, key, &args))).await
+                let eval = release_eval(key, token, self.db);
+                Box::pin(self.eval_fallback(generation, conn, &eval)).await
+            }
+            // An ACL that refuses the waiters flag's key.
+            (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOPERM") => {
+                Box::pin(self.release_unflagged(generation, conn, key, token)).await
             }
             (
                 Err(e),
@@ -248,10 +255,12 @@ impl Node {
         mut conn: MultiplexedConnection,
     ) -> Result<Value, NodeError> {
         match call {
-            Call::Acquire { pipeline } => {
+            Call::Acquire { pipeline, skip } => {
                 // Error replies stay in the array: `parse_acquire` judges by the
                 // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
-                // a `SET` that ran.
+                // a `SET` that ran. A refused waiters flag (an ACL, OOM) is
+                // dropped with the flag's other reply: the waiter then wakes by
+                // its timers alone.
                 let replies = conn.send_packed_commands(pipeline, 0, pipeline.len()).await;
                 if replies
                     .as_ref()
@@ -260,18 +269,36 @@ impl Node {
                     self.answered(generation);
                 }
                 replies
-                    .map(Value::Array)
+                    .map(|mut r| Value::Array(r.split_off((*skip).min(r.len()))))
                     .map_err(|e| NodeError::from_redis(&e))
             }
             Call::Keys { evalsha, eval } => self.run_keys(generation, conn, evalsha, eval).await,
             Call::ReleaseMany { many, token } => {
                 let (evalsha, eval) = release_many_cmds(many, token, self.db);
-                self.run_keys(generation, conn, &evalsha, &eval).await
+                match self
+                    .run_keys(generation, conn.clone(), &evalsha, &eval)
+                    .await
+                {
+                    // An ACL that refuses the waiters flags' keys.
+                    Err(NodeError::Auth(m)) if m.starts_with("NOPERM") => {
+                        let (evalsha, eval) = release_many_unflagged_cmds(many, token, self.db);
+                        self.run_keys(generation, conn, &evalsha, &eval).await
+                    }
+                    other => other,
+                }
             }
             Call::Release { key, token, .. } => {
-                let (evalsha, args) = release_parts(key, token, self.db);
-                self.run_keys(generation, conn, &evalsha, &eval(&RELEASE, key, &args))
+                let evalsha = release_evalsha(key, token, self.db);
+                let eval = release_eval(key, token, self.db);
+                match self
+                    .run_keys(generation, conn.clone(), &evalsha, &eval)
                     .await
+                {
+                    Err(NodeError::Auth(m)) if m.starts_with("NOPERM") => {
+                        self.release_unflagged(generation, conn, key, token).await
+                    }
+                    other => other,
+                }
             }
             // `run_call` sends these two itself; the same here.
             Call::Set { set, key } => match self.send(generation, &mut conn, set).await {
@@ -289,6 +316,20 @@ impl Node {
                     .await
             }
         }
+    }
+
+    /// The release without the waiters flag, for a user whose ACL refused
+    /// the flag's key: every delete announced, as before flags.
+    async fn release_unflagged(
+        &self,
+        generation: u64,
+        conn: MultiplexedConnection,
+        key: &str,
+        token: &str,
+    ) -> Result<Value, NodeError> {
+        tracing::debug!(node = %self.label, "release refused (NOPERM): releasing without the waiters flag");
+        let (evalsha, eval) = release_unflagged(key, token, self.db);
+        self.run_keys(generation, conn, &evalsha, &eval).await
     }
 
     /// A script over several keys by `EVALSHA`, then `EVAL` on `NOSCRIPT`.

@@ -290,7 +290,8 @@ impl Node {
     /// channel (`wake::CHANNEL_PREFIX`, the node's database, the key). Its
     /// answer is not waited for: the release is decided by the delete, and,
     /// as with the script's `pcall`, a user not allowed to publish still
-    /// releases.
+    /// releases. Sent after every native delete, waiters flag or not: the
+    /// flag could be read only by one more command.
     async fn announce(&self, conn: &mut MultiplexedConnection, key: &str) {
         let mut publish = redis::cmd("PUBLISH");
         publish

@@ -17,14 +17,28 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-/// A delete is announced on the key's channel (`wake::channel`) to wake the
-/// waiters; by `pcall`, so that a user not allowed to publish still releases.
-/// `PUBLISH` reaches every database of the server, and a script cannot read
-/// which database it runs in, so the channel names the node's database; the
-/// client sends it ready-made as `ARGV[2]` (`release_evalsha`): built in Lua,
-/// it cost each release about 2,400 more instructions on the node, 7% of the
-/// call (BENCHMARKS.md, "The release's channel as an argument").
+/// The key's waiters flag (`KEYS[2]`, `wake::waiters_flag`) goes in the same
+/// `DEL`: only when it was there, i.e. some waiter set it before its attempt
+/// on this node, is the delete announced on the key's channel
+/// (`wake::channel`, the node's database as `ARGV[2]`) to wake the waiters.
+/// A release nobody waits for thus runs two commands on the node, not three:
+/// each `redis.call` costs the node about 3,900 instructions, 12% of the call
+/// (BENCHMARKS.md, "Announce a release only to waiters"). The `PUBLISH` is a
+/// `pcall`, so that a user not allowed to publish still releases.
 pub(crate) const RELEASE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[1], '1')
+  end
+  return 1
+end
+return 0
+"#;
+
+/// The release for a user whose ACL refuses the waiters flag's key
+/// (`NOPERM` on [`RELEASE_LUA`]): the key alone, every delete announced on
+/// the channel `ARGV[2]`, as before waiters set flags.
+const RELEASE_UNFLAGGED_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.pcall('PUBLISH', ARGV[2], '1')
@@ -131,6 +145,8 @@ pub(crate) static RECORD_PEEK: LazyLock<LuaScript> =
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
+pub(crate) static RELEASE_UNFLAGGED: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RELEASE_UNFLAGGED_LUA));
 pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_BATCH_LUA));
 
@@ -150,9 +166,12 @@ pub(crate) enum Call {
     /// common path, a free key, costs each node one command instead of three
     /// (BENCHMARKS.md, "Client and server CPU per lock").
     Set { set: Cmd, key: Arc<str> },
-    /// A fencing lock's acquire: the same `SET`, `PTTL` and `TYPE`, then its
-    /// reads, pipelined in one round trip (the reads must follow the `SET`).
-    Acquire { pipeline: Pipeline },
+    /// An acquire pipelined with more commands, in one round trip: a fencing
+    /// lock's (the same `SET`, `PTTL` and `TYPE`, then its reads, which must
+    /// follow the `SET`), and a waiter's (the waiters flag first, see
+    /// [`Call::waiting_acquire`]). The first `skip` replies (the flag's) are
+    /// not part of the answer.
+    Acquire { pipeline: Pipeline, skip: usize },
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
     Keys { evalsha: Cmd, eval: Cmd },
@@ -206,17 +225,59 @@ impl Call {
     /// `TIME`. Read after the `SET` on the same connection, so after any fence
     /// of an earlier holder whose key the `SET` found gone.
     pub(crate) fn fenced_acquire(key: &str, token: &str, ttl_ms: u128, fence_key: &[u8]) -> Self {
+        Self::acquire_pipeline(key, token, ttl_ms, Some(fence_key), None)
+    }
+
+    /// A waiter's acquire: the key's waiters flag is set for `flag_ms` (or
+    /// kept, if it lives longer) before the `SET`, in the same round trip,
+    /// so that a release that runs on this node after the `SET` was refused
+    /// finds the flag and announces itself (`RELEASE_LUA`). A waiter usually
+    /// finds the key held, so its `PTTL` and `TYPE` come in the same round
+    /// trip too. `fence_key` as for [`Call::fenced_acquire`].
+    pub(crate) fn waiting_acquire(
+        key: &str,
+        token: &str,
+        ttl_ms: u128,
+        fence_key: Option<&[u8]>,
+        flag_ms: u64,
+    ) -> Self {
+        Self::acquire_pipeline(key, token, ttl_ms, fence_key, Some(flag_ms))
+    }
+
+    fn acquire_pipeline(
+        key: &str,
+        token: &str,
+        ttl_ms: u128,
+        fence_key: Option<&[u8]>,
+        flag_ms: Option<u64>,
+    ) -> Self {
         let mut pipeline = redis::pipe();
+        let mut skip = 0;
+        if let Some(ms) = flag_ms {
+            push_flag(&mut pipeline, key, ms);
+            skip = FLAG_COMMANDS;
+        }
         pipeline
             .add_command(set_nx(key, token, ttl_ms))
             .cmd("PTTL")
             .arg(key)
             .cmd("TYPE")
-            .arg(key)
-            .cmd("GET")
-            .arg(fence_key)
-            .cmd("TIME");
-        Call::Acquire { pipeline }
+            .arg(key);
+        if let Some(fence_key) = fence_key {
+            pipeline.cmd("GET").arg(fence_key).cmd("TIME");
+        }
+        Call::Acquire { pipeline, skip }
+    }
+
+    /// The waiters flags of `keys`, set for `flag_ms` (or kept, if they live
+    /// longer), alone: a multi-resource waiter's, sent and answered before
+    /// its attempt's script (see [`Call::waiting_acquire`]).
+    pub(crate) fn waiters_flags(keys: &[Arc<str>], flag_ms: u64) -> Self {
+        let mut pipeline = redis::pipe();
+        for key in keys {
+            push_flag(&mut pipeline, key, flag_ms);
+        }
+        Call::Acquire { pipeline, skip: 0 }
     }
 
     /// `EVALSHA sha <keys> keys.. args..`, and its `EVAL` fallback.
@@ -240,6 +301,27 @@ where
     (build("EVALSHA", &script.sha), build("EVAL", script.body))
 }
 
+/// How many commands set one waiters flag ([`push_flag`]).
+const FLAG_COMMANDS: usize = 2;
+
+/// Sets `key`'s waiters flag for `ms`: created if absent, else lengthened if
+/// shorter, so that of several waiters the one that waits longest keeps it.
+fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64) {
+    let flag = crate::wake::waiters_flag(key);
+    let ms = ms.max(1);
+    pipeline
+        .cmd("SET")
+        .arg(&flag)
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(ms)
+        .cmd("PEXPIRE")
+        .arg(&flag)
+        .arg(ms)
+        .arg("GT");
+}
+
 /// Spec step 2's `SET key token NX PX ttl`.
 fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
     let mut cmd = redis::cmd("SET");
@@ -249,24 +331,40 @@ fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
     cmd
 }
 
-/// The release's `EVALSHA` as node database `db` runs it: the key, the
-/// token, and the channel of the key in that database.
+/// The release's `EVALSHA` as node database `db` runs it: the key and its
+/// waiters flag, the token, and the database (for the channel).
 pub(super) fn release_evalsha(key: &str, token: &str, db: i64) -> Cmd {
     let mut evalsha = redis::cmd("EVALSHA");
     evalsha
         .arg(&RELEASE.sha)
-        .arg(1)
+        .arg(2)
         .arg(key)
+        .arg(crate::wake::waiters_flag(key))
         .arg(token)
-        .arg(crate::wake::channel(db, key));
+        .arg(db);
     evalsha
 }
 
-/// The release's `EVALSHA` and arguments as node `db` runs it (the arguments
-/// for the `EVAL` fallback).
-pub(super) fn release_parts(key: &str, token: &str, db: i64) -> (Cmd, Vec<String>) {
-    let args = vec![token.to_owned(), crate::wake::channel(db, key)];
-    (release_evalsha(key, token, db), args)
+/// The release's `EVAL`, after `NOSCRIPT`.
+pub(super) fn release_eval(key: &str, token: &str, db: i64) -> Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(RELEASE.body)
+        .arg(2)
+        .arg(key)
+        .arg(crate::wake::waiters_flag(key))
+        .arg(token)
+        .arg(db);
+    eval
+}
+
+/// The release without the waiters flag (`RELEASE_UNFLAGGED_LUA`), by
+/// `EVALSHA` and `EVAL`, for a user whose ACL refuses the flag's key.
+pub(super) fn release_unflagged(key: &str, token: &str, db: i64) -> (Cmd, Cmd) {
+    keys_cmds(
+        &RELEASE_UNFLAGGED,
+        &[key],
+        &[token.to_owned(), crate::wake::channel(db, key)],
+    )
 }
 
 /// `EVAL body 1 key args..`: the fallback after `NOSCRIPT` (a restarted or flushed
@@ -323,16 +421,34 @@ return 1
 "#;
 
 /// Release of a multi-resource lock: compare-and-delete of every key that
-/// still holds the token, each delete announced on its key's channel as
-/// `RELEASE_LUA` does (the database as `ARGV[2]`). A key that no longer holds
-/// the token (expired, taken, a foreign type: `pcall`) is left alone and the
-/// others are still released. Answers 1 if it deleted any.
+/// still holds the token (`KEYS[1..n]`), each with its waiters flag
+/// (`KEYS[n+i]`), each delete announced on its key's channel as
+/// `RELEASE_LUA` does, only where the flag was there (the database as
+/// `ARGV[2]`). A key that no longer holds the token (expired, taken, a
+/// foreign type: `pcall`) is left alone and the others are still released.
+/// Answers 1 if it deleted any.
 const RELEASE_MANY_LUA: &str = r#"
+local n = #KEYS / 2
+local deleted = 0
+for i = 1, n do
+  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
+    if redis.call('DEL', KEYS[i], KEYS[n + i]) > 1 then
+      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
+    end
+    deleted = 1
+  end
+end
+return deleted
+"#;
+
+/// [`RELEASE_MANY_LUA`] without the flags, every delete announced: for a user
+/// whose ACL refuses the flags' keys (as [`RELEASE_UNFLAGGED_LUA`]).
+const RELEASE_MANY_UNFLAGGED_LUA: &str = r#"
 local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    redis.pcall('PUBLISH', 'redlock:released:' .. (ARGV[2] or '0') .. ':' .. KEYS[i], '1')
+    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
     deleted = 1
   end
 end
@@ -344,6 +460,8 @@ pub(crate) static ACQUIRE_MANY: LazyLock<LuaScript> =
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_MANY_LUA));
 static RELEASE_MANY: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
+static RELEASE_MANY_UNFLAGGED: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RELEASE_MANY_UNFLAGGED_LUA));
 
 impl Call {
     /// The acquire of a multi-resource lock: `ACQUIRE_MANY_LUA` over its
@@ -388,10 +506,31 @@ impl Call {
     }
 }
 
-/// A multi-resource release's `EVALSHA` and `EVAL` as node `db` runs them.
+/// A multi-resource release's `EVALSHA` and `EVAL` as node `db` runs them:
+/// the keys, then their waiters flags.
 pub(super) fn release_many_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
-    let keys: Vec<&str> = many.keys.iter().map(|k| &**k).collect();
+    let flags: Vec<String> = many
+        .keys
+        .iter()
+        .map(|k| crate::wake::waiters_flag(k))
+        .collect();
+    let keys: Vec<&str> = many
+        .keys
+        .iter()
+        .map(|k| &**k)
+        .chain(flags.iter().map(String::as_str))
+        .collect();
     keys_cmds(&RELEASE_MANY, &keys, &[token.to_owned(), db.to_string()])
+}
+
+/// [`release_many_cmds`] without the flags, for a user whose ACL refuses them.
+pub(super) fn release_many_unflagged_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
+    let keys: Vec<&str> = many.keys.iter().map(|k| &**k).collect();
+    keys_cmds(
+        &RELEASE_MANY_UNFLAGGED,
+        &keys,
+        &[token.to_owned(), db.to_string()],
+    )
 }
 
 #[cfg(test)]
@@ -403,5 +542,6 @@ mod tests {
         assert_eq!(RELEASE.sha, redis::Script::new(RELEASE_LUA).get_hash());
         assert_eq!(RELEASE.sha.len(), 40);
         assert_ne!(EXTEND.sha, RELEASE.sha);
+        assert_ne!(RELEASE_UNFLAGGED.sha, RELEASE.sha);
     }
 }

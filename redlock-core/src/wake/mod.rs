@@ -1,6 +1,13 @@
 //! Waiting by wake-up, the remote half: the release script `PUBLISH`es on the
 //! key's channel after its compare-and-delete (see `node::RELEASE_LUA`), and a
-//! waiter listens on every node for that message instead of polling.
+//! waiter listens on every node for that message instead of polling. The
+//! release publishes only when it also deleted the key's waiters flag
+//! ([`WAITERS_SUFFIX`]), which every attempt of a subscribed waiter sets on
+//! each node just before its `SET NX`: a release that runs on a node after a
+//! waiter's refused `SET` there finds the flag (or a release between the two
+//! found it and published), so no waiter sleeps through a release
+//! (`tests/tests/model_wake_flag.rs` checks it, with the wrong orders as
+//! negative controls), and a release nobody waits for publishes nothing.
 //!
 //! One pub/sub connection per node per [`Redlock`](crate::Redlock) handle,
 //! outside the deadpool pool (a subscribed connection cannot run commands),
@@ -52,6 +59,36 @@ fn channel_prefix(db: i64) -> String {
 /// The channel a release of `key` in database `db` is published on.
 pub(crate) fn channel(db: i64, key: &str) -> String {
     format!("{CHANNEL_PREFIX}{db}:{key}")
+}
+
+/// What a lock key's waiters flag is named by: the key, then this. A waiter
+/// sets the flag on a node before each of its attempts there, and the release
+/// script announces a delete only when it deletes the flag with the key, so a
+/// release that nobody waits for costs the node no `PUBLISH`
+/// (BENCHMARKS.md, "Announce a release only to waiters"). No lock key may end
+/// with it ([`crate::Error::ReservedResource`]), so a flag is never a lock.
+pub(crate) const WAITERS_SUFFIX: &str = ":redlock-waiters";
+
+/// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
+pub(crate) fn waiters_flag(key: &str) -> String {
+    let mut flag = String::with_capacity(key.len() + WAITERS_SUFFIX.len());
+    flag.push_str(key);
+    flag.push_str(WAITERS_SUFFIX);
+    flag
+}
+
+/// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without
+/// building it.
+pub(crate) fn is_reserved(prefix: &str, resource: &str) -> bool {
+    let n = WAITERS_SUFFIX.len();
+    if resource.len() >= n {
+        return resource.ends_with(WAITERS_SUFFIX);
+    }
+    // The resource is a tail of the suffix, and the prefix ends with the rest.
+    WAITERS_SUFFIX.ends_with(resource)
+        && WAITERS_SUFFIX
+            .get(..n - resource.len())
+            .is_some_and(|head| prefix.ends_with(head))
 }
 
 /// How long a subscribed connection may stay silent before it is asked a

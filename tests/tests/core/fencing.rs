@@ -398,7 +398,11 @@ async fn fencing_off_costs_nothing_and_on_costs_one_script() {
         let names: Vec<String> = cmds.iter().map(|c| c[0].to_ascii_uppercase()).collect();
         let fence_script = cmds
             .iter()
-            .filter(|c| c[0].eq_ignore_ascii_case("EVALSHA") && c[2] == "2")
+            .filter(|c| {
+                c[0].eq_ignore_ascii_case("EVALSHA")
+                    && c[2] == "2"
+                    && c.get(4).is_some_and(|k| k.contains("fence:"))
+            })
             .count();
         let touches_counter = cmds.iter().flatten().any(|a| a.contains("fence:"));
         match mode {

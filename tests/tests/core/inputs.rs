@@ -35,6 +35,37 @@ async fn empty_resource_is_refused() {
     assert!(no_keys_anywhere(&cluster));
 }
 
+/// A key that ends like a waiters flag (`<key>:redlock-waiters`) would be
+/// deleted by the release of the lock whose flag it is: refused, with or
+/// without the prefix's help, in single and multi-resource locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_named_like_a_waiters_flag_is_refused() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster, ms(100));
+    let ttl = Duration::from_secs(1);
+    let err = rl.try_lock("a:redlock-waiters", ttl).await.unwrap_err();
+    assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
+    let err = rl
+        .lock_many(["b", "a:redlock-waiters"], ttl)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
+    let prefixed = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(100))
+        .key_prefix("x:redlock-wait")
+        .build()
+        .unwrap();
+    let err = prefixed.try_lock("ers", ttl).await.unwrap_err();
+    assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
+    // Close, but not the suffix: taken.
+    let lock = rl.try_lock("a:redlock-waiter", ttl).await.unwrap();
+    rl.unlock(lock).await.unwrap();
+    let lock = prefixed.try_lock("er", ttl).await.unwrap();
+    prefixed.unlock(lock).await.unwrap();
+    assert!(cluster.wait_until(Duration::from_secs(5), no_keys_anywhere));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_zero_below_min_or_above_max_is_invalid() {
     let cluster = Cluster::start(3);

@@ -317,16 +317,23 @@ async fn extend_fails_when_one_key_was_stolen_on_a_quorum() {
 /// A release deletes every key and announces each: a waiter on A alone and a
 /// waiter on {B, C}, both polling every 5 s, are woken by the release of
 /// {A, B} long before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_wakes_the_waiters_of_every_key() {
-    let cluster = Cluster::start(3);
-    let holder = redlock(&cluster, ms(2000));
-    let waiter = redlock(&cluster, ms(2000));
+/// Two handles with checked nodes, and a policy whose 5 s poll is far too
+/// slow for the wake-up tests: only a release heard can pass them.
+async fn holder_waiter_and_slow_poll(cluster: &Cluster) -> (Redlock, Redlock, RetryPolicy) {
+    let holder = redlock(cluster, ms(2000));
+    let waiter = redlock(cluster, ms(2000));
     holder.check_nodes().await.unwrap();
     waiter.check_nodes().await.unwrap();
     let slow = RetryPolicy::deadline(Duration::from_secs(20))
         .with_delay(Duration::from_secs(5))
         .with_jitter(Duration::ZERO);
+    (holder, waiter, slow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_wakes_the_waiters_of_every_key() {
+    let cluster = Cluster::start(3);
+    let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
     let lock = holder
         .try_lock_many(["wa", "wb"], Duration::from_secs(15))
         .await
@@ -366,6 +373,51 @@ async fn release_wakes_the_waiters_of_every_key() {
     assert_eq!(s.resources(), ["wb", "wc"]);
     waiter.unlock(a).await.unwrap();
     waiter.unlock(s).await.unwrap();
+}
+
+/// A set's waiter flags its keys before each attempt once subscribed, so the
+/// release of a single-key lock on one of them (which announces itself only
+/// to flagged keys) wakes it long before its 5 s poll and the holder's 15 s
+/// TTL; the waiter's own release leaves no flag behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_key_release_wakes_the_waiter_of_a_set() {
+    let cluster = Cluster::start(3);
+    let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
+    let lock = holder
+        .try_lock("fb", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let set = tokio::spawn(async move {
+        waiter
+            .lock_many_with(["fc", "fb"], Duration::from_secs(5), &slow)
+            .await
+            .map(|l| (l, waiter))
+    });
+    // Subscribed, and its keys flagged on every node.
+    assert!(
+        cluster.wait_until(Duration::from_secs(10), |c| c.nodes().iter().all(|n| {
+            n.pttl("fb:redlock-waiters") > 0 && n.pttl("fc:redlock-waiters") > 0
+        })),
+        "the waiter never flagged its keys"
+    );
+    let released = Instant::now();
+    holder.unlock(lock).await.unwrap();
+    let (s, waiter) = set.await.unwrap().unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "woken {waited:?} after the release"
+    );
+    assert_eq!(s.resources(), ["fb", "fc"]);
+    waiter.unlock(s).await.unwrap();
+    assert!(
+        cluster.wait_until(Duration::from_secs(5), |c| c
+            .nodes()
+            .iter()
+            .all(|n| n.keys().iter().all(|k| !k.starts_with('f')))),
+        "keys left: {:?}",
+        cluster.nodes().iter().map(|n| n.keys()).collect::<Vec<_>>()
+    );
 }
 
 /// A guard on a set renews every key: held for three TTLs, not lost, and

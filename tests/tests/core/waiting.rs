@@ -16,6 +16,7 @@ use redlock_core::deadpool_redis::redis::{self, AsyncCommands};
 use redlock_core::{LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
 use redlock_tests::proxy::{DirFault, Direction, FaultProxy, Flow};
+use redlock_tests::util::eventually;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -83,12 +84,18 @@ fn held_everywhere(cluster: &Cluster, key: &str, token: &str) {
 /// their `TYPE`, which nothing else sends: on a node with `SET … IFEQ` the
 /// renewals are `SET`s too.
 fn set_calls(cluster: &Cluster, node: usize) -> u64 {
+    calls(cluster, node, "type")
+}
+
+/// How many times `node` has run `command` (lower case), by `INFO commandstats`.
+fn calls(cluster: &Cluster, node: usize, command: &str) -> u64 {
     let info: String = cluster
         .node(node)
         .raw(&["INFO", "commandstats"])
         .unwrap_or_default();
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_type:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
@@ -719,4 +726,163 @@ async fn a_silently_dead_subscription_is_replaced() {
         "served {after:?} after the release (the poll is 5 s)"
     );
     waiter.unlock(lock.unwrap()).await.unwrap();
+}
+
+/// How many `PUBLISH`es `node` has run (the release script's among them).
+fn publishes(cluster: &Cluster, node: usize) -> u64 {
+    calls(cluster, node, "publish")
+}
+
+/// The key of `key`'s waiters flag.
+fn flag(key: &str) -> String {
+    format!("{key}:redlock-waiters")
+}
+
+/// A release that nobody waits for announces nothing: the node runs no
+/// `PUBLISH` (issue 21, server CPU). A waiter first leaves the waiters flag
+/// on every node; the next release deletes it with the key and announces
+/// itself, which wakes the waiter long before its 5 s poll and the holder's
+/// 30 s TTL. The waiter's own release, nobody waiting any more, leaves no
+/// flag behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_announces_itself_only_when_a_waiter_flagged_the_key() {
+    let cluster = Cluster::start(3);
+    let (a, b) = (patient(&cluster), patient(&cluster));
+    let key = "waiting:flag";
+    let all_publishes = |c: &Cluster| -> Vec<u64> { (0..3).map(|n| publishes(c, n)).collect() };
+
+    // Nobody waits: the key is deleted everywhere, and nothing published.
+    let before = all_publishes(&cluster);
+    let lock = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    held_everywhere(&cluster, key, lock.token());
+    a.unlock(lock).await.unwrap();
+    assert!(
+        cluster.wait_until(ms(5000), |c| c.count_with_key(key) == 0),
+        "the release did not reach every node"
+    );
+    assert_eq!(
+        all_publishes(&cluster),
+        before,
+        "a release nobody waited for published"
+    );
+
+    // A waiter flags the key on every node before its attempt after subscribing.
+    let held = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    held_everywhere(&cluster, key, held.token());
+    let waiter = tokio::spawn(async move {
+        let lock = b
+            .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+            .await;
+        (Instant::now(), lock, b)
+    });
+    assert!(
+        cluster.wait_until(ms(10_000), |c| (0..3)
+            .all(|n| subscribers(c, n, key) == 1 && c.node(n).pttl(&flag(key)) > 0)),
+        "the waiter never subscribed and flagged the key"
+    );
+    let before = all_publishes(&cluster);
+    let released = Instant::now();
+    a.unlock(held).await.unwrap();
+    let (acquired, lock, b) = waiter.await.unwrap();
+    let lock = lock.unwrap();
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < ms(4000),
+        "woken {after:?} after the release (the poll is 5 s)"
+    );
+    assert!(
+        eventually(ms(5000), || all_publishes(&cluster)
+            .iter()
+            .zip(&before)
+            .all(|(now, was)| *now == was + 1))
+        .await,
+        "one announcement per node expected: {:?} -> {:?}",
+        before,
+        all_publishes(&cluster)
+    );
+
+    // The waiter's release deletes its key and the flag its last attempt set.
+    held_everywhere(&cluster, key, lock.token());
+    b.unlock(lock).await.unwrap();
+    assert!(
+        cluster.wait_until(ms(5000), |c| c.nodes().iter().all(|n| n.keys().is_empty())),
+        "keys left: {:?}",
+        cluster.nodes().iter().map(|n| n.keys()).collect::<Vec<_>>()
+    );
+}
+
+/// A user whose ACL allows the lock keys but not their waiters flags still
+/// releases, one key or a set (the releases without the flags, after
+/// `NOPERM`), and a waiter of that user is still woken by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
+    let cluster = Cluster::start(3);
+    let mut urls = Vec::new();
+    for node in cluster.nodes() {
+        // `acl:?` matches the lock key `acl:k`, not `acl:k:redlock-waiters`.
+        node.cmd(&[
+            "ACL", "SETUSER", "narrow", "on", ">secret", "~acl:?", "&*", "+@all",
+        ]);
+        urls.push(format!("redis://narrow:secret@127.0.0.1:{}", node.port()));
+    }
+    let handle = || {
+        Redlock::builder()
+            .urls(urls.clone())
+            .node_timeout(ms(2000))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (handle(), handle());
+    let key = "acl:k";
+    let lock = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    held_everywhere(&cluster, key, lock.token());
+    let released = a.unlock(lock).await.unwrap();
+    assert!(released.deleted >= 2, "{}", released.report);
+    assert!(
+        cluster.wait_until(ms(5000), |c| c.count_with_key(key) == 0),
+        "the release did not reach every node"
+    );
+    // A set's release, too.
+    let set = a
+        .try_lock_many(["acl:a", "acl:b"], Duration::from_secs(30))
+        .await
+        .unwrap();
+    let released = a.unlock(set).await.unwrap();
+    assert!(released.deleted >= 2, "{}", released.report);
+    assert!(
+        cluster.wait_until(ms(5000), |c| c.count_with_key("acl:a") == 0
+            && c.count_with_key("acl:b") == 0),
+        "the set's release did not reach every node"
+    );
+
+    let held = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    held_everywhere(&cluster, key, held.token());
+    let waiter = tokio::spawn(async move {
+        let lock = b
+            .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+            .await;
+        (Instant::now(), lock)
+    });
+    assert!(
+        cluster.wait_until(ms(10_000), |c| (0..3).all(|n| subscribers(c, n, key) == 1)),
+        "the waiter never subscribed"
+    );
+    let released = Instant::now();
+    a.unlock(held).await.unwrap();
+    let (acquired, lock) = waiter.await.unwrap();
+    assert!(lock.is_ok(), "{lock:?}");
+    let after = acquired.saturating_duration_since(released);
+    assert!(
+        after < ms(4000),
+        "woken {after:?} after the release (the poll is 5 s)"
+    );
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.keys()
+                .iter()
+                .filter(|k| k.ends_with("waiters"))
+                .count(),
+            0
+        );
+    }
 }

@@ -68,9 +68,10 @@ struct Setup {
 struct Raw {
     conns: Vec<MultiplexedConnection>,
     release_sha: String,
-    /// Whether the release script takes the key's release channel as its
-    /// second argument (the library's does).
-    channel: bool,
+    /// Whether the release script takes the key's waiters flag as its
+    /// second key and the database as its second argument (the library's
+    /// does).
+    flagged: bool,
 }
 
 impl Raw {
@@ -93,11 +94,11 @@ impl Raw {
                 .query_async(c)
                 .await?;
         }
-        let channel = release.contains("ARGV[2]");
+        let flagged = release.contains("KEYS[2]");
         Ok(Self {
             conns,
             release_sha,
-            channel,
+            flagged,
         })
     }
 
@@ -139,23 +140,20 @@ impl Raw {
     }
 
     async fn unlock(&self, key: &str, token: &str) {
-        let channel = self.channel.then(|| format!("redlock:released:0:{key}"));
+        let flag = self
+            .flagged
+            .then(|| format!("{key}{}", redlock_core::__WAITERS_SUFFIX));
         join_all(self.conns.iter().map(|c| {
             let mut c = c.clone();
             let sha = &self.release_sha;
-            let channel = &channel;
+            let flag = &flag;
             async move {
-                let _ = tokio::time::timeout(
-                    *NODE_TIMEOUT,
-                    redis::cmd("EVALSHA")
-                        .arg(sha)
-                        .arg(1)
-                        .arg(key)
-                        .arg(token)
-                        .arg(channel)
-                        .query_async::<i64>(&mut c),
-                )
-                .await;
+                let mut cmd = redis::cmd("EVALSHA");
+                match flag {
+                    Some(flag) => cmd.arg(sha).arg(2).arg(key).arg(flag).arg(token).arg(0),
+                    None => cmd.arg(sha).arg(1).arg(key).arg(token),
+                };
+                let _ = tokio::time::timeout(*NODE_TIMEOUT, cmd.query_async::<i64>(&mut c)).await;
             }
         }))
         .await;

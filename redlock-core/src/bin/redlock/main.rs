@@ -121,6 +121,7 @@ pub(crate) fn acquire_failure(e: &Error) -> u8 {
         Error::InvalidTtl { .. }
         | Error::NodeTimeoutTooLong { .. }
         | Error::EmptyResource
+        | Error::ReservedResource { .. }
         | Error::InvalidConfig(_) => code::USAGE,
         _ => code::FAILURE,
     }
