@@ -74,9 +74,10 @@ impl Redlock {
             });
             // Subscribed: the attempt leaves the waiters flag on the nodes
             // first, so that a release after it announces itself.
-            let flag = subscription
-                .as_ref()
-                .map(|_| flag_ttl(ttl, retry, self.inner.settings.node_timeout));
+            let flag = subscription.as_ref().map(|_| {
+                let node_timeout = self.inner.settings.node_timeout;
+                flag_ttl(ttl, retry, node_timeout, Instant::now(), latest_start)
+            });
             let err = match self
                 .attempt_flagged(resource, key, ttl, attempt, flag)
                 .await
@@ -147,18 +148,28 @@ pub(crate) fn fallback(
     [poll, expiry, latest_start].into_iter().flatten().min()
 }
 
-/// The longest a flag must live: a waiter that set the waiters flag attempts
-/// again (and sets it again) within its longest poll delay, or at the
-/// holder's expiry, within a holder's TTL (taken to be the waiter's own),
-/// each attempt bounded by a few node timeouts; a second more for slack. A
-/// flag left by a waiter that gave up costs the next release one `PUBLISH`,
-/// so a day at most.
-pub(crate) fn flag_ttl(ttl: Duration, retry: &RetryPolicy, node_timeout: Duration) -> Duration {
+/// How long a waiter's flag lives from an attempt at `now`: as long as the
+/// waiter may still wait (until `latest_start`, its last attempt, or without
+/// a deadline every delay of its policy at its longest), and at least its
+/// longest poll delay, plus a TTL, a few node timeouts and a second; at most
+/// a day. Not just until its next attempt: an attempt that does not reach a
+/// node (down, timed out) does not set the flag there again, and a release
+/// there must still announce itself to this waiter. A flag left by a waiter
+/// that gave up costs the next release one `PUBLISH`.
+pub(crate) fn flag_ttl(
+    ttl: Duration,
+    retry: &RetryPolicy,
+    node_timeout: Duration,
+    now: Instant,
+    latest_start: Option<Instant>,
+) -> Duration {
     const MAX_FLAG_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-    retry
-        .delay
-        .saturating_add(retry.jitter)
-        .max(ttl)
+    let wait = match latest_start {
+        Some(last) => last.saturating_duration_since(now),
+        None => turn_budget(retry),
+    };
+    wait.max(retry.delay.saturating_add(retry.jitter))
+        .saturating_add(ttl)
         .saturating_add(node_timeout.saturating_mul(3))
         .saturating_add(Duration::from_secs(1))
         .min(MAX_FLAG_TTL)
@@ -217,5 +228,33 @@ async fn wait_turn(place: &Place<'_>, by: Option<Instant>, retry: &RetryPolicy) 
             // One last look: the turn may have come with the deadline.
             return place.turn().now_or_never().is_some();
         }
+    }
+}
+
+#[cfg(all(test, not(redlock_loom)))]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// The flag outlives the whole wait, not just the next poll: a deadline
+    /// 30 s away keeps it past 30 s even with a 1 s delay.
+    #[test]
+    fn a_flag_lives_as_long_as_its_waiter_may_wait() {
+        let now = Instant::now();
+        let retry = RetryPolicy::deadline(S * 30).with_delay(S);
+        let ttl = flag_ttl(S * 5, &retry, S / 10, now, Some(now + S * 29));
+        assert!(ttl >= S * 29 + S * 5, "{ttl:?}");
+        // Past the last attempt: the poll delay and the TTL remain.
+        let ttl = flag_ttl(S * 5, &retry, S / 10, now + S * 40, Some(now + S * 29));
+        assert!(ttl >= S * 5 && ttl < S * 29, "{ttl:?}");
+        // Without a deadline: every delay of its attempts.
+        let retry = RetryPolicy::attempts(11).with_delay(S);
+        let ttl = flag_ttl(S, &retry, S / 10, now, None);
+        assert!(ttl >= S * 10, "{ttl:?}");
+        // Nothing past a day, whatever the inputs.
+        let retry = RetryPolicy::deadline(Duration::MAX).with_delay(Duration::MAX);
+        let ttl = flag_ttl(Duration::MAX, &retry, Duration::MAX, now, None);
+        assert_eq!(ttl, S * 24 * 60 * 60);
     }
 }

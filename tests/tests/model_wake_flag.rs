@@ -27,11 +27,12 @@
 //! 4. **wake**: a waiter with a message attempts again from step 1.
 //!
 //! Left out: expiries. A key that expires publishes nothing, with or without
-//! flags; the waiter's holder-expiry timer finds it. The flag lives longer than
-//! a waiter's longest sleep between two attempts (`wait::flag_ttl`: its poll
-//! delay or a TTL, plus node timeouts and a second), and every attempt sets it
-//! again, so while a waiter sleeps its flag does not expire; a flag left by a
-//! waiter that gave up costs one `PUBLISH` later, which the model allows
+//! flags; the waiter's holder-expiry timer finds it. The flag lives as long
+//! as its waiter may still wait (`wait::flag_ttl`: until its deadline, or
+//! every delay of its policy, plus a TTL, node timeouts and a second), and
+//! every attempt sets it again, so while a waiter waits its flag does not
+//! expire; a flag left by a waiter that gave up costs one `PUBLISH` later,
+//! which the model allows
 //! (clients that are done still leave their flag).
 //!
 //! # Negative controls

@@ -205,7 +205,8 @@ impl Redlock {
                 // (one round trip more per attempt of a waiting set: the
                 // all-or-none script cannot take them, or a user refused
                 // the flags' keys could not lock).
-                let flag = flag_ttl(ttl, retry, self.inner.settings.node_timeout);
+                let node_timeout = self.inner.settings.node_timeout;
+                let flag = flag_ttl(ttl, retry, node_timeout, Instant::now(), latest_start);
                 self.set_waiters_flags(many, flag).await;
             }
             let err = match self.attempt_many(many, ttl, attempt).await {
