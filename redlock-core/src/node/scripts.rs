@@ -20,12 +20,28 @@ return 0
 /// The key's waiters flag (`KEYS[2]`, `wake::waiters_flag`) goes in the same
 /// `DEL`: only when it was there, i.e. some waiter set it before its attempt
 /// on this node, is the delete announced on the key's channel
-/// (`wake::channel`, the node's database as `ARGV[2]`) to wake the waiters.
-/// A release nobody waits for thus runs two commands on the node, not three:
-/// each `redis.call` costs the node about 3,900 instructions, 12% of the call
-/// (BENCHMARKS.md, "Announce a release only to waiters"). The `PUBLISH` is a
-/// `pcall`, so that a user not allowed to publish still releases.
+/// (`wake::channel`) to wake the waiters. A release nobody waits for thus
+/// runs two commands on the node, not three: each `redis.call` costs the
+/// node about 3,900 instructions, 12% of the call (BENCHMARKS.md, "Announce
+/// a release only to waiters"). The `PUBLISH` is a `pcall`, so that a user
+/// not allowed to publish still releases. This one is for database 0, what
+/// nearly every node uses: its channel is written in, since every argument
+/// costs the node about 1,800 instructions; [`RELEASE_IN_DB_LUA`] takes the
+/// database as `ARGV[2]`.
 pub(crate) const RELEASE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+    redis.pcall('PUBLISH', 'redlock:released:0:' .. KEYS[1], '1')
+  end
+  return 1
+end
+return 0
+"#;
+
+/// [`RELEASE_LUA`] for a node of another database than 0, named by `ARGV[2]`
+/// (`PUBLISH` reaches every database of a server, and a script cannot read
+/// which database it runs in).
+const RELEASE_IN_DB_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
     redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[1], '1')
@@ -145,6 +161,7 @@ pub(crate) static RECORD_PEEK: LazyLock<LuaScript> =
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
+static RELEASE_IN_DB: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_IN_DB_LUA));
 pub(crate) static RELEASE_UNFLAGGED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RELEASE_UNFLAGGED_LUA));
 pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
@@ -175,10 +192,10 @@ pub(crate) enum Call {
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
     Keys { evalsha: Cmd, eval: Cmd },
-    /// The release script for `key` and `token`: its last argument is each
-    /// node's own database (the channel it announces on). `evalsha` is encoded
-    /// once for database 0, what nearly every node uses; a node of another
-    /// database encodes its own (`release_parts`).
+    /// The release script for `key` and `token`, which announces the delete
+    /// on a channel of the node's own database. `evalsha` is encoded once
+    /// for database 0, what nearly every node uses; a node of another
+    /// database sends `RELEASE_IN_DB_LUA`, encoded for it (`release_evalsha`).
     Release {
         key: Arc<str>,
         token: Arc<str>,
@@ -332,29 +349,33 @@ fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
 }
 
 /// The release's `EVALSHA` as node database `db` runs it: the key and its
-/// waiters flag, the token, and the database (for the channel).
+/// waiters flag, the token, and for a database other than 0 the database
+/// (for the channel).
 pub(super) fn release_evalsha(key: &str, token: &str, db: i64) -> Cmd {
-    let mut evalsha = redis::cmd("EVALSHA");
-    evalsha
-        .arg(&RELEASE.sha)
-        .arg(2)
-        .arg(key)
-        .arg(crate::wake::waiters_flag(key))
-        .arg(token)
-        .arg(db);
-    evalsha
+    release_cmd("EVALSHA", key, token, db)
 }
 
 /// The release's `EVAL`, after `NOSCRIPT`.
 pub(super) fn release_eval(key: &str, token: &str, db: i64) -> Cmd {
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(RELEASE.body)
-        .arg(2)
-        .arg(key)
-        .arg(crate::wake::waiters_flag(key))
-        .arg(token)
-        .arg(db);
-    eval
+    release_cmd("EVAL", key, token, db)
+}
+
+fn release_cmd(name: &str, key: &str, token: &str, db: i64) -> Cmd {
+    let script = if db == 0 { &*RELEASE } else { &*RELEASE_IN_DB };
+    let mut cmd = redis::cmd(name);
+    cmd.arg(if name == "EVAL" {
+        script.body
+    } else {
+        script.sha.as_str()
+    })
+    .arg(2)
+    .arg(key)
+    .arg(crate::wake::waiters_flag(key))
+    .arg(token);
+    if db != 0 {
+        cmd.arg(db);
+    }
+    cmd
 }
 
 /// The release without the waiters flag (`RELEASE_UNFLAGGED_LUA`), by
@@ -543,5 +564,6 @@ mod tests {
         assert_eq!(RELEASE.sha.len(), 40);
         assert_ne!(EXTEND.sha, RELEASE.sha);
         assert_ne!(RELEASE_UNFLAGGED.sha, RELEASE.sha);
+        assert_ne!(RELEASE_IN_DB.sha, RELEASE.sha);
     }
 }

@@ -103,13 +103,20 @@ fn acquire_calls(cmds: &[Vec<String>], key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Release calls on `key`: `EVAL[SHA] sha 2 key flag token db` (the key's
-/// waiters flag, deleted with it; the node's database names the channel the
-/// release is announced on). Returns the tokens.
+/// Release calls on `key`: `EVAL[SHA] sha 2 key flag token` (the key's
+/// waiters flag, deleted with it), and the node's database after the token
+/// when it is not 0 (it names the channel the release is announced on).
+/// Returns the tokens.
 fn release_calls(cmds: &[Vec<String>], key: &str) -> Vec<String> {
     let flag = format!("{key}:redlock-waiters");
     cmds.iter()
-        .filter(|c| c.len() == 7 && is_script_call(c) && c[2] == "2" && c[3] == key && c[4] == flag)
+        .filter(|c| {
+            (6..=7).contains(&c.len())
+                && is_script_call(c)
+                && c[2] == "2"
+                && c[3] == key
+                && c[4] == flag
+        })
         .map(|c| c[5].clone())
         .collect()
 }

@@ -551,7 +551,9 @@ async fn a_renewed_holder_keeps_its_local_waiters_queued_for_the_hand_over() {
 }
 
 /// `PUBLISH` reaches every database of a server: the same key taken and
-/// released in database 1 does not wake its waiter in database 0.
+/// released in database 1, flagged there as if a waiter of database 1 waited
+/// (so that its release announces itself, by the script for databases other
+/// than 0), does not wake its waiter in database 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_in_another_database_wakes_no_waiter() {
     let cluster = Cluster::start(3);
@@ -579,7 +581,28 @@ async fn a_release_in_another_database_wakes_no_waiter() {
     );
     assert_eq!(sets(), base + 6, "more than two attempts before any news");
     let other = db1.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    for url in cluster.urls() {
+        let mut conn = redis::Client::open(format!("{url}/1"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let () = conn
+            .set_options(
+                flag(key),
+                1,
+                redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(60_000)),
+            )
+            .await
+            .unwrap();
+    }
+    let announced: Vec<u64> = (0..3).map(|n| publishes(&cluster, n)).collect();
     db1.unlock(other).await.unwrap();
+    assert!(
+        cluster.wait_until(ms(5000), |c| (0..3)
+            .all(|n| publishes(c, n) == announced[n] + 1)),
+        "database 1's release did not announce itself on every node"
+    );
     let before = base + 9;
     assert!(
         cluster.wait_until(ms(5000), |_| sets() >= before),

@@ -69,8 +69,8 @@ struct Raw {
     conns: Vec<MultiplexedConnection>,
     release_sha: String,
     /// Whether the release script takes the key's waiters flag as its
-    /// second key and the database as its second argument (the library's
-    /// does).
+    /// second key (the library's does; in database 0, as here, it takes no
+    /// more arguments).
     flagged: bool,
 }
 
@@ -150,7 +150,7 @@ impl Raw {
             async move {
                 let mut cmd = redis::cmd("EVALSHA");
                 match flag {
-                    Some(flag) => cmd.arg(sha).arg(2).arg(key).arg(flag).arg(token).arg(0),
+                    Some(flag) => cmd.arg(sha).arg(2).arg(key).arg(flag).arg(token),
                     None => cmd.arg(sha).arg(1).arg(key).arg(token),
                 };
                 let _ = tokio::time::timeout(*NODE_TIMEOUT, cmd.query_async::<i64>(&mut c)).await;
