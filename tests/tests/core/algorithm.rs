@@ -442,6 +442,97 @@ async fn release_falls_back_to_eval_after_script_flush() {
     );
 }
 
+/// A release returns at quorum and leaves the calls still out on their
+/// connections unawaited once their nodes have run a release as sent. The
+/// paused nodes' compare-and-deletes must still run when they resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_left_unawaited_still_runs_on_its_nodes() {
+    let cluster = Cluster::start(5);
+    let rl = ready(&cluster, Duration::from_secs(2)).await;
+    for round in 0..3 {
+        let key = format!("unawaited:{round}");
+        let lock = held_everywhere(&cluster, &rl, &key, Duration::from_secs(60)).await;
+        cluster.node(3).pause();
+        cluster.node(4).pause();
+        let t0 = Instant::now();
+        let released = rl.unlock(lock).await;
+        let took = t0.elapsed();
+        cluster.node(3).resume();
+        cluster.node(4).resume();
+        redlock_tests::util::assert_released(&released.unwrap(), 3);
+        assert!(
+            took < Duration::from_secs(2),
+            "round {round}: waited {took:?}"
+        );
+        assert!(
+            cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(&key) == 0),
+            "round {round}: the paused nodes kept the key: {:?}",
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| n.get(&key))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Two nodes restarted (their scripts gone, new connections), the others
+/// as before: the restarted nodes' first release is late, and must be
+/// awaited all the same, since it answers `NOSCRIPT` and only an awaited
+/// call sends the `EVAL` after it (the answered nodes needed no fallback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_release_after_a_restart_still_falls_back_to_eval() {
+    let cluster = Cluster::start(5);
+    let rl = ready(&cluster, Duration::from_secs(2)).await;
+    cluster.node(3).restart();
+    cluster.node(4).restart();
+    let key = "first-release-late";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(60)).await;
+    cluster.node(3).pause();
+    cluster.node(4).pause();
+    let released = rl.unlock(lock).await;
+    cluster.node(3).resume();
+    cluster.node(4).resume();
+    redlock_tests::util::assert_released(&released.unwrap(), 3);
+    assert!(
+        cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(key) == 0),
+        "a late node kept the key: {:?}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.get(key))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// After `SCRIPT FLUSH` on every node, a release's calls still out when it
+/// is decided are awaited: the answered nodes needed the `EVAL` fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_after_a_script_flush_still_falls_back() {
+    let cluster = Cluster::start(5);
+    let rl = ready(&cluster, Duration::from_secs(2)).await;
+    let key = "flushed-release-late";
+    let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(60)).await;
+    for node in cluster.nodes() {
+        node.cmd(&["SCRIPT", "FLUSH"]);
+    }
+    cluster.node(3).pause();
+    cluster.node(4).pause();
+    let released = rl.unlock(lock).await;
+    cluster.node(3).resume();
+    cluster.node(4).resume();
+    redlock_tests::util::assert_released(&released.unwrap(), 3);
+    assert!(
+        cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(key) == 0),
+        "a late node kept the key: {:?}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.get(key))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_counts_only_keys_actually_deleted() {
     let cluster = Cluster::start(3);
