@@ -446,6 +446,13 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             per_round[1].push(rate[2] / rate[1]);
         }
     }
+    if std::env::var_os("BENCH_VERBOSE").is_some() {
+        // Exact pair counts, for instruction counts per pair (callgrind).
+        eprintln!(
+            "pairs: library {}, raw {}, rslock {}",
+            total[0], total[1], total[2]
+        );
+    }
     header3("2. 64 tasks, distinct keys");
     let per_s = |w: usize| total[w] as f64 / time[w].max(1e-9);
     row3(
