@@ -8,7 +8,8 @@
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
 //! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `native` (not in `all`:
-//! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
+//! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`), `side-by-side`
+//! (not in `all`: the library's tasks and raw's at the same time). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
 //! multiplexed connection per node taken from the pool (as the library does), a
@@ -38,6 +39,7 @@ mod metrics_cost;
 mod native;
 mod publish;
 mod scale;
+mod side_by_side;
 mod waiting;
 
 const RELEASE: &str = r#"
@@ -1151,6 +1153,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if scenario == "publish" {
         publish::publish(&setup).await?;
+    }
+    if scenario == "side-by-side" {
+        side_by_side::side_by_side(&setup).await?;
     }
     Ok(())
 }
