@@ -442,9 +442,10 @@ async fn release_falls_back_to_eval_after_script_flush() {
     );
 }
 
-/// A release returns at quorum and leaves the calls still out on their
-/// connections unawaited once their nodes have run a release as sent. The
-/// paused nodes' compare-and-deletes must still run when they resume.
+/// A release returns at quorum, its caller not waiting for the calls still
+/// out (the handle's background task drives them). The paused nodes'
+/// compare-and-deletes must still run when they resume, whatever drives, or
+/// stops driving, their calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_left_unawaited_still_runs_on_its_nodes() {
     let cluster = Cluster::start(5);
