@@ -442,6 +442,31 @@ async fn release_falls_back_to_eval_after_script_flush() {
     );
 }
 
+/// Unlocks `lock` (of `key`, held on all five nodes) while nodes 3 and 4 are
+/// paused, then asserts that it was decided by the other three, in under
+/// 2 s, and that the paused nodes' compare-and-deletes ran once they
+/// resumed (within 5 s).
+async fn release_with_two_late(cluster: &Cluster, rl: &Redlock, lock: Lock, key: &str) {
+    cluster.node(3).pause();
+    cluster.node(4).pause();
+    let t0 = Instant::now();
+    let released = rl.unlock(lock).await;
+    let took = t0.elapsed();
+    cluster.node(3).resume();
+    cluster.node(4).resume();
+    redlock_tests::util::assert_released(&released.unwrap(), 3);
+    assert!(took < Duration::from_secs(2), "{key}: waited {took:?}");
+    assert!(
+        cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(key) == 0),
+        "{key}: a late node kept the key: {:?}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.get(key))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// A release returns at quorum, its caller not waiting for the calls still
 /// out (the handle's background task drives them). The paused nodes'
 /// compare-and-deletes must still run when they resume, whatever drives, or
@@ -453,27 +478,7 @@ async fn a_release_left_unawaited_still_runs_on_its_nodes() {
     for round in 0..3 {
         let key = format!("unawaited:{round}");
         let lock = held_everywhere(&cluster, &rl, &key, Duration::from_secs(60)).await;
-        cluster.node(3).pause();
-        cluster.node(4).pause();
-        let t0 = Instant::now();
-        let released = rl.unlock(lock).await;
-        let took = t0.elapsed();
-        cluster.node(3).resume();
-        cluster.node(4).resume();
-        redlock_tests::util::assert_released(&released.unwrap(), 3);
-        assert!(
-            took < Duration::from_secs(2),
-            "round {round}: waited {took:?}"
-        );
-        assert!(
-            cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(&key) == 0),
-            "round {round}: the paused nodes kept the key: {:?}",
-            cluster
-                .nodes()
-                .iter()
-                .map(|n| n.get(&key))
-                .collect::<Vec<_>>()
-        );
+        release_with_two_late(&cluster, &rl, lock, &key).await;
     }
 }
 
@@ -489,21 +494,7 @@ async fn a_late_first_release_after_a_restart_still_falls_back_to_eval() {
     cluster.node(4).restart();
     let key = "first-release-late";
     let lock = held_everywhere(&cluster, &rl, key, Duration::from_secs(60)).await;
-    cluster.node(3).pause();
-    cluster.node(4).pause();
-    let released = rl.unlock(lock).await;
-    cluster.node(3).resume();
-    cluster.node(4).resume();
-    redlock_tests::util::assert_released(&released.unwrap(), 3);
-    assert!(
-        cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(key) == 0),
-        "a late node kept the key: {:?}",
-        cluster
-            .nodes()
-            .iter()
-            .map(|n| n.get(key))
-            .collect::<Vec<_>>()
-    );
+    release_with_two_late(&cluster, &rl, lock, key).await;
 }
 
 /// After `SCRIPT FLUSH` on every node, a release's calls still out when it
@@ -517,21 +508,7 @@ async fn a_late_release_after_a_script_flush_still_falls_back() {
     for node in cluster.nodes() {
         node.cmd(&["SCRIPT", "FLUSH"]);
     }
-    cluster.node(3).pause();
-    cluster.node(4).pause();
-    let released = rl.unlock(lock).await;
-    cluster.node(3).resume();
-    cluster.node(4).resume();
-    redlock_tests::util::assert_released(&released.unwrap(), 3);
-    assert!(
-        cluster.wait_until(Duration::from_secs(5), |c| c.count_with_key(key) == 0),
-        "a late node kept the key: {:?}",
-        cluster
-            .nodes()
-            .iter()
-            .map(|n| n.get(key))
-            .collect::<Vec<_>>()
-    );
+    release_with_two_late(&cluster, &rl, lock, key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
