@@ -1,6 +1,9 @@
 //! What one lock+unlock pair costs beyond wall time, on both sides of the
 //! wire: this process's CPU and allocations, the nodes' CPU (`INFO cpu`) and
-//! the commands they ran (`INFO commandstats`). Snapshots are taken around
+//! the commands they ran (`INFO commandstats`), and how well both sides
+//! batched them: the nodes' socket reads and writes (`INFO stats`), this
+//! process's read and write system calls (`/proc/self/io`) and its threads'
+//! context switches (`/proc/self/task/*/status`). Snapshots are taken around
 //! each block of the library and of the raw loop, in the same run.
 //!
 //! Counting allocations needs a global allocator of the bench's own:
@@ -26,6 +29,10 @@ pub(crate) struct Snapshot {
     server_cpu: Duration,
     commands: u64,
     command_usec: u64,
+    server_reads: u64,
+    server_writes: u64,
+    client_syscalls: u64,
+    client_switches: u64,
 }
 
 /// The difference of two snapshots, summed over blocks.
@@ -38,6 +45,16 @@ pub(crate) struct Cost {
     /// Time the nodes spent running commands (`usec` of `INFO
     /// commandstats`): the server CPU less its event loop and I/O.
     pub(crate) command_time: Duration,
+    /// Socket reads the nodes served (`total_reads_processed`): fewer per
+    /// command means commands arrived together.
+    pub(crate) server_reads: u64,
+    /// Socket writes of replies (`total_writes_processed`).
+    pub(crate) server_writes: u64,
+    /// This process's read and write system calls (`syscr` + `syscw`).
+    pub(crate) client_syscalls: u64,
+    /// Context switches of this process's threads, voluntary (a thread
+    /// that went to sleep: no work, or a lock held elsewhere) and not.
+    pub(crate) client_switches: u64,
 }
 
 impl Cost {
@@ -48,6 +65,10 @@ impl Cost {
         self.commands += after.commands.saturating_sub(before.commands);
         self.command_time +=
             Duration::from_micros(after.command_usec.saturating_sub(before.command_usec));
+        self.server_reads += after.server_reads.saturating_sub(before.server_reads);
+        self.server_writes += after.server_writes.saturating_sub(before.server_writes);
+        self.client_syscalls += after.client_syscalls.saturating_sub(before.client_syscalls);
+        self.client_switches += after.client_switches.saturating_sub(before.client_switches);
     }
 }
 
@@ -57,11 +78,40 @@ fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// `name`'s number in `text`, 0 when absent.
+fn number(text: &str, name: &str) -> u64 {
+    field(text, name)
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// This process's read and write system calls so far.
+fn syscalls() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    number(&io, "syscr") + number(&io, "syscw")
+}
+
+/// Context switches of this process's live threads so far. The bench's
+/// runtime keeps its worker threads for the whole run, so differences
+/// between snapshots count them.
+fn switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|s| number(&s, "voluntary_ctxt_switches") + number(&s, "nonvoluntary_ctxt_switches"))
+        .sum()
+}
+
 /// Counts now: this process, and every node of `pools` (one `INFO` each).
 pub(crate) async fn snapshot(pools: &[deadpool_redis::Pool]) -> Result<Snapshot, BoxError> {
     let mut s = Snapshot {
         client_cpu: cpu_time(),
         allocations: GLOBAL.stats().allocations as u64,
+        client_syscalls: syscalls(),
+        client_switches: switches(),
         ..Snapshot::default()
     };
     for p in pools {
@@ -87,6 +137,9 @@ pub(crate) async fn snapshot(pools: &[deadpool_redis::Pool]) -> Result<Snapshot,
                 .filter_map(|l| l.split(name).nth(1)?.split(',').next()?.parse::<u64>().ok())
                 .sum::<u64>()
         };
+        let io: String = redis::cmd("INFO").arg("stats").query_async(&mut c).await?;
+        s.server_reads += number(&io, "total_reads_processed");
+        s.server_writes += number(&io, "total_writes_processed");
         s.commands += sum("calls=");
         s.command_usec += sum(",usec=");
     }

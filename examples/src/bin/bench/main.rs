@@ -523,6 +523,34 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         per_pair(2, costs[2].commands as f64) / n,
         "cmds",
     );
+    row3(
+        "node socket reads per node per pair",
+        per_pair(0, costs[0].server_reads as f64) / n,
+        per_pair(1, costs[1].server_reads as f64) / n,
+        per_pair(2, costs[2].server_reads as f64) / n,
+        "reads",
+    );
+    row3(
+        "node socket writes per node per pair",
+        per_pair(0, costs[0].server_writes as f64) / n,
+        per_pair(1, costs[1].server_writes as f64) / n,
+        per_pair(2, costs[2].server_writes as f64) / n,
+        "writes",
+    );
+    row3(
+        "client read+write syscalls per pair",
+        per_pair(0, costs[0].client_syscalls as f64),
+        per_pair(1, costs[1].client_syscalls as f64),
+        per_pair(2, costs[2].client_syscalls as f64),
+        "calls",
+    );
+    row3(
+        "client context switches per pair",
+        per_pair(0, costs[0].client_switches as f64),
+        per_pair(1, costs[1].client_switches as f64),
+        per_pair(2, costs[2].client_switches as f64),
+        "switches",
+    );
     Ok(())
 }
 
