@@ -21,9 +21,15 @@
 //! attempt off the queue, and `try_lock` never queues.
 
 #[cfg(redlock_loom)]
-use loom::sync::Mutex;
+use loom::sync::{
+    Mutex,
+    atomic::{AtomicUsize, Ordering, fence},
+};
 #[cfg(not(redlock_loom))]
-use std::sync::Mutex;
+use std::sync::{
+    Mutex,
+    atomic::{AtomicUsize, Ordering, fence},
+};
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::DerefMut;
@@ -101,11 +107,31 @@ struct State {
 #[derive(Debug, Default)]
 pub(crate) struct Queues {
     state: Mutex<State>,
+    /// How many keys have a queue (`state.keys.len()`), written with `state`
+    /// locked. Every release reads it without the lock ([`Queues::idle`]):
+    /// with no local waiter anywhere, a release, an extend or a renewal
+    /// takes no lock shared by every task of the handle.
+    queued: AtomicUsize,
 }
 
 impl Queues {
     fn state(&self) -> impl DerefMut<Target = State> + '_ {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether no key has a local queue, read without the lock.
+    ///
+    /// A release reads it once its compare-and-deletes are on the nodes'
+    /// connections, and a waiter's [`Queues::join`] writes it before its
+    /// `SET`s go out, each side behind a `SeqCst` fence. So either the release
+    /// sees the waiter's queue (and takes the lock, as it always did), or its
+    /// fence comes first, and then every `SET` of that waiter is queued
+    /// behind the release's compare-and-delete on each connection: the
+    /// waiter's attempt runs after the release and needs no kick.
+    /// Model-checked in `queue::tests::loom_tests`.
+    fn idle(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.queued.load(Ordering::Relaxed) == 0
     }
 
     /// Runs `f` on the key's queue, then frees the entry if it became idle.
@@ -115,6 +141,7 @@ impl Queues {
         let r = f(q);
         if q.is_idle() {
             state.keys.remove(key);
+            self.queued.store(state.keys.len(), Ordering::Relaxed);
         }
         Some(r)
     }
@@ -122,15 +149,21 @@ impl Queues {
     /// Joins the back of `key`'s queue; the first waiter of an idle key gets
     /// the turn at once. Returns the waiter's id.
     pub(crate) fn join(&self, key: &Arc<str>) -> u64 {
-        let mut state = self.state();
-        let id = state.next_id;
-        state.next_id = state.next_id.wrapping_add(1);
-        let q = state.keys.entry(Arc::clone(key)).or_default();
-        if q.is_idle() {
-            q.turn = Some(Turn::Waiter(id));
-        } else {
-            q.waiting.push_back(Waiting { id, waker: None });
-        }
+        let id = {
+            let mut state = self.state();
+            let id = state.next_id;
+            state.next_id = state.next_id.wrapping_add(1);
+            let q = state.keys.entry(Arc::clone(key)).or_default();
+            if q.is_idle() {
+                q.turn = Some(Turn::Waiter(id));
+            } else {
+                q.waiting.push_back(Waiting { id, waker: None });
+            }
+            self.queued.store(state.keys.len(), Ordering::Relaxed);
+            id
+        };
+        // Before this waiter's first `SET` is sent (see `Queues::idle`).
+        fence(Ordering::SeqCst);
         id
     }
 
@@ -157,6 +190,11 @@ impl Queues {
     /// a renewal of a guarded lock): its turn lasts as long, so that a lock
     /// held for many TTLs keeps its local waiters queued for the hand-over.
     pub(crate) fn renew(&self, key: &str, token: &str, until: Instant) {
+        // The holder joined before it took the lock: if no key has a queue,
+        // this one has none either.
+        if self.idle() {
+            return;
+        }
         self.with_key(key, |q| {
             if let Some(Turn::Holder { token: t, until: u }) = &mut q.turn
                 && **t == *token
@@ -213,6 +251,9 @@ impl Queues {
     /// connection. Returns whether the turn was handed over. Either way
     /// [`Queues::release`] follows once the release is decided.
     pub(crate) fn hand_over(&self, key: &str, token: &str) -> bool {
+        if self.idle() {
+            return false;
+        }
         self.with_key(key, |q| {
             let holder = match &q.turn {
                 Some(Turn::Holder { token: t, .. }) if **t == *token => Arc::clone(t),
@@ -235,6 +276,9 @@ impl Queues {
     /// from this very release's hand-over (then its attempt follows the
     /// release already).
     pub(crate) fn release(&self, key: &str, token: &str) {
+        if self.idle() {
+            return;
+        }
         self.with_key(key, |q| match &q.turn {
             Some(Turn::Holder { token: t, .. }) if **t == *token => {
                 q.streak = 0;

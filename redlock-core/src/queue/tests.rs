@@ -264,6 +264,47 @@ mod loom_tests {
         });
     }
 
+    /// A `try_lock` holder's release races a waiter joining the key's queue,
+    /// and the release reads [`Queues::idle`] without the lock. `conn`
+    /// stands for one node's connection: the order in which the release's
+    /// compare-and-delete and the waiter's `SET` are queued on it. Whenever
+    /// the `SET` went first (it finds the key still held), the release must
+    /// have seen the queue and kicked the waiter, so that it attempts again
+    /// at once instead of sleeping until its next retry.
+    #[test]
+    fn a_release_that_sees_no_queue_runs_before_every_new_waiters_set() {
+        loom::model(|| {
+            use loom::sync::atomic::{AtomicUsize, Ordering};
+            let q = Arc::new(Queues::default());
+            let key: Arc<str> = "k".into();
+            let conn = Arc::new(AtomicUsize::new(0));
+            let releaser = {
+                let (q, key, conn) = (Arc::clone(&q), Arc::clone(&key), Arc::clone(&conn));
+                thread::spawn(move || {
+                    let del = conn.fetch_add(1, Ordering::Relaxed);
+                    q.hand_over(&key, "holder");
+                    q.release(&key, "holder");
+                    del
+                })
+            };
+            let id = q.join(&key);
+            let set = conn.fetch_add(1, Ordering::Relaxed);
+            let del = match releaser.join() {
+                Ok(del) => del,
+                Err(e) => std::panic::resume_unwind(e),
+            };
+            if set < del {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                assert!(
+                    q.poll_kick(&key, id, &mut cx).is_ready(),
+                    "the waiter's SET ran before the release, and nothing kicked it"
+                );
+            }
+            q.leave(&key, id);
+            assert!(q.is_empty());
+        });
+    }
+
     /// A release by a holder without the turn, racing the head's wait for it:
     /// the head is woken (the kick is never lost).
     #[test]
