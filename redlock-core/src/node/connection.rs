@@ -29,6 +29,11 @@ fn connect_timeout(timeout: Duration) -> Duration {
         .max(MIN_CONNECT_TIMEOUT)
 }
 
+/// How stale the time of a node's last answer may get before an answer
+/// writes it again (see `Shared::stamp_answer`).
+const STAMP_STEP: Duration = Duration::from_millis(1);
+const STAMP_STEP_NS: u64 = STAMP_STEP.as_nanos() as u64;
+
 /// A connection attempt's outcome, as its waiters see it: the connection and its
 /// generation, or why it could not be made. `None` while it runs.
 type Attempt = Option<Result<(u64, MultiplexedConnection), NodeError>>;
@@ -87,10 +92,27 @@ impl Shared {
         u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// The node answered on the newest connection now.
+    /// The node answered on the newest connection now. Every answer comes
+    /// here, from every worker thread: the stamp is written only when it is
+    /// [`STAMP_STEP`] old, so that under load its cache line is read by both
+    /// threads instead of moving between them on every answer.
     fn stamp_answer(&self) {
+        let now = self.since_epoch(Instant::now());
+        if now.saturating_sub(self.answered.load(Ordering::Relaxed)) >= STAMP_STEP_NS {
+            self.answered.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the node answered nothing on the newest connection since
+    /// `started`. The stamp may lag an answer by [`STAMP_STEP`], so an answer
+    /// that late before `started` counts as after it: a dead connection is
+    /// then dropped by the next call's timeout instead of this one's, and a
+    /// live one is never dropped for the lag.
+    fn silent_since(&self, started: Instant) -> bool {
         self.answered
-            .store(self.since_epoch(Instant::now()), Ordering::Relaxed);
+            .load(Ordering::Relaxed)
+            .saturating_add(STAMP_STEP_NS)
+            < self.since_epoch(started)
     }
 
     fn slot(&self) -> MutexGuard<'_, Slot> {
@@ -269,9 +291,7 @@ impl Node {
             return;
         }
         let broken = match error {
-            NodeError::Timeout(_) => {
-                self.shared.answered.load(Ordering::Relaxed) < self.shared.since_epoch(started)
-            }
+            NodeError::Timeout(_) => self.shared.silent_since(started),
             other => other.breaks_connection(),
         };
         if broken {
