@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::Settled;
+use crate::fan_out::{Fan, Settled};
 use crate::lock::Lock;
 use crate::node::{Call, EXTEND, parse_flag};
 use crate::redlock::Redlock;
@@ -166,7 +165,7 @@ impl Redlock {
     /// counts as not held.
     async fn settle_extends<F>(
         &self,
-        pending: &mut FuturesUnordered<F>,
+        pending: &mut Fan<F>,
         span: &tracing::Span,
     ) -> (usize, usize, Vec<Option<Settled<bool>>>)
     where

@@ -4,11 +4,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+use futures_util::stream::Stream;
 use redis::Value;
 
 use crate::error::{NodeError, NodeOutcome, NodeStatus, Report};
@@ -26,22 +26,72 @@ pub(crate) struct Settled<T> {
     pub(crate) result: Result<T, NodeError>,
 }
 
-/// One node's call, boxed: for a set of calls kept in a struct, where the
-/// call's own type cannot be named.
-pub(crate) type NodeFuture<T> = Pin<Box<dyn Future<Output = Settled<T>> + Send>>;
+/// The calls of one fan-out, at most one per node, each in a box of its
+/// own, polled together by the task that awaits them: every pending call
+/// is polled at each wake-up, as `join_all` polls a few futures, and each
+/// answer is returned as it comes (a [`Stream`]).
+///
+/// Not `FuturesUnordered`: that set gives each call a task of its own (a
+/// reference count, a queued flag, a place in a ready queue, its own waker
+/// and wake-up of the set's), which a `perf` profile of the 64-task bench
+/// put at about 6 µs of 67 per lock+unlock pair, for sets of five
+/// (BENCHMARKS.md, "Where a pair's client CPU goes"). `join_all` waits for
+/// every call, and `select_all` panics on an empty set and hands its `Vec`
+/// back after each answer: neither serves a set that is settled at quorum
+/// and then handed on.
+pub(crate) struct Fan<F: ?Sized> {
+    calls: Vec<Pin<Box<F>>>,
+}
+
+/// A fan-out whose calls' type cannot be named: for a set kept in a struct.
+pub(crate) type DynFan<T> = Fan<dyn Future<Output = Settled<T>> + Send>;
+
+impl<F: ?Sized> Fan<F> {
+    /// Whether every call has answered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+impl<F: Future + ?Sized> Stream for Fan<F> {
+    type Item = F::Output;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<F::Output>> {
+        if self.calls.is_empty() {
+            return Poll::Ready(None);
+        }
+        for i in 0..self.calls.len() {
+            if let Poll::Ready(out) = self.calls[i].as_mut().poll(cx) {
+                // The order of the others does not matter: each answer says
+                // its node.
+                drop(self.calls.swap_remove(i));
+                return Poll::Ready(Some(out));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<F: ?Sized> FromIterator<Pin<Box<F>>> for Fan<F> {
+    fn from_iter<I: IntoIterator<Item = Pin<Box<F>>>>(calls: I) -> Self {
+        Self {
+            calls: calls.into_iter().collect(),
+        }
+    }
+}
 
 /// Polls every call of `pending` once, so that each node's command is on its
 /// connection (over a connection already open) when this returns: what is
 /// sent after it on the same connection runs after it on the node. Returns
 /// the answers that came at once (a node that failed without a round trip).
-pub(crate) async fn send_now<T, F>(pending: &mut FuturesUnordered<F>) -> Vec<Settled<T>>
+pub(crate) async fn send_now<T, F>(pending: &mut Fan<F>) -> Vec<Settled<T>>
 where
-    F: Future<Output = Settled<T>>,
+    F: Future<Output = Settled<T>> + ?Sized,
 {
     std::future::poll_fn(|cx| {
         let mut ready = Vec::new();
-        // `FuturesUnordered` polls each new call once per pass, and returns
-        // early only with an answer: loop until it has nothing more at once.
+        // A pass polls every call, and returns early only with an answer:
+        // loop until it has nothing more at once.
         while let Poll::Ready(Some(s)) = pending.poll_next_unpin(cx) {
             ready.push(s);
         }
@@ -52,17 +102,17 @@ where
 
 /// The answers of `pending` that are in already, without waiting: what is
 /// left after them may need a task to drive it, and often nothing is left.
-pub(crate) fn ready_now<T, F>(pending: &mut FuturesUnordered<F>) -> Vec<Settled<T>>
+pub(crate) fn ready_now<T, F>(pending: &mut Fan<F>) -> Vec<Settled<T>>
 where
-    F: Future<Output = Settled<T>>,
+    F: Future<Output = Settled<T>> + ?Sized,
 {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut ready = Vec::new();
     if pending.is_empty() {
         return ready;
     }
-    // A call still waiting keeps its own wake-up registered with the set; the
-    // task that drives the rest later polls the set with a real waker.
+    // A call still waiting is left with a waker that does nothing: the task
+    // that drives the rest polls every call again, with its own, first.
     while let Poll::Ready(Some(s)) = pending.poll_next_unpin(&mut cx) {
         ready.push(s);
     }
@@ -97,39 +147,13 @@ async fn node_call<T>(
 
 impl Redlock {
     /// Spec step 2: sends `call` to the given nodes at once, each under the node
-    /// timeout. The set holds each call in place (one allocation per call, the
-    /// set's own), without a box of its own.
+    /// timeout (one allocation per call, its box).
     pub(crate) fn fan_out<T, I>(
         &self,
         call: &Arc<Call>,
         parse: fn(Value) -> Result<T, NodeError>,
         nodes: I,
-    ) -> FuturesUnordered<impl Future<Output = Settled<T>> + Send + 'static + use<T, I>>
-    where
-        T: Send + 'static,
-        I: Iterator<Item = usize>,
-    {
-        let timeout = self.inner.settings.node_timeout;
-        nodes
-            .map(|index| {
-                node_call(
-                    Arc::clone(&self.inner),
-                    Arc::clone(call),
-                    index,
-                    timeout,
-                    parse,
-                )
-            })
-            .collect()
-    }
-
-    /// [`Redlock::fan_out`] with each call boxed, for a set kept in a struct.
-    pub(crate) fn fan_out_boxed<T, I>(
-        &self,
-        call: &Arc<Call>,
-        parse: fn(Value) -> Result<T, NodeError>,
-        nodes: I,
-    ) -> FuturesUnordered<NodeFuture<T>>
+    ) -> Fan<impl Future<Output = Settled<T>> + Send + 'static + use<T, I>>
     where
         T: Send + 'static,
         I: Iterator<Item = usize>,
@@ -143,7 +167,32 @@ impl Redlock {
                     index,
                     timeout,
                     parse,
-                )) as NodeFuture<T>
+                ))
+            })
+            .collect()
+    }
+
+    /// [`Redlock::fan_out`] with each call boxed, for a set kept in a struct.
+    pub(crate) fn fan_out_boxed<T, I>(
+        &self,
+        call: &Arc<Call>,
+        parse: fn(Value) -> Result<T, NodeError>,
+        nodes: I,
+    ) -> DynFan<T>
+    where
+        T: Send + 'static,
+        I: Iterator<Item = usize>,
+    {
+        let timeout = self.inner.settings.node_timeout;
+        nodes
+            .map(|index| {
+                Box::pin(node_call(
+                    Arc::clone(&self.inner),
+                    Arc::clone(call),
+                    index,
+                    timeout,
+                    parse,
+                )) as Pin<Box<dyn Future<Output = Settled<T>> + Send>>
             })
             .collect()
     }
@@ -152,11 +201,11 @@ impl Redlock {
     /// not answered by then stay in `pending`.
     pub(crate) async fn settle<T, F>(
         &self,
-        pending: &mut FuturesUnordered<F>,
+        pending: &mut Fan<F>,
         decided: impl FnMut(&Settled<T>) -> bool,
     ) -> Vec<Option<Settled<T>>>
     where
-        F: Future<Output = Settled<T>>,
+        F: Future<Output = Settled<T>> + ?Sized,
     {
         self.settle_after(Vec::new(), pending, decided).await
     }
@@ -166,11 +215,11 @@ impl Redlock {
     pub(crate) async fn settle_after<T, F>(
         &self,
         first: Vec<Settled<T>>,
-        pending: &mut FuturesUnordered<F>,
+        pending: &mut Fan<F>,
         mut decided: impl FnMut(&Settled<T>) -> bool,
     ) -> Vec<Option<Settled<T>>>
     where
-        F: Future<Output = Settled<T>>,
+        F: Future<Output = Settled<T>> + ?Sized,
     {
         let mut out: Vec<Option<Settled<T>>> = (0..self.inner.nodes.len()).map(|_| None).collect();
         let put = |out: &mut Vec<Option<Settled<T>>>, s: Settled<T>| {
@@ -219,5 +268,82 @@ impl Redlock {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(all(test, not(redlock_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use tokio::sync::oneshot;
+
+    use super::{Fan, ready_now};
+    use crate::error::NodeError;
+
+    /// A call of node `index` that answers when its sender says so.
+    fn answers_when_told(
+        index: usize,
+    ) -> (
+        oneshot::Sender<()>,
+        std::pin::Pin<Box<impl Future<Output = super::Settled<()>> + use<>>>,
+    ) {
+        let (tx, rx) = oneshot::channel::<()>();
+        let call = Box::pin(async move {
+            let result = rx.await.map_err(|_| NodeError::Io("gone".into()));
+            super::Settled {
+                index,
+                latency: Duration::ZERO,
+                generation: 0,
+                sent: 0,
+                result,
+            }
+        });
+        (tx, call)
+    }
+
+    #[tokio::test]
+    async fn answers_come_out_in_the_order_they_arrive_then_none() {
+        let (mut gates, calls): (Vec<_>, Vec<_>) = (0..3).map(answers_when_told).unzip();
+        let mut fan: Fan<_> = calls.into_iter().collect();
+        assert!(ready_now(&mut fan).is_empty());
+        for index in [2, 0, 1] {
+            let gate = std::mem::replace(&mut gates[index], oneshot::channel().0);
+            gate.send(()).unwrap();
+            let s = tokio::time::timeout(Duration::from_secs(10), fan.next())
+                .await
+                .expect("an answer in time")
+                .expect("a call left");
+            assert_eq!(s.index, index);
+            assert!(s.result.is_ok());
+        }
+        assert!(fan.is_empty());
+        assert!(fan.next().await.is_none());
+    }
+
+    /// `ready_now` polls with a waker that does nothing; the task that takes
+    /// the rest over must still be woken by their answers.
+    #[tokio::test]
+    async fn calls_left_by_ready_now_wake_the_task_that_takes_them_over() {
+        let (gates, calls): (Vec<_>, Vec<_>) = (0..2).map(answers_when_told).unzip();
+        let mut fan: Fan<_> = calls.into_iter().collect();
+        assert!(ready_now(&mut fan).is_empty());
+        let driver = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some(s) = fan.next().await {
+                seen.push(s.index);
+            }
+            seen
+        });
+        tokio::task::yield_now().await;
+        for gate in gates {
+            gate.send(()).unwrap();
+        }
+        let mut seen = tokio::time::timeout(Duration::from_secs(10), driver)
+            .await
+            .expect("both answers seen in time")
+            .unwrap();
+        seen.sort_unstable();
+        assert_eq!(seen, [0, 1]);
     }
 }

@@ -7,11 +7,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{Settled, ready_now, send_now};
+use crate::fan_out::{Fan, Settled, ready_now, send_now};
 use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::node::{Call, parse_flag};
@@ -103,7 +102,7 @@ impl Redlock {
     /// Drives a release's remaining nodes to the end in the background:
     /// dropping their calls could cancel them before they are written, leaving
     /// those keys to block the resource for a TTL.
-    fn finish_release<F>(&self, mut pending: FuturesUnordered<F>, key: &Arc<str>)
+    fn finish_release<F>(&self, mut pending: Fan<F>, key: &Arc<str>)
     where
         F: Future<Output = Settled<bool>> + Send + 'static,
     {

@@ -7,16 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 
 use crate::error::NodeError;
-use crate::fan_out::{Settled, ready_now};
+use crate::fan_out::{Fan, Settled, ready_now};
 use crate::keys::Keys;
 use crate::node::{AcquireReply, Call, Node};
 use crate::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.
-pub(crate) type Stragglers<F> = FuturesUnordered<F>;
+pub(crate) type Stragglers<F> = Fan<F>;
 
 /// What the task that drives [`Stragglers`] needs to know about the lock.
 #[derive(Default)]

@@ -31,14 +31,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use redis::Value;
 
 use super::key::LookupKey;
 use super::record::Record;
 use super::store::{Found, IdempotencyStore, StoreError, StoreFuture};
 use crate::error::{NodeError, NodeStatus};
-use crate::fan_out::{NodeFuture, Settled};
+use crate::fan_out::{DynFan, Settled};
 use crate::guard::LockHandle;
 use crate::node::{Call, RECORD_GET, RECORD_PEEK, RECORD_PUT, parse_flag};
 use crate::redlock::Redlock;
@@ -230,7 +229,7 @@ fn parse_peek(v: Value) -> Result<Peek, NodeError> {
 pub(crate) struct Peeked {
     lock_key: String,
     answers: Vec<Option<Settled<Peek>>>,
-    pending: FuturesUnordered<NodeFuture<Peek>>,
+    pending: DynFan<Peek>,
 }
 
 impl RedisStore {
