@@ -16,6 +16,7 @@ use crate::node::Call;
 use crate::redlock::{Inner, Redlock};
 
 /// One node's settled answer within a fan-out.
+#[derive(Clone)]
 pub(crate) struct Settled<T> {
     pub(crate) index: usize,
     pub(crate) latency: Duration,

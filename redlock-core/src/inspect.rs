@@ -170,20 +170,21 @@ impl Redlock {
         self.check_resource(resource)?;
         let key = crate::keys::Keys::One(self.key_for(resource).into());
         let token: Arc<str> = token.into();
-        let (deleted, report) = self.unlock_all(&key, &token, None).await;
-        let failed = report
-            .nodes
+        let settled = self.unlock_all(&key, &token, None).await;
+        let failed = settled
             .iter()
-            .filter(|n| matches!(n.status, crate::NodeStatus::Failed(_)))
+            .flatten()
+            .filter(|s| s.result.is_err())
             .count();
+        let released = self.released(settled);
         if self.inner.nodes.len() - failed < self.inner.quorum {
             return Err(Error::ReleaseIncomplete {
                 resource: resource.into(),
-                deleted,
-                report,
+                deleted: released.deleted,
+                report: released.report(),
             });
         }
-        Ok(Released { deleted, report })
+        Ok(released)
     }
 }
 

@@ -17,17 +17,46 @@ use crate::node::{Call, parse_flag};
 use crate::redlock::Redlock;
 
 /// What a release confirmed on a quorum of nodes did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Released {
     /// How many nodes deleted the key by the time the release was decided. Fewer
     /// than the quorum means some keys had already expired (or the other nodes
     /// had not answered yet: they are still released, in the background).
     pub deleted: usize,
-    /// Every node's outcome when the release was decided (`Pending` for the
-    /// nodes still answering).
-    pub report: Report,
+    /// Each node's answer when the release was decided (`None`: still out),
+    /// made into a [`Report`] only when asked.
+    settled: Vec<Option<Settled<bool>>>,
+    /// The handle whose nodes answered (for their labels).
+    redlock: Redlock,
 }
+
+impl Released {
+    /// Every node's outcome when the release was decided (`Pending` for the
+    /// nodes still answering). Built on each call: a release that nobody
+    /// asks about builds none (BENCHMARKS.md, "Where a pair's client CPU
+    /// goes").
+    pub fn report(&self) -> Report {
+        self.redlock.release_report(&self.settled)
+    }
+}
+
+impl std::fmt::Debug for Released {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Released")
+            .field("deleted", &self.deleted)
+            .field("report", &self.report())
+            .finish()
+    }
+}
+
+impl PartialEq for Released {
+    fn eq(&self, other: &Self) -> bool {
+        self.deleted == other.deleted && self.report() == other.report()
+    }
+}
+
+impl Eq for Released {}
 
 impl Lock {
     /// The same as [`Redlock::unlock`] on this lock's handle.
@@ -46,13 +75,13 @@ impl Redlock {
     /// skipped (they refused the `SET`, so they never stored this token), and so
     /// are nodes that have not answered yet (their answer is released when it
     /// comes, see [`Redlock::drive_stragglers`]), so a failure returns at once.
-    /// Returns the keys deleted and every node's outcome.
+    /// Returns every node's answer (`None`: skipped, or still out).
     pub(crate) async fn unlock_all(
         &self,
         keys: &Keys,
         token: &Arc<str>,
         acquired: Option<&Report>,
-    ) -> (usize, Report) {
+    ) -> Vec<Option<Settled<bool>>> {
         let skip = |i: usize| {
             acquired.is_some_and(|r| {
                 matches!(
@@ -64,7 +93,7 @@ impl Redlock {
             })
         };
         if (0..self.inner.nodes.len()).all(skip) {
-            return (0, Report::default());
+            return Vec::new();
         }
         let call = Arc::new(Call::release_keys(keys.clone(), Arc::clone(token)));
         let mut pending = self.fan_out(
@@ -79,24 +108,32 @@ impl Redlock {
                 s.result = Ok(false);
             }
         }
-        self.release_outcome(&settled)
+        settled
     }
 
-    /// How many nodes deleted the key, and every node's outcome.
-    fn release_outcome(&self, settled: &[Option<Settled<bool>>]) -> (usize, Report) {
-        let deleted = settled
-            .iter()
-            .flatten()
-            .filter(|s| matches!(s.result, Ok(true)))
-            .count();
-        let report = self.report(settled, |&d| {
+    /// The release that `settled` holds the answers of, as the caller gets
+    /// it; its report is built only when asked.
+    pub(crate) fn released(&self, settled: Vec<Option<Settled<bool>>>) -> Released {
+        Released {
+            deleted: deleted(&settled),
+            settled,
+            redlock: self.clone(),
+        }
+    }
+
+    /// Every node's outcome in a release's answers (an empty report for a
+    /// release that sent nothing).
+    pub(crate) fn release_report(&self, settled: &[Option<Settled<bool>>]) -> Report {
+        if settled.is_empty() {
+            return Report::default();
+        }
+        self.report(settled, |&d| {
             if d {
                 NodeStatus::Ok
             } else {
                 NodeStatus::NotHeld
             }
-        });
-        (deleted, report)
+        })
     }
 
     /// Drives a release's remaining nodes to the end in the background:
@@ -170,22 +207,23 @@ impl Redlock {
         // attempts now, whatever the outcome: keys that were not deleted are
         // found busy and waited for.
         self.inner.waiting.queues.release(&lock.key, &lock.token);
-        let (deleted, report) = self.release_outcome(&settled);
+        let deleted = deleted(&settled);
+        // The report is built for a subscriber that asks, or an error.
         span.in_scope(|| {
             if failed > 0 {
-                tracing::warn!(deleted, report = %report, "release: some nodes failed");
+                tracing::warn!(deleted, report = %self.release_report(&settled), "release: some nodes failed");
             } else {
-                tracing::debug!(deleted, report = %report, "released");
+                tracing::debug!(deleted, report = %self.release_report(&settled), "released");
             }
         });
         crate::metrics::released(self.metrics_key(&lock.key), answered >= q);
         if answered >= q {
-            return Ok(Released { deleted, report });
+            return Ok(self.released(settled));
         }
         Err(Error::ReleaseIncomplete {
             resource: Arc::clone(&lock.resource),
             deleted,
-            report,
+            report: self.release_report(&settled),
         })
     }
 
@@ -205,4 +243,13 @@ impl Redlock {
             Err(_) => self.inner.waiting.queues.release(keys.first(), token),
         }
     }
+}
+
+/// How many nodes deleted the key, in a release's answers.
+fn deleted(settled: &[Option<Settled<bool>>]) -> usize {
+    settled
+        .iter()
+        .flatten()
+        .filter(|s| matches!(s.result, Ok(true)))
+        .count()
 }

@@ -84,11 +84,11 @@ impl Drop for DropRecorder {
 /// pending then account for the rest.
 #[track_caller]
 pub fn assert_released(released: &redlock_core::Released, expected: usize) {
-    let pending = released.report.pending_count();
+    let pending = released.report().pending_count();
     assert!(
         released.deleted <= expected && released.deleted + pending >= expected,
         "expected {expected} deletions, got {} with {pending} pending: {}",
         released.deleted,
-        released.report
+        released.report()
     );
 }

@@ -78,7 +78,7 @@ async fn spans_are_named_and_the_password_is_never_logged() {
     let lock_debug = format!("{lock:?}");
     let released = redlock.unlock(lock).await.unwrap();
     assert!(
-        released.deleted + released.report.pending_count() >= 2,
+        released.deleted + released.report().pending_count() >= 2,
         "{released:?}"
     );
     // Let spawned late-answer handlers log too.

@@ -56,7 +56,7 @@ async fn quorum_survives(urls: Vec<String>, healthy: [&RedisNode; 2], key: &str)
     // and the healthy nodes' keys are all deleted (in the background for the
     // one not yet answered then).
     match rl.unlock(lock).await {
-        Ok(r) => assert!(r.deleted + r.report.pending_count() >= 2, "{r:?}"),
+        Ok(r) => assert!(r.deleted + r.report().pending_count() >= 2, "{r:?}"),
         Err(e) => panic!("unexpected release error {e:?}"),
     }
     assert!(wait_for(Duration::from_secs(2), || healthy
@@ -398,7 +398,7 @@ async fn two_of_five_nodes_down_still_locks() {
     match rl.unlock(lock).await {
         Ok(r) => {
             redlock_tests::util::assert_released(&r, 3);
-            assert!(r.report.failed_count() <= 2, "{r:?}");
+            assert!(r.report().failed_count() <= 2, "{r:?}");
         }
         other => panic!("expected Ok with 2 dead nodes, got {other:?}"),
     }

@@ -59,7 +59,7 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
     assert!(cluster.count_holding(key, handle.token()) >= 2);
     let released = guard.release().await.unwrap();
     assert!(
-        released.deleted + released.report.pending_count() >= 2,
+        released.deleted + released.report().pending_count() >= 2,
         "{released:?}"
     );
     let lock = other

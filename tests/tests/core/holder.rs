@@ -198,7 +198,7 @@ async fn max_hold_of_duration_max_means_no_cap() {
     ));
     let released = guard.release().await.unwrap();
     assert!(
-        released.deleted + released.report.pending_count() >= 2,
+        released.deleted + released.report().pending_count() >= 2,
         "{released:?}"
     );
 }

@@ -256,7 +256,7 @@ async fn even_node_count_builds_and_locks_with_a_majority() {
     // answer "not held" first, while a holding node is still pending.
     let released = rl.unlock(lock).await.unwrap();
     assert!(
-        released.deleted + released.report.pending_count() >= 3,
+        released.deleted + released.report().pending_count() >= 3,
         "{released:?}"
     );
     assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(key) == 0));

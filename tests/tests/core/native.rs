@@ -165,7 +165,7 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
         .cmd(&["SET", "nat-a", lock.token(), "PX", "60000"]);
     let publish = count("publish");
     let released = rl.unlock(lock).await.unwrap();
-    assert!(released.deleted <= 2, "{}", released.report);
+    assert!(released.deleted <= 2, "{}", released.report());
     assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("nat-a") == 1));
     assert_eq!(cluster.node(2).get("nat-a").as_deref(), Some("foreign"));
     // The wake-up went out where the key was deleted, and only there.
@@ -283,12 +283,12 @@ async fn a_cluster_of_two_redis_7_and_one_valkey_9_locks_extends_and_releases() 
         let released = rl.unlock(lock).await.unwrap();
         assert!(
             released
-                .report
+                .report()
                 .nodes
                 .iter()
                 .all(|n| matches!(n.status, NodeStatus::Ok | NodeStatus::Pending)),
             "{}",
-            released.report
+            released.report()
         );
         assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(&key) == 0));
         let lock = other.try_lock(&key, Duration::from_secs(5)).await.unwrap();

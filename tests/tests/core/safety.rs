@@ -97,7 +97,7 @@ async fn check_every_subset(n: usize) {
                 assert!(
                     released.deleted <= free
                         && released.deleted
-                            + released.report.pending_count()
+                            + released.report().pending_count()
                             + (free - quorum.min(free))
                             >= quorum.min(free),
                     "{case}: {released:?}"

@@ -860,7 +860,7 @@ async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
     let lock = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
     held_everywhere(&cluster, key, lock.token());
     let released = a.unlock(lock).await.unwrap();
-    assert!(released.deleted >= 2, "{}", released.report);
+    assert!(released.deleted >= 2, "{}", released.report());
     assert!(
         cluster.wait_until(ms(5000), |c| c.count_with_key(key) == 0),
         "the release did not reach every node"
@@ -871,7 +871,7 @@ async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
         .await
         .unwrap();
     let released = a.unlock(set).await.unwrap();
-    assert!(released.deleted >= 2, "{}", released.report);
+    assert!(released.deleted >= 2, "{}", released.report());
     assert!(
         cluster.wait_until(ms(5000), |c| c.count_with_key("acl:a") == 0
             && c.count_with_key("acl:b") == 0),

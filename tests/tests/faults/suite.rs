@@ -166,7 +166,7 @@ async fn warm_up(rl: &redlock_core::Redlock, n: usize) {
             && lock
                 .unlock()
                 .await
-                .is_ok_and(|r| r.report.ok_count() + r.report.pending_count() == n)
+                .is_ok_and(|r| r.report().ok_count() + r.report().pending_count() == n)
         {
             return;
         }
