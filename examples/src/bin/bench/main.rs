@@ -494,63 +494,64 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         per_pair(2, us(cpu[2])),
         "µs",
     );
-    row3(
-        "allocations per pair (client)",
-        per_pair(0, costs[0].allocations as f64),
-        per_pair(1, costs[1].allocations as f64),
-        per_pair(2, costs[2].allocations as f64),
-        "allocs",
-    );
-    row3(
-        "server CPU per pair (all nodes)",
-        per_pair(0, us(costs[0].server_cpu)),
-        per_pair(1, us(costs[1].server_cpu)),
-        per_pair(2, us(costs[2].server_cpu)),
-        "µs",
-    );
-    row3(
-        "  of it in commands (commandstats usec)",
-        per_pair(0, us(costs[0].command_time)),
-        per_pair(1, us(costs[1].command_time)),
-        per_pair(2, us(costs[2].command_time)),
-        "µs",
-    );
+    // Each contender's costs per pair, in the table's order: what is counted
+    // for all nodes together is divided by the node count when `per_node`.
     let n = setup.pools.len().max(1) as f64;
-    row3(
-        "commands per node per pair",
-        per_pair(0, costs[0].commands as f64) / n,
-        per_pair(1, costs[1].commands as f64) / n,
-        per_pair(2, costs[2].commands as f64) / n,
-        "cmds",
-    );
-    row3(
-        "node socket reads per node per pair",
-        per_pair(0, costs[0].server_reads as f64) / n,
-        per_pair(1, costs[1].server_reads as f64) / n,
-        per_pair(2, costs[2].server_reads as f64) / n,
-        "reads",
-    );
-    row3(
-        "node socket writes per node per pair",
-        per_pair(0, costs[0].server_writes as f64) / n,
-        per_pair(1, costs[1].server_writes as f64) / n,
-        per_pair(2, costs[2].server_writes as f64) / n,
-        "writes",
-    );
-    row3(
-        "client read+write syscalls per pair",
-        per_pair(0, costs[0].client_syscalls as f64),
-        per_pair(1, costs[1].client_syscalls as f64),
-        per_pair(2, costs[2].client_syscalls as f64),
-        "calls",
-    );
-    row3(
-        "client context switches per pair",
-        per_pair(0, costs[0].client_switches as f64),
-        per_pair(1, costs[1].client_switches as f64),
-        per_pair(2, costs[2].client_switches as f64),
-        "switches",
-    );
+    type Row = (&'static str, fn(&cost::Cost) -> f64, bool, &'static str);
+    let rows: [Row; 8] = [
+        (
+            "allocations per pair (client)",
+            |c| c.allocations as f64,
+            false,
+            "allocs",
+        ),
+        (
+            "server CPU per pair (all nodes)",
+            |c| us(c.server_cpu),
+            false,
+            "µs",
+        ),
+        (
+            "  of it in commands (commandstats usec)",
+            |c| us(c.command_time),
+            false,
+            "µs",
+        ),
+        (
+            "commands per node per pair",
+            |c| c.commands as f64,
+            true,
+            "cmds",
+        ),
+        (
+            "node socket reads per node per pair",
+            |c| c.server_reads as f64,
+            true,
+            "reads",
+        ),
+        (
+            "node socket writes per node per pair",
+            |c| c.server_writes as f64,
+            true,
+            "writes",
+        ),
+        (
+            "client read+write syscalls per pair",
+            |c| c.client_syscalls as f64,
+            false,
+            "calls",
+        ),
+        (
+            "client context switches per pair",
+            |c| c.client_switches as f64,
+            false,
+            "switches",
+        ),
+    ];
+    for (name, value, per_node, unit) in rows {
+        let at = |w: usize| per_pair(w, value(&costs[w])) / if per_node { n } else { 1.0 };
+        row3(name, at(0), at(1), at(2), unit);
+    }
     Ok(())
 }
 
