@@ -77,9 +77,15 @@ async fn a_scrape_after_known_operations_counts_them() {
     for n in cluster.nodes() {
         n.resume();
     }
-    // A loaded machine may let the guard renew once before the pause.
-    let guard_extensions = f64::from(guard.handle().extensions());
+    // A loaded machine may let the guard renew once before the pause. Read
+    // once the release has waited for the renewal in flight: a renewal
+    // decided just before the holder's deadline is counted in the metrics
+    // at once, and on the handle when the renewal task takes its outcome,
+    // which may be after `lost()` fired on the clock (CI, 2026-11-27:
+    // extended 2, the handle's count read before the release 0).
+    let lost_handle = guard.handle();
     let _ = guard.release().await;
+    let guard_extensions = f64::from(lost_handle.extensions());
     // 3b. Two nodes of three paused: no quorum, two node timeouts.
     cluster.node(1).pause();
     cluster.node(2).pause();
