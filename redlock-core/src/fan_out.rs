@@ -89,6 +89,11 @@ impl<F: Future + ?Sized> Fan<F> {
             timer: None,
         }
     }
+
+    /// The first answer kept, out of the set.
+    fn take_answer(&mut self) -> Option<F::Output> {
+        take_answer(&mut self.calls)
+    }
 }
 
 impl<T, F: Future<Output = Settled<T>> + Send + 'static> Fan<F> {
@@ -148,7 +153,7 @@ impl<F: Future + ?Sized> Stream for Fan<F> {
         if self.calls.is_empty() {
             return Poll::Ready(None);
         }
-        if let Some(out) = take_answer(&mut self.calls) {
+        if let Some(out) = self.take_answer() {
             return Poll::Ready(Some(out));
         }
         if let Some(out) = poll_calls(&mut self.calls, cx) {
