@@ -40,7 +40,26 @@ impl Redlock {
     /// [`Error::ExtensionLimit`], or a TTL error (a zero TTL is refused before
     /// sending: `PEXPIRE 0` would delete the key).
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let start = self.check_extend(lock, ttl)?;
+        self.extend_before(lock, ttl, None).await.0
+    }
+
+    /// [`Redlock::extend`], and when its verdict was decided. With a
+    /// `deadline` (a renewal's: its holder's, the validity less the loss
+    /// margin), it counts only if decided before it: the round is given up
+    /// there, and answers that come in the same turn as the deadline, or
+    /// after it to a task starved past it, make it `Expired` too. The holder
+    /// was told "lost" by then, so neither the lock nor the metrics may count
+    /// it as an extension.
+    pub(crate) async fn extend_before(
+        &self,
+        lock: &mut Lock,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> (Result<(), Error>, Instant) {
+        let start = match self.check_extend(lock, ttl) {
+            Ok(start) => start,
+            Err(e) => return (Err(e), Instant::now()),
+        };
         // A TTL shorter than what is left shortens the keys on every node that
         // applies it, whatever the outcome here (a late answer, a minority): the
         // validity is lowered to what the new TTL allows before anything is sent,
@@ -52,10 +71,29 @@ impl Redlock {
             extension = lock.extensions.saturating_add(1),
             ttl_ms = ttl.as_millis() as u64,
         );
-        let extended = self.extend_round(lock, ttl, start, &span).await;
-        let result = self.apply_extend(lock, ttl, start, extended);
+        let round = self.extend_round(lock, ttl, start, &span);
+        let extended = match deadline {
+            None => Some(round.await),
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), round).await.ok(),
+        };
+        let (result, decided) = match extended {
+            Some(extended) => {
+                let decided = extended.now;
+                let until = deadline.unwrap_or(lock.valid_until);
+                (
+                    self.apply_extend(lock, ttl, start, extended, until),
+                    decided,
+                )
+            }
+            None => (
+                Err(Error::Expired {
+                    resource: Arc::clone(&lock.resource),
+                }),
+                Instant::now(),
+            ),
+        };
         self.extended(lock, &result);
-        result
+        (result, decided)
     }
 
     /// What follows every extend's verdict, batched or not: the local queue
@@ -190,15 +228,17 @@ impl Redlock {
         (ok, not_held, settled)
     }
 
-    /// The extend's verdict: with a quorum inside the current validity, the
-    /// lock takes the new validity, counted from `start`; otherwise the error
-    /// that says why not.
+    /// The extend's verdict: with a quorum decided before `until` (the
+    /// current validity, or a renewal's earlier deadline), the lock takes the
+    /// new validity, counted from `start`; otherwise the error that says why
+    /// not.
     pub(crate) fn apply_extend(
         &self,
         lock: &mut Lock,
         ttl: Duration,
         start: Instant,
         extended: Extended,
+        until: Instant,
     ) -> Result<(), Error> {
         let Extended {
             now,
@@ -209,7 +249,7 @@ impl Redlock {
         } = extended;
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         match validity {
-            Some(v) if ok >= q && now < lock.valid_until => {
+            Some(v) if ok >= q && now < lock.valid_until.min(until) => {
                 lock.started = start;
                 lock.valid_until = instant_after(now, v);
                 lock.ttl = ttl;

@@ -85,20 +85,8 @@ impl Redlock {
         // by `extend`, at once.
         if batch.len() == 1 || batch.iter().any(|(lock, ..)| lock.many.is_some()) {
             let each = batch.iter_mut().map(|(lock, ttl, deadline)| async move {
-                // Cut at the holder's deadline: a renewal confirmed after it
-                // is of no use to the holder, and is not counted as an
-                // extension.
-                let result = tokio::time::timeout_at((*deadline).into(), self.extend(lock, *ttl))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::Expired {
-                            resource: Arc::clone(&lock.resource),
-                        })
-                    });
-                BatchOutcome {
-                    decided: Instant::now(),
-                    result,
-                }
+                let (result, decided) = self.extend_before(lock, *ttl, Some(*deadline)).await;
+                BatchOutcome { decided, result }
             });
             return futures_util::future::join_all(each).await;
         }
@@ -178,12 +166,11 @@ impl Redlock {
             .map(|(i, (((lock, ttl, deadline), check), t))| {
                 let decided = t.decided.unwrap_or(end);
                 if check.is_ok() && decided >= *deadline {
-                    return BatchOutcome {
-                        decided,
-                        result: Err(Error::Expired {
-                            resource: Arc::clone(&lock.resource),
-                        }),
-                    };
+                    let result = Err(Error::Expired {
+                        resource: Arc::clone(&lock.resource),
+                    });
+                    self.extended(lock, &result);
+                    return BatchOutcome { decided, result };
                 }
                 let result = check.and_then(|start| {
                     let now = t.decided.unwrap_or(end);
@@ -212,7 +199,7 @@ impl Redlock {
                         validity,
                         report,
                     };
-                    self.apply_extend(lock, *ttl, start, extended)
+                    self.apply_extend(lock, *ttl, start, extended, *deadline)
                 });
                 self.extended(lock, &result);
                 BatchOutcome { decided, result }
