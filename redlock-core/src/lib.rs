@@ -119,6 +119,14 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+/// The suffix of a lock key's waiters flag as a literal, for `concat!` in the
+/// release scripts, which name the flag themselves (`wake::WAITERS_SUFFIX`).
+macro_rules! waiters_suffix {
+    () => {
+        ":redlock-waiters"
+    };
+}
+
 mod acquire;
 mod background;
 mod builder;

@@ -226,10 +226,17 @@ impl Node {
             // Rare (a restarted or flushed node).
             (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOSCRIPT") => {
                 let eval = release_eval(key, token, self.db);
-                Box::pin(self.eval_fallback(generation, conn, &eval)).await
+                match Box::pin(self.eval_fallback(generation, conn.clone(), &eval)).await {
+                    Err(e) if refused_flag(&e) => {
+                        Box::pin(self.release_unflagged(generation, conn, key, token)).await
+                    }
+                    other => other,
+                }
             }
             // An ACL that refuses the waiters flag's key.
-            (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOPERM") => {
+            (Err(e), Call::Release { key, token, .. })
+                if refused_flag(&NodeError::from_redis(&e)) =>
+            {
                 Box::pin(self.release_unflagged(generation, conn, key, token)).await
             }
             (
@@ -280,7 +287,7 @@ impl Node {
                     .await
                 {
                     // An ACL that refuses the waiters flags' keys.
-                    Err(NodeError::Auth(m)) if m.starts_with("NOPERM") => {
+                    Err(e) if refused_flag(&e) => {
                         let (evalsha, eval) = release_many_unflagged_cmds(many, token, self.db);
                         self.run_keys(generation, conn, &evalsha, &eval).await
                     }
@@ -294,7 +301,7 @@ impl Node {
                     .run_keys(generation, conn.clone(), &evalsha, &eval)
                     .await
                 {
-                    Err(NodeError::Auth(m)) if m.starts_with("NOPERM") => {
+                    Err(e) if refused_flag(&e) => {
                         self.release_unflagged(generation, conn, key, token).await
                     }
                     other => other,
@@ -327,7 +334,7 @@ impl Node {
         key: &str,
         token: &str,
     ) -> Result<Value, NodeError> {
-        tracing::debug!(node = %self.label, "release refused (NOPERM): releasing without the waiters flag");
+        tracing::debug!(node = %self.label, "release refused: releasing without the waiters flag");
         let (evalsha, eval) = release_unflagged(key, token, self.db);
         self.run_keys(generation, conn, &evalsha, &eval).await
     }
@@ -436,5 +443,20 @@ mod tests {
             whole < send + 1024,
             "node call {whole} bytes, one send {send}"
         );
+    }
+}
+
+/// Whether a release's refusal may be an ACL's refusal of the waiters flag's
+/// key: `NOPERM`, the `ERR` a script gets for a key it names itself (the
+/// release scripts build the flag's name; Redis and Valkey word that error
+/// differently), or either of them from the `EVAL` after `NOSCRIPT`
+/// (`NoScript`). The release then runs again without the flag, which fails
+/// the same way when the flag was not the cause.
+fn refused_flag(e: &NodeError) -> bool {
+    match e {
+        NodeError::Auth(m) => m.starts_with("NOPERM"),
+        NodeError::Server { code, .. } => code == "ERR",
+        NodeError::NoScript(_) => true,
+        _ => false,
     }
 }

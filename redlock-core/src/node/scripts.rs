@@ -17,9 +17,9 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-/// The key's waiters flag (`KEYS[2]`, `wake::waiters_flag`) goes in the same
-/// `DEL`: only when it was there, i.e. some waiter set it before its attempt
-/// on this node, is the delete announced on the key's channel
+/// The key's waiters flag (the key and `wake::WAITERS_SUFFIX`) goes in the
+/// same `DEL`: only when it was there, i.e. some waiter set it before its
+/// attempt on this node, is the delete announced on the key's channel
 /// (`wake::channel`) to wake the waiters. A release nobody waits for thus
 /// runs two commands on the node, not three: each `redis.call` costs the
 /// node about 3,900 instructions, 12% of the call (BENCHMARKS.md, "Announce
@@ -28,31 +28,49 @@ return 0
 /// nearly every node uses: its channel is written in, since every argument
 /// costs the node about 1,800 instructions; [`RELEASE_IN_DB_LUA`] takes the
 /// database as `ARGV[2]`.
-pub(crate) const RELEASE_LUA: &str = r#"
+///
+/// The flag's name is built here from `KEYS[1]` rather than passed as
+/// `KEYS[2]`: one argument less cuts the node's work per release by about
+/// 1,300 instructions of 34,000 (BENCHMARKS.md, "The waiters flag named by
+/// the script"). Redis asks scripts to declare their keys for Redis
+/// Cluster's sake; every node here is a standalone master, and a cluster
+/// node would have refused the two-key form too (the key and its flag hash
+/// to different slots). A user whose ACL refuses the flag's key gets an
+/// `ERR` from this script before anything is deleted, and the release runs
+/// again without the flag ([`RELEASE_UNFLAGGED_LUA`]).
+pub(crate) const RELEASE_LUA: &str = concat!(
+    r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+  if redis.call('DEL', KEYS[1], KEYS[1] .. '"#,
+    waiters_suffix!(),
+    r#"') > 1 then
     redis.pcall('PUBLISH', 'redlock:released:0:' .. KEYS[1], '1')
   end
   return 1
 end
 return 0
-"#;
+"#
+);
 
 /// [`RELEASE_LUA`] for a node of another database than 0, named by `ARGV[2]`
 /// (`PUBLISH` reaches every database of a server, and a script cannot read
 /// which database it runs in).
-const RELEASE_IN_DB_LUA: &str = r#"
+const RELEASE_IN_DB_LUA: &str = concat!(
+    r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+  if redis.call('DEL', KEYS[1], KEYS[1] .. '"#,
+    waiters_suffix!(),
+    r#"') > 1 then
     redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[1], '1')
   end
   return 1
 end
 return 0
-"#;
+"#
+);
 
 /// The release for a user whose ACL refuses the waiters flag's key
-/// (`NOPERM` on [`RELEASE_LUA`]): the key alone, every delete announced on
+/// (`ERR` from [`RELEASE_LUA`]): the key alone, every delete announced on
 /// the channel `ARGV[2]`, as before waiters set flags.
 const RELEASE_UNFLAGGED_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -368,9 +386,8 @@ fn release_cmd(name: &str, key: &str, token: &str, db: i64) -> Cmd {
     } else {
         script.sha.as_str()
     })
-    .arg(2)
+    .arg(1)
     .arg(key)
-    .arg(crate::wake::waiters_flag(key))
     .arg(token);
     if db != 0 {
         cmd.arg(db);
@@ -442,25 +459,28 @@ return 1
 "#;
 
 /// Release of a multi-resource lock: compare-and-delete of every key that
-/// still holds the token (`KEYS[1..n]`), each with its waiters flag
-/// (`KEYS[n+i]`), each delete announced on its key's channel as
+/// still holds the token (`KEYS[i]`), each with its waiters flag (named here,
+/// as in [`RELEASE_LUA`]), each delete announced on its key's channel as
 /// `RELEASE_LUA` does, only where the flag was there (the database as
 /// `ARGV[2]`). A key that no longer holds the token (expired, taken, a
 /// foreign type: `pcall`) is left alone and the others are still released.
 /// Answers 1 if it deleted any.
-const RELEASE_MANY_LUA: &str = r#"
-local n = #KEYS / 2
+const RELEASE_MANY_LUA: &str = concat!(
+    r#"
 local deleted = 0
-for i = 1, n do
+for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    if redis.call('DEL', KEYS[i], KEYS[n + i]) > 1 then
+    if redis.call('DEL', KEYS[i], KEYS[i] .. '"#,
+    waiters_suffix!(),
+    r#"') > 1 then
       redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
     end
     deleted = 1
   end
 end
 return deleted
-"#;
+"#
+);
 
 /// [`RELEASE_MANY_LUA`] without the flags, every delete announced: for a user
 /// whose ACL refuses the flags' keys (as [`RELEASE_UNFLAGGED_LUA`]).
@@ -527,31 +547,19 @@ impl Call {
     }
 }
 
-/// A multi-resource release's `EVALSHA` and `EVAL` as node `db` runs them:
-/// the keys, then their waiters flags.
+/// A multi-resource release's `EVALSHA` and `EVAL` as node `db` runs them.
 pub(super) fn release_many_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
-    let flags: Vec<String> = many
-        .keys
-        .iter()
-        .map(|k| crate::wake::waiters_flag(k))
-        .collect();
-    let keys: Vec<&str> = many
-        .keys
-        .iter()
-        .map(|k| &**k)
-        .chain(flags.iter().map(String::as_str))
-        .collect();
-    keys_cmds(&RELEASE_MANY, &keys, &[token.to_owned(), db.to_string()])
+    many_release_cmds(&RELEASE_MANY, many, token, db)
 }
 
 /// [`release_many_cmds`] without the flags, for a user whose ACL refuses them.
 pub(super) fn release_many_unflagged_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
+    many_release_cmds(&RELEASE_MANY_UNFLAGGED, many, token, db)
+}
+
+fn many_release_cmds(script: &LuaScript, many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
     let keys: Vec<&str> = many.keys.iter().map(|k| &**k).collect();
-    keys_cmds(
-        &RELEASE_MANY_UNFLAGGED,
-        &keys,
-        &[token.to_owned(), db.to_string()],
-    )
+    keys_cmds(script, &keys, &[token.to_owned(), db.to_string()])
 }
 
 #[cfg(test)]

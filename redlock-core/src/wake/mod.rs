@@ -67,7 +67,7 @@ pub(crate) fn channel(db: i64, key: &str) -> String {
 /// release that nobody waits for costs the node no `PUBLISH`
 /// (BENCHMARKS.md, "Announce a release only to waiters"). No lock key may end
 /// with it ([`crate::Error::ReservedResource`]), so a flag is never a lock.
-pub(crate) const WAITERS_SUFFIX: &str = ":redlock-waiters";
+pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
 
 /// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
 pub(crate) fn waiters_flag(key: &str) -> String {

@@ -103,21 +103,18 @@ fn acquire_calls(cmds: &[Vec<String>], key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Release calls on `key`: `EVAL[SHA] sha 2 key flag token` (the key's
-/// waiters flag, deleted with it), and the node's database after the token
-/// when it is not 0 (it names the channel the release is announced on).
-/// Returns the tokens.
+/// Release calls on `key`: `EVALSHA sha 1 key token` with the release
+/// script's SHA, or `EVAL` of its body (the script deletes the key's waiters
+/// flag with it, by a name it builds). Returns the tokens.
 fn release_calls(cmds: &[Vec<String>], key: &str) -> Vec<String> {
-    let flag = format!("{key}:redlock-waiters");
+    let release = redlock_core::__RELEASE_LUA;
+    let sha = redlock_core::deadpool_redis::redis::Script::new(release)
+        .get_hash()
+        .to_owned();
     cmds.iter()
-        .filter(|c| {
-            (6..=7).contains(&c.len())
-                && is_script_call(c)
-                && c[2] == "2"
-                && c[3] == key
-                && c[4] == flag
-        })
-        .map(|c| c[5].clone())
+        .filter(|c| c.len() == 5 && is_script_call(c) && c[2] == "1" && c[3] == key)
+        .filter(|c| c[1] == sha || c[1] == release)
+        .map(|c| c[4].clone())
         .collect()
 }
 

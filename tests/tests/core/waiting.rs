@@ -835,8 +835,10 @@ async fn a_release_announces_itself_only_when_a_waiter_flagged_the_key() {
 }
 
 /// A user whose ACL allows the lock keys but not their waiters flags still
-/// releases, one key or a set (the releases without the flags, after
-/// `NOPERM`), and a waiter of that user is still woken by the release.
+/// releases, one key or a set (the releases without the flags, after the
+/// flagged script's `ERR`: by `EVAL` on the first release, which finds the
+/// script not loaded, and by `EVALSHA` on the later ones), and a waiter of
+/// that user is still woken by the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
     let cluster = Cluster::start(3);
