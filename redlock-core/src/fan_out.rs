@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::Stream;
@@ -28,9 +28,14 @@ pub(crate) struct Settled<T> {
 }
 
 /// The calls of one fan-out, at most one per node, each in a box of its
-/// own, polled together by the task that awaits them: every pending call
-/// is polled at each wake-up, as `join_all` polls a few futures, and each
-/// answer is returned as it comes (a [`Stream`]).
+/// own, polled together by the task that awaits them, and each answer
+/// returned as it comes (a [`Stream`]).
+///
+/// A wake-up polls every pending call once, as `join_all` polls a few
+/// futures, and keeps every answer that pass found in the call's place: the
+/// answers are then handed out one by one without polling the calls still
+/// pending again for each (which a first version did, at about three passes
+/// per wake-up).
 ///
 /// Not `FuturesUnordered`: that set gives each call a task of its own (a
 /// reference count, a queued flag, a place in a ready queue, its own waker
@@ -40,19 +45,101 @@ pub(crate) struct Settled<T> {
 /// every call, and `select_all` panics on an empty set and hands its `Vec`
 /// back after each answer: neither serves a set that is settled at quorum
 /// and then handed on.
-pub(crate) struct Fan<F: ?Sized> {
-    calls: Vec<Pin<Box<F>>>,
+pub(crate) struct Fan<F: Future + ?Sized> {
+    calls: Vec<Slot<F>>,
+    /// How long after its first poll each call gives up (it reads the clock
+    /// when polled; see [`crate::node::Node::run_until`]), and the one timer
+    /// that wakes the task polling the set by then: set at the end of the
+    /// set's first poll, which is every call's first, to `timeout` after
+    /// that. `None`: the calls bring their own timers.
+    timeout: Option<Duration>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// How many times a wake-up of the deadline's timer that found a call not
+/// yet past it (the timer's clock rounds to the millisecond) sets the timer
+/// again before the set wakes itself instead.
+const REARMS: usize = 3;
+
+/// A call of a [`Fan`]: on its way, or answered and not handed out yet.
+enum Slot<F: Future + ?Sized> {
+    Pending(Pin<Box<F>>),
+    Answered(F::Output),
 }
 
 /// A fan-out whose calls' type cannot be named: for a set kept in a struct.
 pub(crate) type DynFan<T> = Fan<dyn Future<Output = Settled<T>> + Send>;
 
-impl<F: ?Sized> Fan<F> {
-    /// Whether every call has answered.
+impl<F: Future + ?Sized> Fan<F> {
+    /// Whether every answer has been handed out.
     pub(crate) fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
+
+    /// The calls of `calls`, each of which gives up `timeout` after its
+    /// first poll without a timer of its own (`None`: each has its own
+    /// timer): the set wakes its task then.
+    fn with_timeout<I: IntoIterator<Item = Pin<Box<F>>>>(
+        calls: I,
+        timeout: Option<Duration>,
+    ) -> Self {
+        Self {
+            calls: calls.into_iter().map(Slot::Pending).collect(),
+            timeout,
+            timer: None,
+        }
+    }
 }
+
+impl<T, F: Future<Output = Settled<T>> + Send + 'static> Fan<F> {
+    /// The same set, its calls' type erased (no call is boxed again).
+    fn into_dyn(self) -> DynFan<T> {
+        Fan {
+            calls: self
+                .calls
+                .into_iter()
+                .map(|slot| match slot {
+                    Slot::Pending(call) => {
+                        Slot::Pending(call as Pin<Box<dyn Future<Output = Settled<T>> + Send>>)
+                    }
+                    Slot::Answered(out) => Slot::Answered(out),
+                })
+                .collect(),
+            timeout: self.timeout,
+            timer: self.timer,
+        }
+    }
+}
+
+/// Polls every pending call of `calls` once, keeping each answer in its
+/// place; then hands out the first answer kept.
+fn poll_calls<F: Future + ?Sized>(
+    calls: &mut Vec<Slot<F>>,
+    cx: &mut Context<'_>,
+) -> Option<F::Output> {
+    for slot in calls.iter_mut() {
+        if let Slot::Pending(call) = slot
+            && let Poll::Ready(out) = call.as_mut().poll(cx)
+        {
+            *slot = Slot::Answered(out);
+        }
+    }
+    take_answer(calls)
+}
+
+/// The first answer kept in `calls`, out of the set. The order of the others
+/// does not matter: each answer says its node.
+fn take_answer<F: Future + ?Sized>(calls: &mut Vec<Slot<F>>) -> Option<F::Output> {
+    let i = calls.iter().position(|c| matches!(c, Slot::Answered(_)))?;
+    match calls.swap_remove(i) {
+        Slot::Answered(out) => Some(out),
+        Slot::Pending(_) => None,
+    }
+}
+
+// Nothing in a `Fan` is pinned in place: each call is pinned in its own box,
+// and an answer kept is never pinned.
+impl<F: Future + ?Sized> Unpin for Fan<F> {}
 
 impl<F: Future + ?Sized> Stream for Fan<F> {
     type Item = F::Output;
@@ -61,23 +148,50 @@ impl<F: Future + ?Sized> Stream for Fan<F> {
         if self.calls.is_empty() {
             return Poll::Ready(None);
         }
-        for i in 0..self.calls.len() {
-            if let Poll::Ready(out) = self.calls[i].as_mut().poll(cx) {
-                // The order of the others does not matter: each answer says
-                // its node.
-                drop(self.calls.swap_remove(i));
+        if let Some(out) = take_answer(&mut self.calls) {
+            return Poll::Ready(Some(out));
+        }
+        if let Some(out) = poll_calls(&mut self.calls, cx) {
+            return Poll::Ready(Some(out));
+        }
+        // Every call is pending: the timer must wake this task when they
+        // give up. Set after the first poll of every call, it is due no
+        // earlier than any of them (none at all when `timeout` is too long
+        // to add to now: neither are they).
+        let Some(timeout) = self.timeout else {
+            return Poll::Pending;
+        };
+        let this = &mut *self;
+        let timer = match &mut this.timer {
+            Some(timer) => timer,
+            None => match Instant::now().checked_add(timeout) {
+                Some(deadline) => this
+                    .timer
+                    .insert(Box::pin(tokio::time::sleep_until(deadline.into()))),
+                None => return Poll::Pending,
+            },
+        };
+        for _ in 0..REARMS {
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Past the deadline: every call now gives up when polled.
+            if let Some(out) = poll_calls(&mut this.calls, cx) {
                 return Poll::Ready(Some(out));
             }
+            // Woken a little before a call's clock says so.
+            let again = tokio::time::Instant::now() + Duration::from_millis(1);
+            timer.as_mut().reset(again);
         }
+        cx.waker().wake_by_ref();
         Poll::Pending
     }
 }
 
-impl<F: ?Sized> FromIterator<Pin<Box<F>>> for Fan<F> {
+/// A set of calls that each bring their own timer.
+impl<F: Future + ?Sized> FromIterator<Pin<Box<F>>> for Fan<F> {
     fn from_iter<I: IntoIterator<Item = Pin<Box<F>>>>(calls: I) -> Self {
-        Self {
-            calls: calls.into_iter().collect(),
-        }
+        Self::with_timeout(calls, None)
     }
 }
 
@@ -120,7 +234,8 @@ where
     ready
 }
 
-/// Node `index`'s call, under `timeout`, its reply read by `parse`.
+/// Node `index`'s call, given up `timeout` after its first poll (its
+/// fan-out's timer wakes it then), its reply read by `parse`.
 async fn node_call<T>(
     inner: Arc<Inner>,
     call: Arc<Call>,
@@ -132,7 +247,7 @@ async fn node_call<T>(
     // The connection the call went out on: a call sent while the node had
     // none yet goes out on the one opened for it.
     let before = node.generation();
-    let ran = node.run_on(&call, timeout).await;
+    let ran = node.run_until(&call, timeout).await;
     let result = ran.result.and_then(parse);
     if let Err(e) = &result {
         crate::metrics::node_error(&node.label, e);
@@ -160,17 +275,16 @@ impl Redlock {
         I: Iterator<Item = usize>,
     {
         let timeout = self.inner.settings.node_timeout;
-        nodes
-            .map(|index| {
-                Box::pin(node_call(
-                    Arc::clone(&self.inner),
-                    Arc::clone(call),
-                    index,
-                    timeout,
-                    parse,
-                ))
-            })
-            .collect()
+        let calls = nodes.map(|index| {
+            Box::pin(node_call(
+                Arc::clone(&self.inner),
+                Arc::clone(call),
+                index,
+                timeout,
+                parse,
+            ))
+        });
+        Fan::with_timeout(calls, Some(timeout))
     }
 
     /// [`Redlock::fan_out`] with each call boxed, for a set kept in a struct.
@@ -184,18 +298,7 @@ impl Redlock {
         T: Send + 'static,
         I: Iterator<Item = usize>,
     {
-        let timeout = self.inner.settings.node_timeout;
-        nodes
-            .map(|index| {
-                Box::pin(node_call(
-                    Arc::clone(&self.inner),
-                    Arc::clone(call),
-                    index,
-                    timeout,
-                    parse,
-                )) as Pin<Box<dyn Future<Output = Settled<T>> + Send>>
-            })
-            .collect()
+        self.fan_out(call, parse, nodes).into_dyn()
     }
 
     /// Collects answers until `decided` says the outcome is known. Nodes that have
@@ -274,7 +377,8 @@ impl Redlock {
 
 #[cfg(all(test, not(redlock_loom)))]
 mod tests {
-    use std::time::Duration;
+    use std::task::Poll;
+    use std::time::{Duration, Instant};
 
     use futures_util::StreamExt;
     use tokio::sync::oneshot;
@@ -320,6 +424,53 @@ mod tests {
         }
         assert!(fan.is_empty());
         assert!(fan.next().await.is_none());
+    }
+
+    /// Calls that set no timer of their own and give up only when polled at
+    /// or after the deadline (as `Node::run_until` does): the set's one timer
+    /// must wake the task then, or this would wait forever.
+    #[tokio::test]
+    async fn calls_without_timers_give_up_when_the_sets_timer_wakes_the_task() {
+        let timeout = Duration::from_millis(50);
+        // Each call's clock starts at its first poll, in `ready_now` below;
+        // this is earlier.
+        let deadline = Instant::now() + timeout;
+        let calls = (0..3).map(|index| {
+            Box::pin(std::future::poll_fn(move |_| {
+                if Instant::now() >= deadline {
+                    Poll::Ready(super::Settled {
+                        index,
+                        latency: timeout,
+                        generation: 0,
+                        sent: 0,
+                        result: Err::<(), _>(NodeError::Timeout(timeout)),
+                    })
+                } else {
+                    Poll::Pending
+                }
+            }))
+        });
+        let mut fan = Fan::with_timeout(calls, Some(timeout));
+        assert!(ready_now(&mut fan).is_empty());
+        let mut seen = Vec::new();
+        // `timeout` polls the set before its own timer, so it would end a
+        // set that nothing else woke at 10 s: the bound is 5.
+        while let Some(s) = tokio::time::timeout(Duration::from_secs(10), fan.next())
+            .await
+            .expect("woken by the set's timer")
+        {
+            let now = Instant::now();
+            assert!(now >= deadline);
+            assert!(
+                now < deadline + Duration::from_secs(5),
+                "woken {:?} after the deadline: not by the set's timer",
+                now - deadline
+            );
+            assert!(matches!(s.result, Err(NodeError::Timeout(_))));
+            seen.push(s.index);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, [0, 1, 2]);
     }
 
     /// `ready_now` polls with a waker that does nothing; the task that takes

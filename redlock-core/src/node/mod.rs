@@ -9,9 +9,10 @@ mod parse;
 mod scripts;
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
@@ -49,6 +50,32 @@ pub(crate) struct Ran {
     /// [`Node::sends`] is at least this, the command was on the connection
     /// before anything sent after that reading.
     pub(crate) sent: u64,
+}
+
+pin_project_lite::pin_project! {
+    /// `inner`, given up (`None`) when it is polled at or after `deadline`.
+    /// It sets no timer: see [`Node::run_until`].
+    struct ByDeadline<F> {
+        #[pin]
+        inner: F,
+        deadline: Option<Instant>,
+    }
+}
+
+impl<F: Future> Future for ByDeadline<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // The answer first, as `tokio::time::timeout` does.
+        if let Poll::Ready(out) = this.inner.poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        match this.deadline {
+            Some(deadline) if Instant::now() >= *deadline => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    }
 }
 
 /// One independent Redis master.
@@ -144,6 +171,34 @@ impl Node {
             Ok(r) => r,
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
+        self.ran(result, start, used, sent)
+    }
+
+    /// [`Node::run_on`] without a timer of its own: the call gives up with
+    /// [`NodeError::Timeout`] when it is polled `timeout` or more after its
+    /// first poll, so whoever polls it must be woken by then. A fan-out
+    /// ([`crate::fan_out::Fan`]) keeps one timer for all its calls, instead
+    /// of a timer per call, each of which takes the Tokio timer's lock twice.
+    pub(crate) async fn run_until(&self, call: &Call, timeout: Duration) -> Ran {
+        let start = Instant::now();
+        let (mut used, mut sent) = (None, 0);
+        let result = ByDeadline {
+            inner: self.run_inner(call, timeout, &mut used, &mut sent),
+            deadline: start.checked_add(timeout),
+        }
+        .await
+        .unwrap_or(Err(NodeError::Timeout(timeout)));
+        self.ran(result, start, used, sent)
+    }
+
+    /// How a call that started at `start` went.
+    fn ran(
+        &self,
+        result: Result<Value, NodeError>,
+        start: Instant,
+        used: Option<u64>,
+        sent: u64,
+    ) -> Ran {
         if let Err(e) = &result {
             self.forget_connection(e, used, start);
         }
@@ -436,6 +491,12 @@ mod tests {
         let call = Call::release("k".into(), "t".into());
         let timeout = Duration::from_millis(1);
         let whole = future_size(|()| node.run_on(&call, timeout));
+        // A fan-out's call: the same without its own timer.
+        let until = future_size(|()| node.run_until(&call, timeout));
+        assert!(
+            until < whole,
+            "fan-out call {until} bytes, with a timer {whole}"
+        );
         let get = redis::cmd("GET");
         let send =
             future_size(|conn: &'static mut MultiplexedConnection| conn.send_packed_command(&get));

@@ -164,11 +164,11 @@ impl Raw {
 
 /// Whether `BENCH_ONLY` leaves contender `who` (0 library, 1 raw, 2 rslock)
 /// out: unset runs all three; `lib`, `raw` or `rslock` runs that one alone,
-/// and `none` runs none (the rest of the process alone, to take it out of an
+/// a comma-separated list (`lib,raw`) runs those, and `none` runs none (the rest of the process alone, to take it out of an
 /// instruction count).
 fn skipped(only: &str, who: usize) -> bool {
     let name = ["lib", "raw", "rslock"].get(who).copied().unwrap_or("");
-    !only.is_empty() && only != name
+    !only.is_empty() && !only.split(',').any(|o| o.trim() == name)
 }
 
 /// A number from the environment, or `default`.
