@@ -78,11 +78,12 @@ async fn a_scrape_after_known_operations_counts_them() {
         n.resume();
     }
     // A loaded machine may let the guard renew once before the pause. Read
-    // once the release has waited for the renewal in flight: a renewal
-    // decided just before the holder's deadline is counted in the metrics
-    // at once, and on the handle when the renewal task takes its outcome,
-    // which may be after `lost()` fired on the clock (CI, 2026-11-27:
-    // extended 2, the handle's count read before the release 0).
+    // once the release has waited for the renewal in flight: a renewal is
+    // counted in the metrics when decided, and on the handle when the
+    // renewal task takes its outcome. (This assertion once failed with
+    // extended 2, handle 0: a renewal whose answers came as the holder's
+    // deadline passed was counted as extended, while the holder was told
+    // lost. Fixed; `metrics_starved.rs` reproduces it.)
     let lost_handle = guard.handle();
     let _ = guard.release().await;
     let guard_extensions = f64::from(lost_handle.extensions());

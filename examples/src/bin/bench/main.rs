@@ -563,16 +563,32 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
 /// Scenario 3, 16 tasks on one key, in turn: the library waiting
 /// (`lock_with`), the library trying in a loop (`try_lock`, then the raw
 /// loop's sleep), the raw loop, and rslock (one attempt, then the same sleep).
+/// Four rounds of 1 s blocks, one per contender, in an order that rotates
+/// (`BENCH_CONTENDED_ROUNDS`, `BENCH_CONTENDED_BLOCK_SECS`).
 async fn contended(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let raw = Arc::new(Raw::new(&setup.pools).await?);
     let rsl = Arc::new(peer(setup));
-    let secs = if setup.quick { 1.0 } else { 4.0 };
+    // Short blocks whose order rotates from round to round, as in scenario
+    // 2: the machine's pace drifts, and a contender's blocks should share its
+    // drift instead of one contender taking the fast minute.
+    let rounds = env_or(
+        "BENCH_CONTENDED_ROUNDS",
+        if setup.quick { 1.0 } else { 4.0 },
+    ) as usize;
+    let secs = env_or("BENCH_CONTENDED_BLOCK_SECS", 1.0);
     let delay = Duration::from_millis(5);
     let jitter = Duration::from_millis(10);
-    // 0: library wait, 1: raw, 2: rslock, 3: library try_lock loop.
-    let mut results = Vec::new();
-    for who in [0u8, 3, 1, 2] {
+    // 0: library wait, 1: raw, 2: rslock, 3: library try_lock loop; each
+    // one's acquisitions, seconds, handoffs and costs over its blocks.
+    let order = [0u8, 3, 1, 2];
+    let mut acquired = [0u64; 4];
+    let mut time = [0.0f64; 4];
+    let mut handed: [Vec<Duration>; 4] = Default::default();
+    let mut costs = [cost::Cost::default(); 4];
+    for (round, pass) in (0..rounds).flat_map(|r| (0..4).map(move |p| (r, p))) {
+        let slot = (pass + round) % 4;
+        let who = order[slot];
         let stop = Arc::new(AtomicBool::new(false));
         let count = Arc::new(AtomicU64::new(0));
         // Instant (as ns since `t0`) of the last release; the next acquire measures from it.
@@ -676,13 +692,18 @@ async fn contended(setup: &Setup) -> Result<(), BoxError> {
         for t in tasks {
             let _ = t.await;
         }
-        let n = count.load(Ordering::Relaxed);
-        let rate = n as f64 / start.elapsed().as_secs_f64();
-        let mut c = cost::Cost::default();
-        c.add(before, cost::snapshot(&setup.pools).await?);
-        let h = Stats::new(handoffs.lock().map(|v| v.clone()).unwrap_or_default());
-        results.push((rate, h, c, n.max(1)));
+        acquired[slot] += count.load(Ordering::Relaxed);
+        time[slot] += start.elapsed().as_secs_f64();
+        costs[slot].add(before, cost::snapshot(&setup.pools).await?);
+        handed[slot].extend(handoffs.lock().map(|v| v.clone()).unwrap_or_default());
     }
+    let results: Vec<(f64, Stats, cost::Cost, u64)> = (0..4)
+        .map(|i| {
+            let rate = acquired[i] as f64 / time[i].max(1e-9);
+            let h = Stats::new(std::mem::take(&mut handed[i]));
+            (rate, h, costs[i], acquired[i].max(1))
+        })
+        .collect();
     // Printed in the columns' order: library (try_lock loop), raw, rslock;
     // the waiting library on rows of its own.
     let (wait, try_, raw_, peer_) = (&results[0], &results[1], &results[2], &results[3]);
