@@ -469,6 +469,21 @@ impl Node {
     }
 }
 
+/// Whether a release's refusal may be an ACL's refusal of the waiters flag's
+/// key: `NOPERM`, the `ERR` a script gets for a key it names itself (the
+/// release scripts build the flag's name; Redis and Valkey word that error
+/// differently), or either of them from the `EVAL` after `NOSCRIPT`
+/// (`NoScript`). The release then runs again without the flag, which fails
+/// the same way when the flag was not the cause.
+fn refused_flag(e: &NodeError) -> bool {
+    match e {
+        NodeError::Auth(m) => m.starts_with("NOPERM"),
+        NodeError::Server { code, .. } => code == "ERR",
+        NodeError::NoScript(_) => true,
+        _ => false,
+    }
+}
+
 #[cfg(all(test, not(redlock_loom)))]
 mod tests {
     use super::*;
@@ -504,20 +519,5 @@ mod tests {
             whole < send + 1024,
             "node call {whole} bytes, one send {send}"
         );
-    }
-}
-
-/// Whether a release's refusal may be an ACL's refusal of the waiters flag's
-/// key: `NOPERM`, the `ERR` a script gets for a key it names itself (the
-/// release scripts build the flag's name; Redis and Valkey word that error
-/// differently), or either of them from the `EVAL` after `NOSCRIPT`
-/// (`NoScript`). The release then runs again without the flag, which fails
-/// the same way when the flag was not the cause.
-fn refused_flag(e: &NodeError) -> bool {
-    match e {
-        NodeError::Auth(m) => m.starts_with("NOPERM"),
-        NodeError::Server { code, .. } => code == "ERR",
-        NodeError::NoScript(_) => true,
-        _ => false,
     }
 }

@@ -31,8 +31,8 @@ return 0
 ///
 /// The flag's name is built here from `KEYS[1]` rather than passed as
 /// `KEYS[2]`: one argument less cuts the node's work per release by about
-/// 1,300 instructions of 34,000 (BENCHMARKS.md, "The waiters flag named by
-/// the script"). Redis asks scripts to declare their keys for Redis
+/// 1,300 instructions of 34,000 (BENCHMARKS.md, "The release script names
+/// the waiters flag"). Redis asks scripts to declare their keys for Redis
 /// Cluster's sake; every node here is a standalone master, and a cluster
 /// node would have refused the two-key form too (the key and its flag hash
 /// to different slots). A user whose ACL refuses the flag's key gets an
