@@ -121,6 +121,18 @@ impl Shared {
 }
 
 impl Node {
+    /// The cached connection, if there is one, without waiting (see
+    /// [`Node::connection`]).
+    pub(super) fn cached_connection(
+        &self,
+        used: &mut Option<u64>,
+    ) -> Option<(u64, MultiplexedConnection)> {
+        let slot = self.shared.slot();
+        let c = slot.cached.as_ref()?;
+        *used = Some(c.generation);
+        Some((c.generation, c.conn.clone()))
+    }
+
     /// The cached connection, else the outcome of the connection attempt under
     /// way (starting one if there is none), with its generation, which is also
     /// put in `used` so that it is known after a timeout.

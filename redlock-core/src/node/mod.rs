@@ -164,7 +164,7 @@ impl Node {
         let (mut used, mut sent) = (None, 0);
         let result = match tokio::time::timeout(
             timeout,
-            self.run_inner(call, timeout, &mut used, &mut sent),
+            self.run_inner(call, timeout, None, &mut used, &mut sent),
         )
         .await
         {
@@ -182,12 +182,14 @@ impl Node {
     pub(crate) async fn run_until(&self, call: &Call, timeout: Duration) -> Ran {
         let start = Instant::now();
         let (mut used, mut sent) = (None, 0);
-        let result = ByDeadline {
-            inner: self.run_inner(call, timeout, &mut used, &mut sent),
-            deadline: start.checked_add(timeout),
-        }
-        .await
-        .unwrap_or(Err(NodeError::Timeout(timeout)));
+        // The deadline is checked inside `run_inner`, not by a wrapper
+        // around it: every wrapper copies the call's whole future (about
+        // 1.8 KB) once more (BENCHMARKS.md, "Copies, clock reads and
+        // allocations per node call").
+        let deadline = start.checked_add(timeout);
+        let result = self
+            .run_inner(call, timeout, deadline, &mut used, &mut sent)
+            .await;
         self.ran(result, start, used, sent)
     }
 
@@ -217,14 +219,34 @@ impl Node {
         self.sends.load(Ordering::SeqCst)
     }
 
+    /// The call on its connection; given up with [`NodeError::Timeout`] when
+    /// it is polled at or after `deadline` (`None`: the caller bounds it).
     async fn run_inner(
         &self,
         call: &Call,
         timeout: Duration,
+        deadline: Option<Instant>,
         used: &mut Option<u64>,
         sent: &mut u64,
     ) -> Result<Value, NodeError> {
-        let (generation, conn) = self.connection(timeout, used).await?;
+        // With the node's connection at hand, the first poll of the send
+        // below comes right after the caller read the clock for `deadline`,
+        // and need not read it again.
+        let (generation, conn, mut check_clock) = match self.cached_connection(used) {
+            Some((generation, conn)) => (generation, conn, false),
+            None => match (ByDeadline {
+                inner: self.connection(timeout, used),
+                deadline,
+            })
+            .await
+            {
+                Some(conn) => {
+                    let (generation, conn) = conn?;
+                    (generation, conn, true)
+                }
+                None => return Err(NodeError::Timeout(timeout)),
+            },
+        };
         // The first poll of what follows reaches the first send's first poll
         // (nothing before it waits), which hands the command to the
         // connection's queue or takes a place in its fair wait for room: from
@@ -240,7 +262,17 @@ impl Node {
             if std::mem::take(&mut number) {
                 *sent = self.sends.fetch_add(1, Ordering::SeqCst).saturating_add(1);
             }
-            polled
+            // The answer first, as `tokio::time::timeout` does.
+            if polled.is_ready() {
+                return polled;
+            }
+            let past = std::mem::replace(&mut check_clock, true)
+                && deadline.is_some_and(|deadline| Instant::now() >= deadline);
+            if past {
+                Poll::Ready(Err(NodeError::Timeout(timeout)))
+            } else {
+                Poll::Pending
+            }
         })
         .await
     }
