@@ -58,6 +58,15 @@ struct Slot {
     next_attempt: u64,
 }
 
+impl Slot {
+    /// The cached connection and its generation, also put in `used`.
+    fn cached(&self, used: &mut Option<u64>) -> Option<(u64, MultiplexedConnection)> {
+        let c = self.cached.as_ref()?;
+        *used = Some(c.generation);
+        Some((c.generation, c.conn.clone()))
+    }
+}
+
 /// What a node's callers and its background connection attempt share.
 pub(super) struct Shared {
     slot: Mutex<Slot>,
@@ -127,10 +136,7 @@ impl Node {
         &self,
         used: &mut Option<u64>,
     ) -> Option<(u64, MultiplexedConnection)> {
-        let slot = self.shared.slot();
-        let c = slot.cached.as_ref()?;
-        *used = Some(c.generation);
-        Some((c.generation, c.conn.clone()))
+        self.shared.slot().cached(used)
     }
 
     /// The cached connection, else the outcome of the connection attempt under
@@ -143,9 +149,8 @@ impl Node {
     ) -> Result<(u64, MultiplexedConnection), NodeError> {
         let mut rx = {
             let mut slot = self.shared.slot();
-            if let Some(c) = &slot.cached {
-                *used = Some(c.generation);
-                return Ok((c.generation, c.conn.clone()));
+            if let Some(cached) = slot.cached(used) {
+                return Ok(cached);
             }
             match &slot.connecting {
                 // A closed channel is an attempt whose task ended without an
