@@ -20,10 +20,6 @@ use crate::redlock::{Inner, Redlock};
 pub(crate) struct Settled<T> {
     pub(crate) index: usize,
     pub(crate) latency: Duration,
-    /// The node's connection generation the call was sent on.
-    pub(crate) generation: u64,
-    /// The call's number among the node's sends (see [`crate::node::Ran`]).
-    pub(crate) sent: u64,
     pub(crate) result: Result<T, NodeError>,
 }
 
@@ -244,9 +240,6 @@ async fn node_call<T>(
     parse: fn(Value) -> Result<T, NodeError>,
 ) -> Settled<T> {
     let node = &inner.nodes[index];
-    // The connection the call went out on: a call sent while the node had
-    // none yet goes out on the one opened for it.
-    let before = node.generation();
     let ran = node.run_until(&call, timeout).await;
     let result = ran.result.and_then(parse);
     if let Err(e) = &result {
@@ -255,8 +248,6 @@ async fn node_call<T>(
     Settled {
         index,
         latency: ran.latency,
-        generation: ran.generation.unwrap_or(before),
-        sent: ran.sent,
         result,
     }
 }
@@ -399,8 +390,6 @@ mod tests {
             super::Settled {
                 index,
                 latency: Duration::ZERO,
-                generation: 0,
-                sent: 0,
                 result,
             }
         });
@@ -441,8 +430,6 @@ mod tests {
                     Poll::Ready(super::Settled {
                         index,
                         latency: timeout,
-                        generation: 0,
-                        sent: 0,
                         result: Err::<(), _>(NodeError::Timeout(timeout)),
                     })
                 } else {

@@ -170,7 +170,7 @@ impl Redlock {
         self.check_resource(resource)?;
         let key = crate::keys::Keys::One(self.key_for(resource).into());
         let token: Arc<str> = token.into();
-        let settled = self.unlock_all(&key, &token, None).await;
+        let settled = self.unlock_all(&key, &token, None, None).await;
         let failed = settled
             .iter()
             .flatten()

@@ -161,7 +161,7 @@ impl Lock {
             Some(self.acquired_at.elapsed()),
         );
         if let Some(late) = &self.late {
-            late.releasing_everywhere(&self.redlock.inner.nodes);
+            late.releasing_everywhere();
         }
     }
 
@@ -198,6 +198,7 @@ impl Drop for Lock {
         }
         self.abandon();
         // Never block in drop.
-        self.redlock.spawn_release(&self.key_set(), &self.token);
+        self.redlock
+            .spawn_release(&self.key_set(), &self.token, self.late.clone());
     }
 }

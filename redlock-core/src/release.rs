@@ -15,6 +15,7 @@ use crate::keys::Keys;
 use crate::lock::Lock;
 use crate::node::{Call, parse_flag};
 use crate::redlock::Redlock;
+use crate::stragglers::Late;
 
 /// What a release confirmed on a quorum of nodes did.
 #[derive(Clone)]
@@ -75,12 +76,15 @@ impl Redlock {
     /// skipped (they refused the `SET`, so they never stored this token), and so
     /// are nodes that have not answered yet (their answer is released when it
     /// comes, see [`Redlock::drive_stragglers`]), so a failure returns at once.
-    /// Returns every node's answer (`None`: skipped, or still out).
+    /// Returns every node's answer (`None`: skipped, or still out). `late`:
+    /// the lock's late answers, told what this release (sent to every node)
+    /// deleted.
     pub(crate) async fn unlock_all(
         &self,
         keys: &Keys,
         token: &Arc<str>,
         acquired: Option<&Report>,
+        late: Option<&Late>,
     ) -> Vec<Option<Settled<bool>>> {
         let skip = |i: usize| {
             acquired.is_some_and(|r| {
@@ -93,6 +97,9 @@ impl Redlock {
             })
         };
         if (0..self.inner.nodes.len()).all(skip) {
+            if let Some(late) = late {
+                late.release_never_sent();
+            }
             return Vec::new();
         }
         let call = Arc::new(Call::release_keys(keys.clone(), Arc::clone(token)));
@@ -107,6 +114,11 @@ impl Redlock {
             if matches!(s.result, Err(NodeError::WrongType { .. })) {
                 s.result = Ok(false);
             }
+        }
+        if let Some(late) = late {
+            late.release_answers(&settled);
+            // Every call has ended; a node without an answer got none.
+            late.release_never_sent();
         }
         settled
     }
@@ -139,12 +151,16 @@ impl Redlock {
     /// Drives a release's remaining nodes to the end in the background:
     /// dropping their calls could cancel them before they are written, leaving
     /// those keys to block the resource for a TTL.
-    fn finish_release<F>(&self, mut pending: Fan<F>, key: &Arc<str>)
+    /// Each answer is also told to the lock's late answers (`late`).
+    fn finish_release<F>(&self, mut pending: Fan<F>, key: &Arc<str>, late: Option<Arc<Late>>)
     where
         F: Future<Output = Settled<bool>> + Send + 'static,
     {
         let (label, this) = (Arc::clone(key), self.clone());
         let log = move |s: Settled<bool>| {
+            if let Some(late) = &late {
+                late.release_answered(s.index, matches!(s.result, Ok(true)));
+            }
             if let Err(e) = &s.result {
                 tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
             }
@@ -199,8 +215,11 @@ impl Redlock {
             })
             .instrument(span.clone())
             .await;
+        if let Some(late) = &lock.late {
+            late.release_answers(&settled);
+        }
         // The other nodes still get their compare-and-delete.
-        self.finish_release(pending, &lock.key);
+        self.finish_release(pending, &lock.key, lock.late.clone());
         // Only now: a future dropped mid-release leaves `Drop` to release.
         lock.released = true;
         // Unless `hand_over` gave it the turn already, the next local waiter
@@ -230,17 +249,24 @@ impl Redlock {
     /// Releases `key` on every node in a background task, for the paths that
     /// cannot wait (a `Drop`). Outside a Tokio runtime nothing runs: the keys
     /// expire with their TTL.
-    pub(crate) fn spawn_release(&self, keys: &Keys, token: &Arc<str>) {
+    /// `late`: the lock's late answers, told what the release deleted.
+    pub(crate) fn spawn_release(&self, keys: &Keys, token: &Arc<str>, late: Option<Arc<Late>>) {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 let (this, keys, token) = (self.clone(), keys.clone(), Arc::clone(token));
                 rt.spawn(async move {
-                    this.unlock_all(&keys, &token, None).await;
+                    this.unlock_all(&keys, &token, None, late.as_deref()).await;
                     this.inner.waiting.queues.release(keys.first(), &token);
                 });
             }
             // The keys expire with their TTL; the local queue need not wait.
-            Err(_) => self.inner.waiting.queues.release(keys.first(), token),
+            // A late `OK` is released again by the task that reads it.
+            Err(_) => {
+                if let Some(late) = late {
+                    late.release_never_sent();
+                }
+                self.inner.waiting.queues.release(keys.first(), token);
+            }
         }
     }
 }

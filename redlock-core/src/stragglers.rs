@@ -3,15 +3,17 @@
 //! (or the attempt failed), a late `OK` is released again.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
 
 use futures_util::StreamExt;
+use futures_util::task::AtomicWaker;
 
 use crate::error::NodeError;
 use crate::fan_out::{Fan, Settled, ready_now};
 use crate::keys::Keys;
-use crate::node::{AcquireReply, Call, Node};
+use crate::node::{AcquireReply, Call};
 use crate::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.
@@ -23,34 +25,88 @@ pub(crate) struct Late {
     /// Set when the lock is released (or the attempt failed): a late `OK` must not
     /// outlive it.
     pub(crate) abandoned: AtomicBool,
-    /// Set when the release is about to be sent to every node, pending ones
-    /// included: each node's [`Node::sends`] read just before. A late `OK`
-    /// is covered by that release if its `SET` was on the connection by then
-    /// (numbered at most this) and the release used the same connection.
-    released_everywhere: OnceLock<Box<[u64]>>,
+    /// Set just before a release is sent to every node, pending ones included:
+    /// that release's answers then say which late `SET`s it deleted.
+    everywhere: AtomicBool,
+    /// Bit `i`: that release has come back from node `i` (answered, failed, or
+    /// given up), or will never be sent there.
+    release_done: AtomicU64,
+    /// Bit `i`: ... and node `i` said it deleted this lock's key.
+    release_deleted: AtomicU64,
+    /// The task driving the late answers, while it waits for a bit above.
+    waker: AtomicWaker,
 }
+
+/// Nodes beyond the 64 the bits above can name are never judged deleted:
+/// their late `OK`s are released again.
+const NAMED: usize = u64::BITS as usize;
 
 impl Late {
     /// Marks the lock as released on every node, just before its release is
     /// sent.
-    pub(crate) fn releasing_everywhere(&self, nodes: &[Node]) {
-        let _ = self
-            .released_everywhere
-            .set(nodes.iter().map(Node::sends).collect());
+    pub(crate) fn releasing_everywhere(&self) {
+        self.everywhere.store(true, Ordering::SeqCst);
         self.abandoned.store(true, Ordering::SeqCst);
     }
 
-    /// Whether the release sent to every node runs after this late `SET` on
-    /// its node: the `SET` was on that node's connection before the release
-    /// was sent, and the connection is still the one both used. A `SET` that
-    /// waited for a connection being opened may go out after a release that
-    /// waited for the same one, so that alone is not enough.
-    fn covered(&self, s: &Settled<AcquireReply>, node: &Node) -> bool {
-        self.released_everywhere.get().is_some_and(|sends| {
-            sends
-                .get(s.index)
-                .is_some_and(|&n| s.sent != 0 && s.sent <= n)
-        }) && node.generation() == s.generation
+    /// The release sent to every node came back from node `index`; `deleted`:
+    /// it deleted this lock's key there.
+    pub(crate) fn release_answered(&self, index: usize, deleted: bool) {
+        let Some(bit) = 1u64.checked_shl(u32::try_from(index).unwrap_or(u32::MAX)) else {
+            return;
+        };
+        if deleted {
+            self.release_deleted.fetch_or(bit, Ordering::SeqCst);
+        }
+        self.release_done.fetch_or(bit, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// The release sent to every node will not come back from any node that
+    /// has not answered yet (it could not be sent).
+    pub(crate) fn release_never_sent(&self) {
+        self.release_done.store(u64::MAX, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// The release answers of `release`, as they were when it was decided.
+    pub(crate) fn release_answers(&self, settled: &[Option<Settled<bool>>]) {
+        for s in settled.iter().flatten() {
+            self.release_answered(s.index, matches!(s.result, Ok(true)));
+        }
+    }
+
+    /// Whether the release sent to every node deleted this lock's key on node
+    /// `index`: then a late `SET` there ran before it, and nothing is left of
+    /// it. Waits for that node's release answer, which comes once the release
+    /// has been sent there. Anything else (no such release, the node said
+    /// nothing was deleted, the call failed) means the late `SET` may have
+    /// run after the release and must be released again.
+    ///
+    /// Not judged by the order the calls were first polled in: a `SET` that
+    /// found no room on its connection (redis' queue full, a concurrency
+    /// limit) goes onto it only when polled again, and the release sent
+    /// later may find room first (`algorithm::a_set_overtaken_by_its_release_is_released_again`).
+    async fn deleted_by_release(&self, index: usize) -> bool {
+        if index >= NAMED || !self.everywhere.load(Ordering::SeqCst) {
+            return false;
+        }
+        let bit = 1u64 << index;
+        let done = || {
+            (self.release_done.load(Ordering::SeqCst) & bit != 0)
+                .then(|| self.release_deleted.load(Ordering::SeqCst) & bit != 0)
+        };
+        std::future::poll_fn(|cx| {
+            if let Some(deleted) = done() {
+                return Poll::Ready(deleted);
+            }
+            self.waker.register(cx.waker());
+            match done() {
+                Some(deleted) => Poll::Ready(deleted),
+                None => Poll::Pending,
+            }
+        })
+        .await
     }
 }
 
@@ -58,9 +114,9 @@ impl Redlock {
     /// Drives the acquire answers that came after the outcome was decided, in a
     /// background task. A late `OK` joins the lock and is released with it; once
     /// the lock is released (or the attempt failed), a late `OK` is released again
-    /// unless the release already followed it on the same connection
-    /// ([`Late::covered`]). A late error
-    /// is released too, in case the `SET` ran.
+    /// unless that release deleted it on its node
+    /// ([`Late::deleted_by_release`]). A late error is released too, in case
+    /// the `SET` ran.
     pub(crate) fn drive_stragglers<F>(
         &self,
         mut pending: Stragglers<F>,
@@ -113,7 +169,7 @@ impl Redlock {
                 {
                     continue;
                 }
-                if !state.covered(&s, &this.inner.nodes[s.index]) {
+                if !state.deleted_by_release(s.index).await {
                     this.release_on(s.index, &keys, &token).await;
                 }
             }

@@ -31,7 +31,7 @@ pub(super) struct ReleaseOnDrop<'a> {
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.redlock.spawn_release(&self.keys, &self.token);
+            self.redlock.spawn_release(&self.keys, &self.token, None);
         }
     }
 }
@@ -256,7 +256,7 @@ impl Attempt<'_> {
         redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
         let report = redlock.report(&round.settled, acquire_status);
         redlock
-            .unlock_all(&self.cleanup.keys, &self.token, Some(&report))
+            .unlock_all(&self.cleanup.keys, &self.token, Some(&report), None)
             .await;
         self.cleanup.armed = false;
         tracing::debug!(report = %report, "attempt failed");

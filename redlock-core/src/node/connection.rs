@@ -246,11 +246,6 @@ impl Node {
         Ok(rx)
     }
 
-    /// The current connection generation.
-    pub(crate) fn generation(&self) -> u64 {
-        self.shared.generation.load(Ordering::SeqCst)
-    }
-
     /// The native commands found on connection `generation`, while it is the
     /// cached one (`None` when not looked for, or replaced meanwhile).
     pub(super) fn native_support(&self, generation: u64) -> Option<NativeSupport> {

@@ -11,7 +11,6 @@ mod scripts;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -41,15 +40,6 @@ pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 pub(crate) struct Ran {
     pub(crate) result: Result<Value, NodeError>,
     pub(crate) latency: Duration,
-    /// The connection generation the call went out on (`None`: it never had a
-    /// connection).
-    pub(crate) generation: Option<u64>,
-    /// The call's number among this node's calls, taken once its command was
-    /// on the connection (0: it never got that far, or it is a release, which
-    /// takes none). If a later reading of
-    /// [`Node::sends`] is at least this, the command was on the connection
-    /// before anything sent after that reading.
-    pub(crate) sent: u64,
 }
 
 pin_project_lite::pin_project! {
@@ -97,11 +87,6 @@ pub(crate) struct Node {
     /// How to open this node's pub/sub connection for wake-ups; known only for
     /// nodes given by URL.
     pub(crate) pubsub: Option<redis::ConnectionInfo>,
-    /// How many calls other than releases have put their command on a
-    /// connection of this node (see [`Node::run_on`]): a call that took number
-    /// `n` was ahead of every call that starts sending after this counter was
-    /// read at `n` or more.
-    sends: AtomicU64,
     /// The node's database, when known (0 for a node given as a pool): the
     /// release announces itself on a channel of this database's.
     pub(crate) db: i64,
@@ -117,7 +102,6 @@ impl Node {
             address,
             pool,
             shared: Arc::new(Shared::new()),
-            sends: AtomicU64::new(0),
             pubsub: None,
             db: 0,
             native: NativeCommands::Off,
@@ -161,17 +145,15 @@ impl Node {
     /// when (see [`Ran`]).
     pub(crate) async fn run_on(&self, call: &Call, timeout: Duration) -> Ran {
         let start = Instant::now();
-        let (mut used, mut sent) = (None, 0);
-        let result = match tokio::time::timeout(
-            timeout,
-            self.run_inner(call, timeout, None, &mut used, &mut sent),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(NodeError::Timeout(timeout)),
-        };
-        self.ran(result, start, used, sent)
+        let mut used = None;
+        let result =
+            match tokio::time::timeout(timeout, self.run_inner(call, timeout, None, &mut used))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(NodeError::Timeout(timeout)),
+            };
+        self.ran(result, start, used)
     }
 
     /// [`Node::run_on`] without a timer of its own: the call gives up with
@@ -181,16 +163,16 @@ impl Node {
     /// of a timer per call, each of which takes the Tokio timer's lock twice.
     pub(crate) async fn run_until(&self, call: &Call, timeout: Duration) -> Ran {
         let start = Instant::now();
-        let (mut used, mut sent) = (None, 0);
+        let mut used = None;
         // The deadline is checked inside `run_inner`, not by a wrapper
         // around it: every wrapper copies the call's whole future (about
         // 1.8 KB) once more (BENCHMARKS.md, "Copies, clock reads and
         // allocations per node call").
         let deadline = start.checked_add(timeout);
         let result = self
-            .run_inner(call, timeout, deadline, &mut used, &mut sent)
+            .run_inner(call, timeout, deadline, &mut used)
             .await;
-        self.ran(result, start, used, sent)
+        self.ran(result, start, used)
     }
 
     /// How a call that started at `start` went.
@@ -199,7 +181,6 @@ impl Node {
         result: Result<Value, NodeError>,
         start: Instant,
         used: Option<u64>,
-        sent: u64,
     ) -> Ran {
         if let Err(e) = &result {
             self.forget_connection(e, used, start);
@@ -207,16 +188,7 @@ impl Node {
         Ran {
             result,
             latency: start.elapsed(),
-            generation: used,
-            sent,
         }
-    }
-
-    /// The number the next call to send will take, minus one: every call
-    /// numbered up to this value put its command on its connection before
-    /// this was read (see [`Ran::sent`]).
-    pub(crate) fn sends(&self) -> u64 {
-        self.sends.load(Ordering::SeqCst)
     }
 
     /// The call on its connection; given up with [`NodeError::Timeout`] when
@@ -227,7 +199,6 @@ impl Node {
         timeout: Duration,
         deadline: Option<Instant>,
         used: &mut Option<u64>,
-        sent: &mut u64,
     ) -> Result<Value, NodeError> {
         // With the node's connection at hand, the first poll of the send
         // below comes right after the caller read the clock for `deadline`,
@@ -247,21 +218,13 @@ impl Node {
                 None => return Err(NodeError::Timeout(timeout)),
             },
         };
-        // The first poll of what follows reaches the first send's first poll
-        // (nothing before it waits), which hands the command to the
-        // connection's queue or takes a place in its fair wait for room: from
-        // then on, a command sent later on this connection runs after it. The
-        // call is numbered only once that poll returned.
+        // No order among calls is read from when they were first polled: a
+        // command that finds no room on its connection goes onto it only when
+        // polled again, after commands sent later may have found room (see
+        // `Late::deleted_by_release`).
         let mut rest = pin!(self.run_call(call, generation, conn));
-        // Only acquire answers are judged by their number (a late `SET` and
-        // the release after it): a release need not take one, and skips a
-        // counter both worker threads write.
-        let mut number = !matches!(call, Call::Release { .. } | Call::ReleaseMany { .. });
         std::future::poll_fn(|cx| {
             let polled = rest.as_mut().poll(cx);
-            if std::mem::take(&mut number) {
-                *sent = self.sends.fetch_add(1, Ordering::SeqCst).saturating_add(1);
-            }
             // The answer first, as `tokio::time::timeout` does.
             if polled.is_ready() {
                 return polled;

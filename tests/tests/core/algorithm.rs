@@ -238,6 +238,77 @@ async fn late_answers_on_a_fresh_handle_still_join_the_lock() {
     }
 }
 
+/// A handle on pools whose connections carry at most `limit` commands at a
+/// time (redis' `concurrency_limit`: a command waits for room until an
+/// earlier one is answered), with no response timeout of redis' own.
+fn with_concurrency_limit(cluster: &Cluster, limit: usize, node_timeout: Duration) -> Redlock {
+    use deadpool_redis::redis::{AsyncConnectionConfig, IntoConnectionInfo};
+    cluster
+        .urls()
+        .iter()
+        .fold(Redlock::builder(), |b, url| {
+            let info = url.as_str().into_connection_info().unwrap();
+            let config = AsyncConnectionConfig::new()
+                .set_concurrency_limit(limit)
+                .set_response_timeout(None);
+            let manager = deadpool_redis::Manager::new_with_config(info, config).unwrap();
+            let pool = deadpool_redis::Pool::builder(manager)
+                .runtime(deadpool_redis::Runtime::Tokio1)
+                .build()
+                .unwrap();
+            b.pool(pool)
+        })
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap()
+}
+
+/// An acquire's `SET` that waits for room on its connection when the quorum
+/// decides (redis' queue of 50 commands full under load, or a concurrency
+/// limit) goes out later, and the release of the same lock, sent meanwhile
+/// on that connection, can get the room first: it runs on the node before
+/// the `SET`, finds nothing, and the late `SET` lands after it. That key must
+/// still be released when its answer comes, not left to block the resource
+/// for its whole TTL (seen in `bench concurrent`: dozens of such keys per run
+/// with the default queue).
+///
+/// Node 4's connection carries one command at a time, and node 4 is paused
+/// while the first lock's `SET` is in flight there: the second lock's `SET`
+/// and then its release both wait for that room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_overtaken_by_its_release_is_released_again() {
+    let cluster = Cluster::start(5);
+    let rl = with_concurrency_limit(&cluster, 1, Duration::from_secs(2));
+    warm_up(&cluster, &rl).await;
+    let ttl = Duration::from_secs(120);
+    let mut left = Vec::new();
+    for round in 0..5 {
+        let (first, second) = (format!("overtaken:{round}:a"), format!("overtaken:{round}:b"));
+        cluster.node(4).pause();
+        let a = rl.try_lock(&first, ttl).await.unwrap();
+        let b = rl.try_lock(&second, ttl).await.unwrap();
+        let release = tokio::spawn({
+            let rl = rl.clone();
+            async move { rl.unlock(b).await }
+        });
+        // The release's own calls are out (nodes 0-3 answer) before node 4
+        // gives the room back.
+        assert!(
+            cluster.wait_until(Duration::from_secs(5), |c| (0..4)
+                .all(|i| c.node(i).get(&second).is_none())),
+            "round {round}: the release did not reach nodes 0-3"
+        );
+        cluster.node(4).resume();
+        release.await.unwrap().unwrap();
+        rl.unlock(a).await.unwrap();
+        let clean = cluster.wait_until(Duration::from_secs(10), |c| c.node(4).keys().is_empty());
+        if !clean {
+            left.push((round, cluster.node(4).keys()));
+        }
+    }
+    assert!(left.is_empty(), "keys left on node 4 after their release: {left:?}");
+}
+
 /// Nodes 0–2 hold `key` for someone else and node 4 is paused: a `try_lock` is
 /// decided "busy" by the first answers. Returns how long it took, once node 4,
 /// resumed, has had its late `SET` (if it ran) released in the background.
