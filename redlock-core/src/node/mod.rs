@@ -169,19 +169,12 @@ impl Node {
         // 1.8 KB) once more (BENCHMARKS.md, "Copies, clock reads and
         // allocations per node call").
         let deadline = start.checked_add(timeout);
-        let result = self
-            .run_inner(call, timeout, deadline, &mut used)
-            .await;
+        let result = self.run_inner(call, timeout, deadline, &mut used).await;
         self.ran(result, start, used)
     }
 
     /// How a call that started at `start` went.
-    fn ran(
-        &self,
-        result: Result<Value, NodeError>,
-        start: Instant,
-        used: Option<u64>,
-    ) -> Ran {
+    fn ran(&self, result: Result<Value, NodeError>, start: Instant, used: Option<u64>) -> Ran {
         if let Err(e) = &result {
             self.forget_connection(e, used, start);
         }

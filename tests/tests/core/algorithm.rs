@@ -283,7 +283,10 @@ async fn a_set_overtaken_by_its_release_is_released_again() {
     let ttl = Duration::from_secs(120);
     let mut left = Vec::new();
     for round in 0..5 {
-        let (first, second) = (format!("overtaken:{round}:a"), format!("overtaken:{round}:b"));
+        let (first, second) = (
+            format!("overtaken:{round}:a"),
+            format!("overtaken:{round}:b"),
+        );
         cluster.node(4).pause();
         let a = rl.try_lock(&first, ttl).await.unwrap();
         let b = rl.try_lock(&second, ttl).await.unwrap();
@@ -306,7 +309,10 @@ async fn a_set_overtaken_by_its_release_is_released_again() {
             left.push((round, cluster.node(4).keys()));
         }
     }
-    assert!(left.is_empty(), "keys left on node 4 after their release: {left:?}");
+    assert!(
+        left.is_empty(),
+        "keys left on node 4 after their release: {left:?}"
+    );
 }
 
 /// Nodes 0–2 hold `key` for someone else and node 4 is paused: a `try_lock` is
