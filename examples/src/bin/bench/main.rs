@@ -376,6 +376,33 @@ where
     Ok(count.load(Ordering::Relaxed))
 }
 
+/// How many of the 64-task scenario's keys are still on the nodes (all
+/// nodes together) 2 s after its last round, by contender (library, raw,
+/// rslock): every pair was released, and whatever a release left to the
+/// background has ended by then, so each one is a key left to expire with
+/// its TTL (10 s).
+async fn keys_left(setup: &Setup, rounds: usize) -> Result<[u64; 3], BoxError> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut left = [0u64; 3];
+    for pool in &setup.pools {
+        let mut conn = pool.get().await?;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("bench:conc:*")
+            .query_async(&mut conn)
+            .await?;
+        for key in keys {
+            // bench:conc:{round}:{pass}:{task}:{pair}
+            let mut parts = key.split(':').skip(2).map(str::parse::<usize>);
+            if let (Some(Ok(round)), Some(Ok(pass))) = (parts.next(), parts.next())
+                && round < rounds
+            {
+                left[(pass + round) % 3] += 1;
+            }
+        }
+    }
+    Ok(left)
+}
+
 /// 2. 64 tasks on distinct keys for a fixed time.
 ///
 /// The library, raw and rslock run in turn, in an order that rotates from
@@ -557,6 +584,14 @@ async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         let at = |w: usize| per_pair(w, value(&costs[w])) / if per_node { n } else { 1.0 };
         row3(name, at(0), at(1), at(2), unit);
     }
+    let left = keys_left(setup, rounds).await?;
+    row3(
+        "keys left on the nodes after 2 s",
+        left[0] as f64,
+        left[1] as f64,
+        left[2] as f64,
+        "keys",
+    );
     Ok(())
 }
 
