@@ -1028,9 +1028,14 @@ async fn fault_suite() {
             .map(|v| format!("{}:\n{}", v.scenario, v.describe(10)))
             .collect::<String>()
     );
+    // Coverage, not a property: the multi-key clients must have taken their
+    // sets at least once. Under the nemesis they lose most races to the
+    // single-key clients, and in the 20 s Valkey soak they took 3–12 sets
+    // (seed 154949092 gave 3 in one CI run, 9 and 12 when run again), so a
+    // higher floor made the suite flaky.
     assert!(
-        summary.multi_key_acquisitions > 3,
-        "the multi-key workload barely ran: {}",
+        summary.multi_key_acquisitions >= 1,
+        "the multi-key workload never took a set: {}",
         summary.line()
     );
     assert!(
