@@ -572,6 +572,12 @@ async fn backwards(
 ) -> Backwards {
     let record = format!("{resource}:fence");
     let value = format!("{resource}:value");
+    // Holder 1 needs A and R. A pass that came before healed A, which resets
+    // the connections its blackhole held, and the handle's connection attempt
+    // to A may be one of them: a call that joins that attempt gets its
+    // "broken pipe". So the pass starts once every node answers again.
+    let checks = every_node_answers(rl, Duration::from_secs(10)).await;
+    eprintln!("{resource}: every node answered at check {checks}");
     rig.proxies[C].blackhole();
     let lock1 = rl
         .try_lock(resource, TTL)
@@ -616,6 +622,25 @@ async fn backwards(
         t2,
         late_write,
         down,
+    }
+}
+
+/// Asks every node for `INFO` until all answer, at most for `limit`: the
+/// number of the check that saw every node answer.
+async fn every_node_answers(rl: &Redlock, limit: Duration) -> u32 {
+    let start = Instant::now();
+    let mut check = 0;
+    loop {
+        check += 1;
+        let infos = rl.check_nodes().await.expect("node infos");
+        if infos.iter().all(|i| i.error.is_none()) {
+            return check;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "not every node answered within {limit:?}: {infos:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
