@@ -465,8 +465,9 @@ async fn one_paused_node_does_not_slow_the_acquire() {
     let result = rl.try_lock(key, Duration::from_secs(10)).await;
     let took = t0.elapsed();
     let lock = result.unwrap();
+    // Waiting for the paused node would take its 500 ms node timeout.
     assert!(
-        took < ms(250),
+        took < ms(400),
         "acquire waited for the paused node: {took:?}"
     );
     assert!(lock.remaining() > Duration::from_secs(9));
