@@ -357,12 +357,19 @@ impl RedisNode {
 
     /// Runs one raw command on a fresh connection (2 s timeouts).
     pub fn raw<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.raw_bytes(&args)
+    }
+
+    /// [`RedisNode::raw`] for arguments that need not be UTF-8 (a binary
+    /// value).
+    pub fn raw_bytes<T: redis::FromRedisValue>(&self, args: &[&[u8]]) -> redis::RedisResult<T> {
         let client = redis::Client::open(self.url())?;
         let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(2)))?;
         conn.set_write_timeout(Some(Duration::from_secs(2)))?;
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
+        let mut cmd = redis::Cmd::new();
+        for a in args {
             cmd.arg(*a);
         }
         cmd.query(&mut conn)

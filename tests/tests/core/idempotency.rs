@@ -318,21 +318,6 @@ async fn two_scopes_with_one_key_do_not_see_each_other() {
     );
 }
 
-/// `SET key value PX 60000` on `node`, for a binary value.
-fn put_bytes(node: &redlock_tests::RedisNode, key: &str, value: &[u8]) {
-    let client = redis::Client::open(node.url()).unwrap();
-    let mut conn = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap();
-    let () = redis::cmd("SET")
-        .arg(key)
-        .arg(value)
-        .arg("PX")
-        .arg(60_000)
-        .query(&mut conn)
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
     let cluster = Cluster::start(3);
@@ -399,8 +384,16 @@ async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
         "the lock key is left on {} nodes",
         cluster.count_with_key(&lock_key)
     );
-    put_bytes(cluster.node(0), &record_key, &older.encode());
-    put_bytes(cluster.node(1), &record_key, &newer.encode());
+    for (node, record) in [(0, &older), (1, &newer)] {
+        let set = [
+            b"SET",
+            record_key.as_bytes(),
+            &record.encode(),
+            b"PX",
+            b"60000",
+        ];
+        let () = cluster.node(node).raw_bytes(&set).unwrap();
+    }
     cluster.node(2).cmd(&["DEL", &record_key]);
     assert_eq!(store.get(&lookup).await.unwrap(), None, "no quorum agrees");
     let third = redlock
