@@ -45,6 +45,22 @@ pub(crate) fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// Whether `test`, which shifts a node's clock with libfaketime, can run here:
+/// on Linux always (a missing library then fails the test with the install
+/// command, see [`faketime_env`]); elsewhere it says on stderr, by name, that
+/// it is skipped, because the preload libraries below are Linux's.
+pub fn faketime_or_skip(test: &str) -> bool {
+    if cfg!(target_os = "linux") {
+        return true;
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "SKIPPED {test}: clock skew is emulated with Linux's libfaketime and glibc's preloadable malloc"
+    );
+    false
+}
+
 /// Where Debian's `libfaketime` package puts the preload library.
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
