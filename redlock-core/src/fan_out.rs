@@ -64,6 +64,7 @@ enum Slot<F: Future + ?Sized> {
 }
 
 /// A fan-out whose calls' type cannot be named: for a set kept in a struct.
+#[cfg(feature = "idempotency")]
 pub(crate) type DynFan<T> = Fan<dyn Future<Output = Settled<T>> + Send>;
 
 impl<F: Future + ?Sized> Fan<F> {
@@ -87,6 +88,7 @@ impl<F: Future + ?Sized> Fan<F> {
     }
 }
 
+#[cfg(feature = "idempotency")]
 impl<T, F: Future<Output = Settled<T>> + Send + 'static> Fan<F> {
     /// The same set, its calls' type erased (no call is boxed again).
     fn into_dyn(self) -> DynFan<T> {
@@ -279,6 +281,7 @@ impl Redlock {
     }
 
     /// [`Redlock::fan_out`] with each call boxed, for a set kept in a struct.
+    #[cfg(feature = "idempotency")]
     pub(crate) fn fan_out_boxed<T, I>(
         &self,
         call: &Arc<Call>,
