@@ -18,7 +18,7 @@ fn packages_of(line: &str) -> impl Iterator<Item = String> + '_ {
     line.split("apt-get install")
         .skip(1)
         .flat_map(|rest| {
-            rest.split(|c: char| c == '`' || c == '"' || c == '#' || c == ')')
+            rest.split(['`', '"', '#', ')'])
                 .next()
                 .unwrap_or("")
                 .split_whitespace()
