@@ -1,236 +1,19 @@
-//! The nemesis: a seeded random schedule of faults against a [`Rig`] of Redis
-//! nodes behind [`FaultProxy`]s.
-//!
-//! Every choice (which fault, which node, how long) comes from one `StdRng`
-//! seeded with the run's seed, which the suite prints first, so the schedule of a
-//! failing run can be replayed with `REDLOCK_SEED` (timing and the library's own
-//! randomness still vary). Every fault is logged as
-//! [`Event::Fault`], every heal as
-//! [`Event::Heal`].
-//!
-//! # The faults, and the model they stay in
-//!
-//! Redlock promises mutual exclusion while a minority of nodes is faulty, a
-//! crashed node stays down longer than the largest TTL, and clocks do not jump.
-//! The nemesis stays inside that model (the negative controls step out of it on
-//! purpose, and must be caught):
-//!
-//! * **kill** `-9` a node (no persistence), restarted empty after the largest TTL
-//!   plus 50–300 ms;
-//! * **pause** a node with `SIGSTOP` for 0.1–3×TTL, then `SIGCONT`;
-//! * **proxy** faults for 0.2–3×TTL: request latency, reply latency, blackhole,
-//!   reset, refuse, hold then flush (requests, replies, or both);
-//! * at most `N − quorum` nodes are faulty at once (a lengthened key counts until
-//!   it expires);
-//! * **clock** jumps on one node: a backward jump lengthens a lock key's PTTL to
-//!   1.5–3×TTL; a forward jump expires a lock key at once (`PEXPIRE key 1`) or
-//!   deletes it (`DEL`). A forward jump is only made where the holder keeps a
-//!   quorum without that node: on at least `quorum + 1` fault-free nodes whose
-//!   copy expires (`PEXPIRETIME`) no earlier than the freshest copy minus 1 ms.
-//!   The freshest copy outlives the holder's validity by the drift (≥ 2 ms), so
-//!   these copies outlive it too. Losing a key
-//!   early on a holder's bare quorum is unsafe for Redlock by design; that case is
-//!   the second negative control;
-//! * **stall**: a holder pauses past its validity before its write — an
-//!   in-process client sleeps (its next critical section), a client process is
-//!   `SIGSTOP`ped for 1–2×TTL (a real GC pause, renewal task included);
-//! * **holder_stall**: a holder-view client (its own OS thread, a
-//!   current-thread runtime that also runs its renewal task) blocks its thread
-//!   with `std::thread::sleep` for 1.2–2.5×TTL inside `with_lock`, before its
-//!   `is_lost()` check (the deadline check must say "lost") or between the check
-//!   and its write (no client-side check can help: counted as
-//!   `stalled_after_check`). Decided here, from a second seeded stream, so the
-//!   schedule of the other faults is the same as without it; taken by the
-//!   clients through [`HolderStalls`];
-//! * **max_hold** (the path, not this scheduler): [`Rig::start_slow_path`] puts a
-//!   second proxy in front of every node, with 20–40 ms of latency each way, for
-//!   guards with `max_hold < ttl` whose renewals near `max_hold` shorten the keys
-//!   and answer late. Kills and pauses hit those nodes too; a killed node stays
-//!   down longer than the longest TTL of any client ([`NemesisConfig::ttl_longest`]).
+//! The nemesis: the faults it injects on nodes (pauses, kills, restarts, clock jumps, key copies) and the proxies.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redlock_core::Redlock;
 
-use crate::history::{Event, FaultKind, HistoryLog, Meta, duration_ns, now_ns};
-use crate::proxy::{Direction, FaultProxy};
+use crate::history::{Event, FaultKind, HistoryLog, now_ns};
+use crate::proxy::Direction;
 use crate::workload::{HolderStallPlan, HolderStalls};
-use crate::{Cluster, RedisNode};
 
-/// The per-node timeout every suite client uses.
-pub const NODE_TIMEOUT: Duration = Duration::from_millis(30);
-/// The drift factor every suite client uses (the library's default).
-pub const DRIFT_FACTOR: f64 = 0.01;
-/// The fixed drift every suite client uses (the library's default).
-pub const FIXED_DRIFT: Duration = Duration::from_millis(2);
-
-/// A Redlock over `urls` with the suite's settings.
-///
-/// # Panics
-/// If the library refuses the settings.
-pub fn redlock_for(urls: &[String]) -> Redlock {
-    Redlock::builder()
-        .urls(urls.iter().cloned())
-        .node_timeout(NODE_TIMEOUT)
-        .drift_factor(DRIFT_FACTOR)
-        .fixed_drift(FIXED_DRIFT)
-        .build()
-        .expect("build the suite's Redlock")
-}
-
-/// The [`Meta`] event of a scenario with the suite's settings.
-pub fn meta(scenario: &str, seed: u64, nodes: usize, expect_violation: bool) -> Event {
-    Event::Meta(Meta {
-        scenario: scenario.to_owned(),
-        seed,
-        nodes,
-        quorum: nodes / 2 + 1,
-        drift_factor: DRIFT_FACTOR,
-        fixed_drift_ns: duration_ns(FIXED_DRIFT),
-        node_timeout_ns: duration_ns(NODE_TIMEOUT),
-        expect_violation,
-    })
-}
-
-/// This process's clock calibration, as an event.
-pub fn clock_event(process: &str) -> Event {
-    Event::Clock {
-        process: process.to_owned(),
-        error_ns: crate::history::calibration_error_ns(),
-    }
-}
-
-/// Redis nodes, each behind its own [`FaultProxy`].
-#[derive(Debug)]
-pub struct Rig {
-    cluster: Cluster,
-    proxies: Vec<FaultProxy>,
-    /// A second, slow proxy per node ([`Rig::start_slow_path`]).
-    slow: Vec<FaultProxy>,
-}
-
-impl Rig {
-    /// Starts `n` nodes and a proxy in front of each; proxies report token
-    /// sightings to `log`.
-    ///
-    /// # Panics
-    /// If a node or a proxy cannot start.
-    pub async fn start(n: usize, log: &HistoryLog) -> Self {
-        let cluster = tokio::task::spawn_blocking(move || Cluster::start(n))
-            .await
-            .expect("start the cluster");
-        let mut proxies = Vec::with_capacity(n);
-        for (i, node) in cluster.nodes().iter().enumerate() {
-            proxies.push(
-                FaultProxy::start(i, node.port(), Some(log.clone()))
-                    .await
-                    .expect("start a proxy"),
-            );
-        }
-        Self {
-            cluster,
-            proxies,
-            slow: Vec::new(),
-        }
-    }
-
-    /// Starts a second proxy in front of every node with a constant latency of
-    /// 20–40 ms each way (20–35 ms, seeded, plus up to 5 ms of jitter), logs each
-    /// as a proxy fault, and returns their URLs. The nemesis never touches them;
-    /// they last as long as the rig. The sightings they report carry proxy ids
-    /// `len()..2·len()`.
-    ///
-    /// # Panics
-    /// If a proxy cannot start.
-    pub async fn start_slow_path(&mut self, seed: u64, log: &HistoryLog) -> Vec<String> {
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x736c_6f77_7061_7468);
-        let n = self.len();
-        for (i, node) in self.cluster.nodes().iter().enumerate() {
-            let p = FaultProxy::start(n + i, node.port(), Some(log.clone()))
-                .await
-                .expect("start a slow proxy");
-            let jitter = Duration::from_millis(5);
-            let mut lat = [Duration::ZERO; 2];
-            for (d, l) in [Direction::Request, Direction::Reply]
-                .into_iter()
-                .zip(&mut lat)
-            {
-                *l = Duration::from_millis(rng.random_range(20..=35));
-                p.delay(d, *l, jitter);
-            }
-            log.push(Event::Fault {
-                kind: FaultKind::Proxy,
-                node: Some(i),
-                at: now_ns(),
-                detail: format!(
-                    "slow path for max_hold guards (second proxy, whole run): request {} ms, reply {} ms, + up to {} ms each",
-                    lat[0].as_millis(),
-                    lat[1].as_millis(),
-                    jitter.as_millis()
-                ),
-            });
-            self.slow.push(p);
-        }
-        self.slow.iter().map(FaultProxy::url).collect()
-    }
-
-    /// The proxies' URLs: what the clients connect to.
-    pub fn urls(&self) -> Vec<String> {
-        self.proxies.iter().map(FaultProxy::url).collect()
-    }
-
-    /// Node `i` (direct access, no proxy).
-    pub fn node(&self, i: usize) -> &Arc<RedisNode> {
-        self.cluster.node(i)
-    }
-
-    /// The proxy in front of node `i`.
-    pub fn proxy(&self, i: usize) -> &FaultProxy {
-        &self.proxies[i]
-    }
-
-    /// How many nodes.
-    pub fn len(&self) -> usize {
-        self.proxies.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.proxies.is_empty()
-    }
-
-    /// The quorum.
-    pub fn quorum(&self) -> usize {
-        self.len() / 2 + 1
-    }
-
-    /// Every `(node, key)` of `keys` still present on a running node.
-    pub async fn leftover_keys(&self, keys: &[String]) -> Vec<(usize, String)> {
-        let mut out = Vec::new();
-        for i in 0..self.len() {
-            let node = Arc::clone(self.node(i));
-            if !node.is_running() {
-                continue;
-            }
-            let keys = keys.to_vec();
-            let found: Vec<String> = tokio::task::spawn_blocking(move || {
-                keys.into_iter()
-                    .filter(|k| node.raw::<i64>(&["EXISTS", k]).unwrap_or(0) == 1)
-                    .collect()
-            })
-            .await
-            .expect("EXISTS");
-            out.extend(found.into_iter().map(|k| (i, k)));
-        }
-        out
-    }
-}
+#[allow(unused_imports)]
+use super::*;
 
 /// Who a stall hits.
 #[derive(Debug, Clone)]
@@ -264,7 +47,7 @@ pub struct NemesisConfig {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum NodeState {
+pub(super) enum NodeState {
     Killed { restart_at: Instant },
     Paused { resume_at: Instant },
     Proxy { heal_at: Instant },
@@ -272,7 +55,7 @@ enum NodeState {
 }
 
 impl NodeState {
-    fn due(&self) -> Instant {
+    pub(super) fn due(&self) -> Instant {
         match *self {
             NodeState::Killed { restart_at: t }
             | NodeState::Paused { resume_at: t }
@@ -283,18 +66,19 @@ impl NodeState {
 }
 
 /// A key's value and PTTL, read in one step (the ghost watcher).
-const READ_PTTL: &str = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
+pub(super) const READ_PTTL: &str =
+    "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}";
 /// A key's value and absolute expiry in Unix ms (Redis 7). All nodes run on this
 /// machine, so expiries of different nodes compare on one clock, with no
 /// round-trip error.
-const READ_EXPIRETIME: &str =
+pub(super) const READ_EXPIRETIME: &str =
     "return {redis.call('GET', KEYS[1]), redis.call('PEXPIRETIME', KEYS[1])}";
 /// How much older than the freshest copy a copy may be and still protect its
 /// holder: less than the library's smallest drift (2 ms fixed) minus the 1 ms
 /// rounding of expiry times.
-const FRESH_MARGIN_MS: i64 = 1;
-const CAS_PEXPIRE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
-const CAS_DEL: &str =
+pub(super) const FRESH_MARGIN_MS: i64 = 1;
+pub(super) const CAS_PEXPIRE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
+pub(super) const CAS_DEL: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 /// The fault scheduler.
@@ -313,11 +97,11 @@ pub struct Nemesis<'a> {
 
 /// A copy of a lock key on one node.
 #[derive(Debug, Clone)]
-struct KeyCopy {
-    node: usize,
-    token: String,
+pub(super) struct KeyCopy {
+    pub(super) node: usize,
+    pub(super) token: String,
     /// The absolute expiry, Unix ms.
-    expires_ms: i64,
+    pub(super) expires_ms: i64,
 }
 
 impl<'a> Nemesis<'a> {
@@ -338,15 +122,15 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    fn budget(&self) -> usize {
+    pub(super) fn budget(&self) -> usize {
         self.rig.len() - self.rig.quorum()
     }
 
-    fn faulty(&self) -> usize {
+    pub(super) fn faulty(&self) -> usize {
         self.state.iter().flatten().count()
     }
 
-    fn fault(&self, kind: FaultKind, node: Option<usize>, detail: String) {
+    pub(super) fn fault(&self, kind: FaultKind, node: Option<usize>, detail: String) {
         self.log.push(Event::Fault {
             kind,
             node,
@@ -355,7 +139,7 @@ impl<'a> Nemesis<'a> {
         });
     }
 
-    fn healed(&self, node: Option<usize>, detail: &str) {
+    pub(super) fn healed(&self, node: Option<usize>, detail: &str) {
         self.log.push(Event::Heal {
             node,
             at: now_ns(),
@@ -363,7 +147,7 @@ impl<'a> Nemesis<'a> {
         });
     }
 
-    fn scaled(&mut self, lo: f64, hi: f64) -> Duration {
+    pub(super) fn scaled(&mut self, lo: f64, hi: f64) -> Duration {
         self.cfg.ttl_max.mul_f64(self.rng.random_range(lo..hi))
     }
 
@@ -392,7 +176,7 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    fn gap(&mut self) -> Duration {
+    pub(super) fn gap(&mut self) -> Duration {
         let (lo, hi) = self.cfg.gap;
         lo + Duration::from_micros(
             self.rng
@@ -411,7 +195,7 @@ impl<'a> Nemesis<'a> {
         now_ns()
     }
 
-    async fn heal_due(&mut self, all: bool) {
+    pub(super) async fn heal_due(&mut self, all: bool) {
         let now = Instant::now();
         for i in 0..self.state.len() {
             let Some(s) = self.state[i] else { continue };
@@ -456,7 +240,7 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    fn healthy_node(&mut self) -> Option<usize> {
+    pub(super) fn healthy_node(&mut self) -> Option<usize> {
         if self.faulty() >= self.budget() {
             return None;
         }
@@ -466,7 +250,7 @@ impl<'a> Nemesis<'a> {
         (!healthy.is_empty()).then(|| healthy[self.rng.random_range(0..healthy.len())])
     }
 
-    async fn step(&mut self) {
+    pub(super) async fn step(&mut self) {
         let roll: f64 = self.rng.random();
         let stall_possible = !matches!(self.cfg.stall, StallTarget::None);
         if roll < 0.15 {
@@ -485,7 +269,7 @@ impl<'a> Nemesis<'a> {
 
     /// One in three steps, queues a holder stall: before or after the check
     /// with equal odds, 1.2–2.5×TTL long.
-    fn holder_stall(&mut self) {
+    pub(super) fn holder_stall(&mut self) {
         let Some(q) = &self.cfg.holder_stalls else {
             return;
         };
@@ -498,7 +282,7 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    async fn kill(&mut self) {
+    pub(super) async fn kill(&mut self) {
         let Some(i) = self.healthy_node() else { return };
         let delay = self.cfg.ttl_max.max(self.cfg.ttl_longest)
             + Duration::from_millis(self.rng.random_range(50..=300));
@@ -516,7 +300,7 @@ impl<'a> Nemesis<'a> {
         );
     }
 
-    fn pause(&mut self) {
+    pub(super) fn pause(&mut self) {
         let Some(i) = self.healthy_node() else { return };
         let d = self.scaled(0.1, 3.0);
         self.rig.node(i).pause();
@@ -530,7 +314,7 @@ impl<'a> Nemesis<'a> {
         );
     }
 
-    fn proxy_fault(&mut self) {
+    pub(super) fn proxy_fault(&mut self) {
         let Some(i) = self.healthy_node() else { return };
         let d = self.scaled(0.2, 3.0);
         let p = self.rig.proxy(i);
@@ -585,7 +369,7 @@ impl<'a> Nemesis<'a> {
     }
 
     /// Reads every lock key on every running, unpaused node.
-    async fn copies(&self) -> Vec<(String, Vec<KeyCopy>)> {
+    pub(super) async fn copies(&self) -> Vec<(String, Vec<KeyCopy>)> {
         let mut out = Vec::new();
         for key in &self.cfg.keys {
             let mut copies = Vec::new();
@@ -619,7 +403,14 @@ impl<'a> Nemesis<'a> {
         out
     }
 
-    async fn cas(&self, node: usize, script: &str, key: &str, token: &str, arg: &str) -> bool {
+    pub(super) async fn cas(
+        &self,
+        node: usize,
+        script: &str,
+        key: &str,
+        token: &str,
+        arg: &str,
+    ) -> bool {
         let n = Arc::clone(self.rig.node(node));
         let args: Vec<String> = [script, "1", key, token, arg]
             .iter()
@@ -634,7 +425,7 @@ impl<'a> Nemesis<'a> {
         .expect("CAS on a node")
     }
 
-    async fn clock_jump(&mut self) {
+    pub(super) async fn clock_jump(&mut self) {
         let forward = self.rng.random_bool(0.5);
         let copies = self.copies().await;
         if forward {
@@ -730,7 +521,7 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    fn stall(&mut self) {
+    pub(super) fn stall(&mut self) {
         match &self.cfg.stall {
             StallTarget::None => {}
             StallTarget::InProcess(pending) => {
@@ -756,51 +547,5 @@ impl<'a> Nemesis<'a> {
                 );
             }
         }
-    }
-}
-
-fn signal_pid(pid: u32, sig: Signal) {
-    if let Ok(p) = i32::try_from(pid) {
-        let _ = kill(Pid::from_raw(p), sig);
-    }
-}
-
-/// Polls `key` on node `node` every 10 ms from now until `set_after + ttl + 300 ms`
-/// and returns the [`Event::Ghost`] that says how long it lived. Values equal to
-/// `ignore` (a foreign holder's) are not the ghost.
-pub async fn watch_ghost(
-    rig: &Rig,
-    node: usize,
-    key: &str,
-    ttl: Duration,
-    set_after: u64,
-    ignore: &str,
-) -> Event {
-    let end = set_after + duration_ns(ttl) + 300_000_000;
-    let mut max_pttl_ms = -2;
-    let mut last_present = None;
-    while now_ns() < end {
-        let n = Arc::clone(rig.node(node));
-        let k = key.to_owned();
-        let r: redis::RedisResult<(Option<String>, i64)> =
-            tokio::task::spawn_blocking(move || n.raw(&["EVAL", READ_PTTL, "1", &k]))
-                .await
-                .expect("poll a key");
-        let at = now_ns();
-        if let Ok((Some(v), pttl)) = r
-            && v != ignore
-        {
-            max_pttl_ms = max_pttl_ms.max(pttl);
-            last_present = Some(at);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Event::Ghost {
-        node,
-        key: key.to_owned(),
-        ttl_ns: duration_ns(ttl),
-        set_after,
-        max_pttl_ms,
-        last_present,
     }
 }
