@@ -19,7 +19,7 @@
 //! up at any moment (a timeout, the validity, a refusal), and a holder may
 //! stop holding at any moment (release, end of validity). Messages are
 //! delivered in any order, any time, including after their attempt died (a
-//! late acquire still sets keys). As in `model_fencing.rs`, TTLs are
+//! late acquire still sets keys). As in `model_fencing/`, TTLs are
 //! abstracted: a key holding a *dead* attempt's token may vanish at any step
 //! (its expiry, or the release of the failed attempt or of the lock), a
 //! *live* attempt's key never does (Redlock's validity ends before any of its
