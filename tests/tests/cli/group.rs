@@ -288,8 +288,26 @@ fn a_terminal_signal_reaches_the_job_once() {
     wait_for("the job", Duration::from_secs(20), || started.exists());
     let pid = Pid::from_raw(i32::try_from(job.id()).unwrap());
     let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    // Two copies of one SIGINT that reach a process close together merge
+    // into one pending signal, which would hide a double delivery: redlock is
+    // stopped while the terminal's copy goes out, so that a copy reaching the
+    // job directly is taken before any copy redlock forwards.
+    kill(pid, Signal::SIGSTOP).unwrap();
+    wait_for("redlock to stop", Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+        })
+    });
     // Ctrl-C: SIGINT to the terminal's foreground group, redlock's.
     killpg(pid, Signal::SIGINT).unwrap();
+    // A job in redlock's group has its copy now; one in a group of its own
+    // has none until redlock forwards one (so this wait runs out).
+    let end = std::time::Instant::now() + Duration::from_secs(2);
+    while !lines().contains("SIGINT") && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(pid, Signal::SIGCONT).unwrap();
     wait_for("the job's SIGINT", Duration::from_secs(10), || {
         lines().contains("SIGINT")
     });
