@@ -325,3 +325,38 @@ fn a_terminal_signal_reaches_the_job_once() {
         "one Ctrl-C must reach the job once"
     );
 }
+
+#[test]
+fn processes_the_command_leaves_behind_are_stopped_before_the_release() {
+    let cluster = Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("bg.pid");
+    // The command exits at once and leaves a `sleep` behind in its group.
+    let mut c = redlock(&nodes);
+    c.args(["run", "--key", "cli-bg", "--grace", "1s", "--", "sh", "-c"]);
+    c.arg(format!(
+        "sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {}; exit 3",
+        pid_file.display()
+    ));
+    let run = c.spawn().unwrap();
+    let bg = read_pid(&pid_file);
+    let _cleanup = KillOnDrop(bg);
+    let out = finish(
+        run,
+        Duration::from_secs(20),
+        "redlock with a leftover process",
+    );
+    let survived = alive(bg);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        !survived,
+        "the leftover `sleep` ({bg}) still runs after redlock released the lock"
+    );
+    assert!(
+        text(&out.stderr).contains("left processes in its group"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(cluster.count_with_key("cli-bg"), 0, "released at the end");
+}
