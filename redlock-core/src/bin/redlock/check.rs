@@ -99,7 +99,7 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     if nodes.is_empty() {
         return fail(
             code::USAGE,
-            "no nodes: give --nodes or set REDLOCK_NODES (comma-separated redis:// URLs)",
+            "no nodes: give --nodes or set REDLOCK_NODES (redis:// URLs, comma-separated)",
         );
     }
     let fencing = args.fencing.map(|f| match f {

@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand};
 use redlock_core::{Error, Redlock};
 
 mod check;
+mod group;
+mod nodes;
 mod release;
 mod run;
 mod status;
@@ -24,8 +26,8 @@ pub(crate) mod code {
     /// Another holder has the lock, and `--wait` ran out or was not given
     /// (`EX_TEMPFAIL`).
     pub(crate) const BUSY: u8 = 75;
-    /// The lock was lost while the command ran; it was sent SIGTERM (and
-    /// SIGKILL after the grace period).
+    /// The lock was lost while the command ran; its process group was sent
+    /// SIGTERM (and SIGKILL after the grace period).
     pub(crate) const LOST: u8 = 79;
     /// Anything else that went wrong on our side.
     pub(crate) const FAILURE: u8 = 1;
@@ -35,7 +37,20 @@ const AFTER_HELP: &str = "\
 Exit codes of `redlock run`: the command's own code when it ran (128+N when a
 signal N ended it); 75 when the lock is busy (--wait ran out or was not given);
 69 when no quorum of nodes answered; 79 when the lock was lost while the command
-ran; 64 for bad usage.
+ran; 64 for bad usage; 128+N when signal N came before the command started. A
+command's own 64, 69, 75 or 79 reads the same as redlock's unless
+--remap-child-exit is given.
+
+The command runs in a process group of its own: on loss, SIGTERM (then SIGKILL
+after --grace) goes to the whole group, signals redlock gets (INT, TERM, HUP,
+QUIT, USR1, USR2) are forwarded to it once, and redlock exits only once no
+process of the group is left. If redlock itself is killed, a watchdog kills the
+group. Ctrl-Z is ignored while the lock is held. The command does not get
+REDLOCK_NODES.
+
+REDLOCK_NODES and --nodes: URLs separated by commas or whitespace; a separator
+counts only where a URL (redis://, rediss://, redis+unix://, unix://, valkey...)
+starts right after it, so a comma in a password needs no escaping.
 
 Examples:
   export REDLOCK_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
@@ -50,15 +65,9 @@ Examples:
 #[derive(Debug, Parser)]
 #[command(name = "redlock", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// The Redis nodes, comma-separated `redis://` URLs, one per independent
-    /// master.
-    #[arg(
-        long,
-        env = "REDLOCK_NODES",
-        global = true,
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
+    /// The Redis nodes, `redis://` URLs separated by commas or whitespace, one
+    /// per independent master (may be given more than once).
+    #[arg(long, env = "REDLOCK_NODES", global = true, hide_env_values = true)]
     nodes: Vec<String>,
     /// How long each node may take to answer one call.
     #[arg(long, global = true, default_value = "200ms", value_parser = parse_duration)]
@@ -79,6 +88,16 @@ enum Command {
     /// Release a lock by its token (compare-and-delete: another holder's lock
     /// is never touched). An operator's escape hatch.
     Release(release::Args),
+    /// `redlock run`'s placeholder leader of its command's process group.
+    #[command(name = group::PLACEHOLDER, hide = true)]
+    Placeholder,
+    /// `redlock run`'s watchdog: kills the command's process group if
+    /// `redlock` ends while holding the lock.
+    #[command(name = group::WATCHDOG, hide = true)]
+    Watchdog {
+        /// The process group.
+        pgid: i32,
+    },
 }
 
 /// Parses `30s`, `1m`, `250ms`, `1h30m`.
@@ -102,7 +121,7 @@ pub(crate) fn connect(
     if nodes.is_empty() {
         return Err(fail(
             code::USAGE,
-            "no nodes: give --nodes or set REDLOCK_NODES (comma-separated redis:// URLs)",
+            "no nodes: give --nodes or set REDLOCK_NODES (redis:// URLs, comma-separated)",
         ));
     }
     let mut builder = Redlock::builder().urls(nodes).node_timeout(node_timeout);
@@ -140,6 +159,12 @@ fn main() -> ExitCode {
             };
         }
     };
+    match cli.command {
+        Command::Placeholder => return group::placeholder(),
+        Command::Watchdog { pgid } => return group::watchdog(pgid),
+        _ => {}
+    }
+    let nodes = nodes::split(&cli.nodes);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -150,10 +175,11 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run(args) => run::run(&cli.nodes, cli.node_timeout, args).await,
-            Command::Status(args) => status::run(&cli.nodes, cli.node_timeout, args).await,
-            Command::Check(args) => check::run(&cli.nodes, cli.node_timeout, args).await,
-            Command::Release(args) => release::run(&cli.nodes, cli.node_timeout, args).await,
+            Command::Run(args) => run::run(&nodes, cli.node_timeout, args).await,
+            Command::Status(args) => status::run(&nodes, cli.node_timeout, args).await,
+            Command::Check(args) => check::run(&nodes, cli.node_timeout, args).await,
+            Command::Release(args) => release::run(&nodes, cli.node_timeout, args).await,
+            Command::Placeholder | Command::Watchdog { .. } => ExitCode::SUCCESS,
         }
     })
 }

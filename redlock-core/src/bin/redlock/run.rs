@@ -6,17 +6,27 @@
 //! (signals forwarded; SIGTERM, then SIGKILL after a grace period, on loss),
 //! but the loss is read off the holder's own deadline, so the command hears of
 //! it before the old validity ends, and a loss is an exit code of its own.
+//!
+//! The command runs in a process group of its own (see `group.rs`): the loss,
+//! the grace period's SIGKILL and forwarded signals go to the whole group, and
+//! `redlock` releases the lock only once no process of the group is left.
 
-use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
+use std::task::Poll;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
+use nix::sys::wait::WaitStatus;
 use redlock_core::{FencingMode, LockOptions, RetryPolicy, token_fingerprint};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 
+use crate::group::{FORWARDED, Group};
 use crate::{acquire_failure, code, connect, fail, parse_duration};
+
+/// How long the group may take to go after SIGKILL before `redlock` stops
+/// waiting for it (a process in uninterruptible sleep).
+const AFTER_KILL: Duration = Duration::from_secs(5);
 
 /// Which fencing mode `--fencing` asks for.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -45,15 +55,96 @@ pub(crate) struct Args {
     /// Hand the command a fencing token (REDLOCK_FENCING_TOKEN).
     #[arg(long, value_enum)]
     fencing: Option<Fencing>,
-    /// How long the command has after SIGTERM (on loss) before SIGKILL.
+    /// How long the command has after SIGTERM (on loss) before SIGKILL; also
+    /// how long processes the command left behind in its group may run on
+    /// after it exits before they get SIGTERM.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
+    /// Report the command's own exit code 64, 69, 75 or 79 as CODE instead (with
+    /// a note on stderr), so that those four always mean redlock's usage error,
+    /// unavailable, busy and lost.
+    #[arg(long, value_name = "CODE", value_parser = parse_remap)]
+    remap_child_exit: Option<u8>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
 }
 
+/// redlock's own exit codes, which a command's own code can equal.
+const OWN_CODES: [u8; 4] = [code::USAGE, code::UNAVAILABLE, code::BUSY, code::LOST];
+
+fn parse_remap(s: &str) -> Result<u8, String> {
+    let code: u8 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not an exit code (0-255)"))?;
+    if OWN_CODES.contains(&code) {
+        return Err(format!(
+            "{code} is one of redlock's own codes (64, 69, 75, 79)"
+        ));
+    }
+    Ok(code)
+}
+
+/// The signals `redlock run` handles, installed before anything else it does:
+/// from then on no signal but SIGKILL ends `redlock` by its default action
+/// with the command left behind.
+struct Signals {
+    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        let mut streams = Vec::new();
+        // SIGTSTP (Ctrl-Z) is caught and not acted on: a stopped `redlock` could
+        // not renew its lock while the command, in a group of its own, ran on.
+        for sig in FORWARDED.iter().chain(&[Signal::SIGTSTP]) {
+            streams.push((*sig, signal(SignalKind::from_raw(*sig as i32))?));
+        }
+        Ok(Signals { streams })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        std::future::poll_fn(|cx| {
+            for (sig, stream) in &mut self.streams {
+                if let Poll::Ready(Some(())) = stream.poll_recv(cx) {
+                    return Poll::Ready(*sig);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+fn exit_code(code: u8, remap: Option<u8>) -> ExitCode {
+    match remap {
+        Some(to) if OWN_CODES.contains(&code) => {
+            eprintln!("redlock: the command exited {code}; reported as {to} (--remap-child-exit)");
+            ExitCode::from(to)
+        }
+        _ => ExitCode::from(code),
+    }
+}
+
 pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) -> ExitCode {
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                code::FAILURE,
+                format!("cannot install the signal handlers: {e}"),
+            );
+        }
+    };
+    let mut sigchld = match signal(SignalKind::child()) {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                code::FAILURE,
+                format!("cannot install the signal handlers: {e}"),
+            );
+        }
+    };
     let fencing = args.fencing.map(|f| match f {
         Fencing::Durable => FencingMode::Durable,
         Fencing::Hybrid => FencingMode::Hybrid,
@@ -70,7 +161,26 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
     }
-    let guard = match redlock.lock_guard(&args.key, &options).await {
+    let mut acquire = Box::pin(redlock.lock_guard(&args.key, &options));
+    let acquired = loop {
+        tokio::select! {
+            acquired = &mut acquire => break acquired,
+            sig = signals.recv() => {
+                if sig == Signal::SIGTSTP {
+                    eprintln!("redlock: suspending is not supported (a stopped holder cannot renew its lock); SIGTSTP ignored");
+                    continue;
+                }
+                // Dropped, an attempt in flight releases its keys in the
+                // background: give that a node timeout (capped) before the
+                // runtime ends.
+                drop(acquire);
+                eprintln!("redlock: {sig} while taking the lock on {:?}; the command was not started", args.key);
+                tokio::time::sleep(node_timeout.min(Duration::from_secs(2))).await;
+                return ExitCode::from(128 + sig as u8);
+            }
+        }
+    };
+    let guard = match acquired {
         Ok(g) => g,
         Err(e) => return fail(acquire_failure(&e), e),
     };
@@ -79,65 +189,99 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
         Some(split) => split,
         None => return fail(code::USAGE, "no command given after --"),
     };
-    let mut command = tokio::process::Command::new(program);
-    command.args(rest).env("REDLOCK_KEY", handle.key()).env(
-        "REDLOCK_TOKEN_FINGERPRINT",
-        token_fingerprint(handle.token()),
-    );
+    let mut command = std::process::Command::new(program);
+    command
+        .args(rest)
+        // The node URLs may carry passwords: the command does not get them.
+        .env_remove("REDLOCK_NODES")
+        .env("REDLOCK_KEY", handle.key())
+        .env(
+            "REDLOCK_TOKEN_FINGERPRINT",
+            token_fingerprint(handle.token()),
+        );
     if let Some(token) = handle.fencing_token() {
         command.env("REDLOCK_FENCING_TOKEN", token.get().to_string());
     }
-    let mut child = match command.spawn() {
-        Ok(c) => c,
+    let mut group = match Group::start(&mut command) {
+        Ok(g) => g,
         Err(e) => {
             let _ = guard.release().await;
             return fail(code::FAILURE, format!("cannot run {program:?}: {e}"));
         }
     };
-    let pid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
-    let send = |sig: Signal| {
-        if let Some(pid) = pid {
-            let _ = kill(pid, sig);
-        }
-    };
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        send(Signal::SIGKILL);
-        let _ = guard.release().await;
-        return fail(code::FAILURE, "cannot install the signal handlers");
-    };
 
     let lost = handle.lost();
     tokio::pin!(lost);
-    let mut lost_at = None;
-    let mut killed = false;
-    let status = loop {
-        let kill_at = lost_at.map_or_else(tokio::time::Instant::now, |at: tokio::time::Instant| {
-            at + args.grace
-        });
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut lost_at: Option<Instant> = None;
+    let mut term_at: Option<Instant> = None;
+    let mut killed_at: Option<Instant> = None;
+    let mut ended_at: Option<Instant> = None;
+    let far = || Instant::now() + Duration::from_secs(86_400);
+    let complete = loop {
+        group.reap();
+        if group.status().is_some() && ended_at.is_none() {
+            ended_at = Some(Instant::now());
+        }
+        if group.is_gone() {
+            break true;
+        }
+        // Processes the command left in its group get the grace period, then
+        // SIGTERM; SIGKILL a grace period after any SIGTERM.
+        let stragglers_at = ended_at
+            .filter(|_| term_at.is_none())
+            .and_then(|at| at.checked_add(args.grace));
+        let kill_at = term_at
+            .filter(|_| killed_at.is_none())
+            .and_then(|at| at.checked_add(args.grace));
+        let give_up_at = killed_at.map(|at| at + AFTER_KILL);
         tokio::select! {
-            status = child.wait() => break status,
+            _ = sigchld.recv() => {}
+            _ = tick.tick() => {}
             () = &mut lost, if lost_at.is_none() => {
-                eprintln!("redlock: lock on {:?} lost; sending SIGTERM to the command", args.key);
-                send(Signal::SIGTERM);
-                lost_at = Some(tokio::time::Instant::now());
+                lost_at = Some(Instant::now());
+                if term_at.is_none() {
+                    eprintln!("redlock: lock on {:?} lost; sending SIGTERM to the command's process group", args.key);
+                    group.signal(Signal::SIGTERM);
+                    group.signal(Signal::SIGCONT);
+                    term_at = lost_at;
+                }
             }
-            () = tokio::time::sleep_until(kill_at), if lost_at.is_some() && !killed => {
-                eprintln!("redlock: the command outlived the {:?} grace period; sending SIGKILL", args.grace);
-                send(Signal::SIGKILL);
-                killed = true;
+            () = tokio::time::sleep_until(stragglers_at.unwrap_or_else(far)), if stragglers_at.is_some() => {
+                eprintln!("redlock: the command exited but left processes in its group; sending them SIGTERM");
+                group.signal(Signal::SIGTERM);
+                group.signal(Signal::SIGCONT);
+                term_at = Some(Instant::now());
             }
-            _ = int.recv() => send(Signal::SIGINT),
-            _ = term.recv() => send(Signal::SIGTERM),
-            _ = hup.recv() => send(Signal::SIGHUP),
+            () = tokio::time::sleep_until(kill_at.unwrap_or_else(far)), if kill_at.is_some() => {
+                eprintln!("redlock: the command's process group outlived the {:?} grace period; sending SIGKILL", args.grace);
+                group.signal(Signal::SIGKILL);
+                killed_at = Some(Instant::now());
+            }
+            () = tokio::time::sleep_until(give_up_at.unwrap_or_else(far)), if give_up_at.is_some() => {
+                eprintln!("redlock: processes of the command's group are still there {AFTER_KILL:?} after SIGKILL");
+                break false;
+            }
+            sig = signals.recv() => {
+                if sig == Signal::SIGTSTP {
+                    eprintln!("redlock: suspending is not supported (a stopped holder cannot renew its lock); SIGTSTP ignored");
+                } else {
+                    group.signal(sig);
+                }
+            }
         }
     };
+    if !complete && lost_at.is_none() {
+        // Still there: the keys expire with their TTL rather than be released
+        // under a live process.
+        group.disarm();
+        std::mem::forget(guard);
+        return fail(
+            code::FAILURE,
+            "the command's process group did not end; the lock was not released",
+        );
+    }
+    group.disarm();
     let released = guard.release().await;
     // The release returns at a quorum and finishes the other nodes in the
     // background, which ends with this process: one more compare-and-delete,
@@ -152,12 +296,14 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     if let Err(e) = released {
         eprintln!("redlock: release not confirmed (the keys expire with their TTL): {e}");
     }
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(c), _) => ExitCode::from(u8::try_from(c).unwrap_or(code::FAILURE)),
-            (None, Some(sig)) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(code::FAILURE)),
-            (None, None) => ExitCode::from(code::FAILURE),
-        },
-        Err(e) => fail(code::FAILURE, format!("waiting for the command: {e}")),
+    match group.status() {
+        Some(WaitStatus::Exited(_, c)) => exit_code(
+            u8::try_from(c).unwrap_or(code::FAILURE),
+            args.remap_child_exit,
+        ),
+        Some(WaitStatus::Signaled(_, sig, _)) => {
+            ExitCode::from(u8::try_from(128 + sig as i32).unwrap_or(code::FAILURE))
+        }
+        _ => ExitCode::from(code::FAILURE),
     }
 }

@@ -7,6 +7,11 @@
 //! --features cli --bin redlock` (it lives in redlock-core behind a feature, so
 //! this package cannot name it with `CARGO_BIN_EXE_*`).
 
+mod exit_codes;
+#[cfg(target_os = "linux")]
+mod group;
+mod passwords;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
