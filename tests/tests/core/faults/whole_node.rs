@@ -1,0 +1,110 @@
+//! Whole nodes down or paused: a quorum of the rest still locks, a minority does not.
+
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, NodeError, RetryPolicy};
+use redlock_tests::Cluster;
+
+use super::*;
+
+// ------------------------------------------------------- whole-node failures
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn two_of_five_nodes_down_still_locks() {
+    let cluster = Cluster::start(5);
+    let rl = build(cluster.urls(), ms(200));
+    cluster.node(3).kill();
+    cluster.node(4).kill();
+    let key = "down-2-of-5";
+    let lock = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    assert!(cluster.wait_until(
+        Duration::from_secs(2),
+        |c| c.count_holding(key, lock.token()) == 3
+    ));
+    // The release is confirmed on the three live nodes: `Ok`, with the two
+    // dead ones in the report, not an error.
+    match rl.unlock(lock).await {
+        Ok(r) => {
+            redlock_tests::util::assert_released(&r, 3);
+            assert!(r.report().failed_count() <= 2, "{r:?}");
+        }
+        other => panic!("expected Ok with 2 dead nodes, got {other:?}"),
+    }
+    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn three_of_five_nodes_down_is_no_quorum() {
+    let cluster = Cluster::start(5);
+    let node_timeout = ms(200);
+    let rl = build(cluster.urls(), node_timeout);
+    for i in 2..5 {
+        cluster.node(i).kill();
+    }
+    let key = "down-3-of-5";
+    let policy = RetryPolicy::attempts(3)
+        .with_delay(ms(50))
+        .with_jitter(Duration::ZERO);
+    let t0 = Instant::now();
+    let err = rl
+        .lock_with(key, Duration::from_secs(10), &policy)
+        .await
+        .unwrap_err();
+    let took = t0.elapsed();
+    match &err {
+        Error::NoQuorum {
+            ok, quorum, report, ..
+        } => {
+            assert!(*ok <= 2, "{ok}");
+            assert_eq!(*quorum, 3);
+            assert!(report.failed_count() >= 1, "{report}");
+            for (_, e) in report.errors() {
+                assert!(matches!(e, NodeError::Connect(_)), "{e:?}");
+            }
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    // Each attempt: at most one node timeout to acquire and one to release.
+    let budget = 3 * 2 * node_timeout + 2 * ms(50);
+    assert!(
+        took < budget + Duration::from_secs(1),
+        "took {took:?}, budget {budget:?}"
+    );
+    // Answers still in flight when the failure was decided are released as they
+    // arrive, in the background.
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        "a failed attempt left keys"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn one_paused_node_does_not_slow_the_acquire() {
+    let cluster = Cluster::start(5);
+    let rl = build(cluster.urls(), ms(500));
+    let lock = rl
+        .try_lock("warm-up", Duration::from_secs(5))
+        .await
+        .unwrap();
+    rl.unlock(lock).await.unwrap();
+    cluster.node(4).pause();
+    let key = "paused-1-of-5";
+    let t0 = Instant::now();
+    let result = rl.try_lock(key, Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    let lock = result.unwrap();
+    // Waiting for the paused node would take its 500 ms node timeout.
+    assert!(
+        took < ms(400),
+        "acquire waited for the paused node: {took:?}"
+    );
+    assert!(lock.remaining() > Duration::from_secs(9));
+    cluster.node(4).resume();
+    let token = lock.token().to_owned();
+    assert!(
+        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+            >= 3)
+    );
+    drop(lock);
+    assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(key) == 0));
+}

@@ -1,0 +1,137 @@
+//! Releases of a set wake the waiters of each key, and a single key's release wakes a set's waiter.
+
+use std::time::{Duration, Instant};
+
+use redlock_core::{Redlock, RetryPolicy};
+use redlock_tests::Cluster;
+
+use super::*;
+
+/// A release deletes every key and announces each: a waiter on A alone and a
+/// waiter on {B, C}, both polling every 5 s, are woken by the release of
+/// {A, B} long before.
+/// Two handles with checked nodes, and a policy whose 5 s poll is far too
+/// slow for the wake-up tests: only a release heard can pass them.
+pub(super) async fn holder_waiter_and_slow_poll(
+    cluster: &Cluster,
+) -> (Redlock, Redlock, RetryPolicy) {
+    let holder = redlock(cluster, ms(2000));
+    let waiter = redlock(cluster, ms(2000));
+    holder.check_nodes().await.unwrap();
+    waiter.check_nodes().await.unwrap();
+    let slow = RetryPolicy::deadline(Duration::from_secs(20))
+        .with_delay(Duration::from_secs(5))
+        .with_jitter(Duration::ZERO);
+    (holder, waiter, slow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn release_wakes_the_waiters_of_every_key() {
+    let cluster = Cluster::start(3);
+    let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
+    let lock = holder
+        .try_lock_many(["wa", "wb"], Duration::from_secs(15))
+        .await
+        .unwrap();
+    let (w1, w2) = (waiter.clone(), waiter.clone());
+    let (s1, s2) = (slow.clone(), slow.clone());
+    let one = tokio::spawn(async move { w1.lock_with("wa", Duration::from_secs(5), &s1).await });
+    let set = tokio::spawn(async move {
+        w2.lock_many_with(["wc", "wb"], Duration::from_secs(5), &s2)
+            .await
+    });
+    // Both waiters subscribed (after their first failed attempt) on every node.
+    let subscribed = |key: &str| {
+        cluster.nodes().iter().all(|n| {
+            let v: Vec<redlock_core::deadpool_redis::redis::Value> = n
+                .raw(&["PUBSUB", "NUMSUB", &format!("redlock:released:0:{key}")])
+                .unwrap();
+            matches!(
+                v.get(1),
+                Some(redlock_core::deadpool_redis::redis::Value::Int(1))
+            )
+        })
+    };
+    assert!(
+        cluster.wait_until(Duration::from_secs(10), |_| subscribed("wa")
+            && subscribed("wb"))
+    );
+    let released = Instant::now();
+    holder.unlock(lock).await.unwrap();
+    let a = one.await.unwrap().unwrap();
+    let s = set.await.unwrap().unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "woken {waited:?} after the release"
+    );
+    assert_eq!(s.resources(), ["wb", "wc"]);
+    waiter.unlock(a).await.unwrap();
+    waiter.unlock(s).await.unwrap();
+}
+
+/// A set's waiter flags its keys before each attempt once subscribed, so the
+/// release of a single-key lock on one of them (which announces itself only
+/// to flagged keys) wakes it long before its 5 s poll and the holder's 15 s
+/// TTL; the waiter's own release deletes its flags wherever it held the set.
+/// Where it did not (the holder's release of `fb` reached that node after the
+/// waiter's winning attempt, which still took a quorum), the release deletes
+/// nothing, so the flag of `fc` stays there until its TTL: another waiter may
+/// rely on it, and a flag nobody needs costs a later release one `PUBLISH`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
+    let cluster = Cluster::start(3);
+    let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
+    let lock = holder
+        .try_lock("fb", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let set = tokio::spawn(async move {
+        waiter
+            .lock_many_with(["fc", "fb"], Duration::from_secs(5), &slow)
+            .await
+            .map(|l| (l, waiter))
+    });
+    // Subscribed, and its keys flagged on every node.
+    assert!(
+        cluster.wait_until(Duration::from_secs(10), |c| c.nodes().iter().all(|n| {
+            n.pttl("fb:redlock-waiters") > 0 && n.pttl("fc:redlock-waiters") > 0
+        })),
+        "the waiter never flagged its keys"
+    );
+    let released = Instant::now();
+    holder.unlock(lock).await.unwrap();
+    let (s, waiter) = set.await.unwrap().unwrap();
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "woken {waited:?} after the release"
+    );
+    assert_eq!(s.resources(), ["fb", "fc"]);
+    // The nodes where the set was taken: both keys hold its token there.
+    let held: Vec<bool> = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.get("fb").as_deref() == Some(s.token()) && n.get("fc").as_deref() == Some(s.token())
+        })
+        .collect();
+    assert!(held.iter().filter(|h| **h).count() >= 2, "held on {held:?}");
+    eprintln!("the set was taken on nodes {held:?}");
+    waiter.unlock(s).await.unwrap();
+    // Only the flag of `fc` may stay, and only on a node where the set was not
+    // taken (with its TTL, so it goes by itself).
+    let may_stay = |i: usize, k: &str| !held[i] && k == "fc:redlock-waiters";
+    assert!(
+        cluster.wait_until(Duration::from_secs(5), |c| c
+            .nodes()
+            .iter()
+            .enumerate()
+            .all(|(i, n)| n
+                .keys()
+                .iter()
+                .all(|k| !k.starts_with('f') || (may_stay(i, k) && n.pttl(k) > 0)))),
+        "keys left: {:?}, the set held on {held:?}",
+        cluster.nodes().iter().map(|n| n.keys()).collect::<Vec<_>>()
+    );
+}
