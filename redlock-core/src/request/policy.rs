@@ -33,9 +33,15 @@ pub enum UnavailablePolicy {
     /// Reject with 503 and `Retry-After` (the default): no exclusion, no service.
     FailClosed,
     /// Run the request without a lock. Only for work where a rare duplicate is
-    /// better than an outage. Only for nodes that fail to answer: a node
-    /// that says another holder has the key gets the busy answer, and one
-    /// out of memory (`OOM`) still gets 503.
+    /// better than an outage. Only for nodes that fail to answer (a
+    /// connection refused or broken, no answer within the node timeout): a
+    /// node that says another holder has the key gets the busy answer, and
+    /// a node that refuses (wrong or missing credentials: `NOAUTH`,
+    /// `WRONGPASS`, `NOPERM`; a replica: `READONLY`; out of memory: `OOM`;
+    /// any other error reply) still gets 503. A refusal is an answer: the
+    /// node is up, and running unlocked past it would hand exclusion to
+    /// whatever made it refuse (a credential rotated on the nodes first, a
+    /// client that filled them).
     FailOpen,
 }
 

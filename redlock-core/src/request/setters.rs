@@ -117,10 +117,14 @@ macro_rules! lock_policy_setters {
         }
 
         /// Runs requests unlocked when no quorum of nodes answers (default:
-        /// 503, fail closed). Never when a node that answered said another
-        /// holder has the key: that request gets the busy answer instead;
-        /// nor when a node answered that it is out of memory (`OOM`), or a
-        /// fencing lock's fence failed: those get 503.
+        /// 503, fail closed). Only connection errors, broken connections and
+        /// node timeouts count as no answer. Never when a node that answered
+        /// said another holder has the key: that request gets the busy
+        /// answer instead; nor when a node refused: wrong or missing
+        /// credentials (`NOAUTH`, `WRONGPASS`, `NOPERM`), a replica
+        /// (`READONLY`), out of memory (`OOM`) or any other error reply, or a
+        /// fencing lock's fence failed: those get 503. A refusal is an
+        /// answer, not an outage.
         pub fn fail_open(self) -> Self {
             self.$apply($crate::request::__private::Setting::FailOpen)
         }

@@ -4,6 +4,7 @@
 #[macro_use]
 mod common;
 mod extractor;
+mod fail_open;
 mod fencing;
 mod holding;
 mod idempotency;

@@ -5,6 +5,7 @@ mod common;
 mod endings;
 mod exclusion;
 mod extract;
+mod fail_open;
 mod fencing;
 mod holding;
 mod idempotency;
