@@ -120,7 +120,8 @@ impl Rejection {
             Rejection::MissingKey => "The request carries no value to lock on.",
             Rejection::MissingHandle => "The server has no Redlock handle configured.",
             Rejection::Lost { .. } => {
-                "The lock expired or was taken away while the request ran; the work was stopped."
+                "The lock expired, was taken away, or reached the longest hold allowed while \
+                 the request ran; the work was stopped."
             }
             Rejection::Misconfigured { .. } => "The server's lock settings are invalid.",
         }

@@ -6,6 +6,7 @@ mod common;
 mod extractor;
 mod fail_open;
 mod fencing;
+mod hold_limit;
 mod holding;
 mod idempotency;
 mod loss;

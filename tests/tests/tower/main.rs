@@ -7,6 +7,7 @@ mod exclusion;
 mod extract;
 mod fail_open;
 mod fencing;
+mod hold_limit;
 mod holding;
 mod idempotency;
 mod loss;
