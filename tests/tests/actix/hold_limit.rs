@@ -185,6 +185,7 @@ async fn a_trickling_request_body_loses_its_lock_at_max_hold() {
     );
     let reply = until_not_busy(Method::POST, &server.url("/m/orders/42")).await;
     let took = started.elapsed();
+    eprintln!("another request got the lock {took:?} after the start (limit {LIMIT:?})");
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert!(
         took <= LIMIT + MARGIN,
@@ -231,6 +232,7 @@ async fn the_handler_is_told_at_max_hold_and_the_key_leaves_the_nodes() {
     );
     let (lost_at, is_lost) = seen.lost.lock().unwrap().unwrap();
     let lost_after = lost_at - started;
+    eprintln!("the handler was told of the loss {lost_after:?} after the start");
     assert!(is_lost, "lost() completed but is_lost() is false");
     // The last renewals shorten the keys to expire at the limit, and the
     // holder is told a loss margin (the node timeout) and the drift earlier.
@@ -267,6 +269,7 @@ async fn a_response_body_the_client_never_reads_loses_its_lock_at_max_hold() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
     let reply = until_not_busy(Method::GET, &server.url("/m/download?probe")).await;
     let took = started.elapsed();
+    eprintln!("another request got the lock {took:?} after the start (limit {LIMIT:?})");
     assert_eq!(
         (reply.status.as_u16(), reply.text().as_str()),
         (200, "probe")
@@ -303,6 +306,7 @@ async fn a_held_lock_extracted_before_a_trickling_body_is_lost_at_max_hold() {
     );
     let reply = until_not_busy(Method::POST, &server.url("/held/9")).await;
     let took = started.elapsed();
+    eprintln!("another request got the lock {took:?} after the start (limit {LIMIT:?})");
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert!(
         took <= LIMIT + MARGIN,
