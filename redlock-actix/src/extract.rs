@@ -94,6 +94,11 @@ impl HeldLockConfig {
         self
     }
 
+    /// The policy [`HeldLock`] takes its lock with.
+    pub fn lock_policy(&self) -> &LockPolicy {
+        &self.policy
+    }
+
     /// The config that applies to `req`.
     fn of(req: &HttpRequest) -> Self {
         req.app_data::<Self>()

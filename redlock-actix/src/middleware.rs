@@ -62,6 +62,7 @@ use crate::rejection::{LockRejection, registered_redlock};
 /// | lock busy | 409 + `Retry-After` + `application/problem+json` ([`busy_status`](Self::busy_status), [`wait`](Self::wait)) |
 /// | no quorum of nodes | 503 + `Retry-After` ([`fail_open`](Self::fail_open) to run unlocked) |
 /// | lock lost mid-handler | handler future dropped, 503 + `Retry-After`; a streamed body is cut off ([`on_lost`](Self::on_lost)) |
+/// | lock held 30 s (a slow body, a client that does not read) | lost: as above ([`max_hold`](Self::max_hold)) |
 /// | no key in the request | run unlocked ([`on_missing_key`](Self::on_missing_key) for 400) |
 ///
 /// Busy, unavailable and missing-key answers are ordinary responses (the right
@@ -219,6 +220,11 @@ impl RedlockMiddleware {
     pub fn policy(mut self, policy: LockPolicy) -> Self {
         self.policy = policy;
         self
+    }
+
+    /// The policy the middleware's requests are locked with.
+    pub fn lock_policy(&self) -> &LockPolicy {
+        &self.policy
     }
 
     // actix-web 4 has its own `StatusCode` (from `http` 0.2): `busy_status`

@@ -102,6 +102,17 @@ impl NodeError {
         NodeError::Protocol(err.to_string())
     }
 
+    /// Whether the node answered and refused: every error but a connection
+    /// that could not be made or broke ([`Connect`](Self::Connect),
+    /// [`Io`](Self::Io)) and no answer in time ([`Timeout`](Self::Timeout)).
+    /// A refusing node is up: a fail-open policy does not run unlocked past it.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(
+            self,
+            NodeError::Connect(_) | NodeError::Io(_) | NodeError::Timeout(_)
+        )
+    }
+
     /// Whether the cached connection to the node should be dropped and made anew.
     pub(crate) fn breaks_connection(&self) -> bool {
         matches!(

@@ -74,6 +74,13 @@ impl Report {
         self.count(|s| matches!(s, NodeStatus::Failed(NodeError::OutOfMemory)))
     }
 
+    /// How many nodes answered with an error reply: up, but refusing
+    /// ([`NodeError::is_refusal`]: credentials, a replica, out of memory, …),
+    /// as opposed to nodes that did not answer at all.
+    pub fn refusal_count(&self) -> usize {
+        self.count(|s| matches!(s, NodeStatus::Failed(e) if e.is_refusal()))
+    }
+
     /// How many nodes had not answered when the outcome was decided.
     pub fn pending_count(&self) -> usize {
         self.count(|s| matches!(s, NodeStatus::Pending))

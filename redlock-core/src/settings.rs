@@ -135,8 +135,14 @@ impl LockOptions {
         }
     }
 
-    /// Stops renewing once the lock has been held this long. The holder is told
-    /// the lock is lost when its last validity runs out.
+    /// Holds the lock at most this long, counted from the start of the
+    /// attempt that took it: renewals shorten the keys so they expire then,
+    /// the holder is told the lock is lost then
+    /// ([`LockHandle::is_lost`](crate::LockHandle::is_lost),
+    /// [`LockHandle::lost`](crate::LockHandle::lost)), even when the TTL is
+    /// longer, and the lock is released. `Duration::MAX` means no cap. No cap
+    /// by default here; a per-request lock (`request::LockPolicy`, the `http`
+    /// feature) has one by default.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -178,6 +184,12 @@ impl LockOptions {
     /// The TTL of each key.
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The cap set with [`max_hold`](Self::max_hold), if any
+    /// (`Duration::MAX` is no cap).
+    pub fn hold_limit(&self) -> Option<Duration> {
+        self.max_hold
     }
 }
 

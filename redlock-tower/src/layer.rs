@@ -51,6 +51,7 @@ use crate::service::RedlockService;
 /// | lock busy | 409 + `Retry-After` + `application/problem+json` ([`busy_status`](Self::busy_status), [`wait`](Self::wait)) |
 /// | no quorum of nodes | 503 + `Retry-After` ([`fail_open`](Self::fail_open) to run unlocked) |
 /// | lock lost mid-handler | handler dropped, 503 ([`on_lost`](Self::on_lost)) |
+/// | lock held 30 s (a slow body, a client that does not read) | lost: as above, and a streamed body is cut off ([`max_hold`](Self::max_hold)) |
 /// | no key in the request | run unlocked ([`on_missing_key`](Self::on_missing_key) for 400) |
 ///
 /// [`on_rejection`](Self::on_rejection) replaces these answers. The lock is
@@ -184,6 +185,11 @@ impl<K: KeyExtractor> RedlockLayer<K> {
     /// Replaces the whole policy (the other setters edit one setting each).
     pub fn policy(self, policy: LockPolicy) -> Self {
         self.map_config(|c| c.policy = policy)
+    }
+
+    /// The policy the layer's requests are locked with.
+    pub fn lock_policy(&self) -> &LockPolicy {
+        &self.config.policy
     }
 
     redlock_core::lock_policy_setters!(apply = apply_setting, status = http::StatusCode);

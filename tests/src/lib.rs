@@ -14,6 +14,7 @@ pub mod monitor;
 pub mod nemesis;
 pub mod proxy;
 pub mod servers;
+pub mod slow;
 pub mod tls;
 pub mod util;
 pub mod workload;

@@ -30,6 +30,9 @@ pub(super) struct Shared {
     pub(super) valid_until_ns: AtomicU64,
     /// How long before `valid_until` the holder is told the lock is lost.
     pub(super) margin: Duration,
+    /// The end of the hold cap ([`LockOptions::max_hold`](crate::LockOptions::max_hold)),
+    /// if any: the holder's deadline is never later, whatever the keys' TTL.
+    pub(super) hold_until: Option<Instant>,
     /// Off only in the fault suite's negative control.
     pub(super) check_deadline: bool,
     pub(super) extensions: AtomicU32,
@@ -66,11 +69,13 @@ impl Shared {
     }
 
     /// The instant from which the holder is told the lock is lost: the confirmed
-    /// validity less the margin.
+    /// validity less the margin, or the end of the hold cap if that is earlier.
     pub(super) fn deadline(&self) -> Instant {
-        self.valid_until()
+        let valid = self
+            .valid_until()
             .checked_sub(self.margin)
-            .unwrap_or(self.epoch)
+            .unwrap_or(self.epoch);
+        self.hold_until.map_or(valid, |cap| valid.min(cap))
     }
 
     /// The guard gives the lock up: from this call on, every handle answers

@@ -33,8 +33,10 @@ mod schedule;
 /// low, by the validity left rather than on a fixed tick, together with the
 /// handle's other guarded locks due at the same time (one script call per node
 /// for up to 100 of them). It stops at [`LockGuard::release`],
-/// at drop, or once [`LockOptions::max_hold`] has passed. If a renewal finds the
-/// lock gone, the validity ends first, or the schedule's task stops for any
+/// at drop, or at [`LockOptions::max_hold`]: then the lock counts as lost and
+/// is released. If a renewal finds the
+/// lock gone, the validity ends first, the hold cap is reached, or the
+/// schedule's task stops for any
 /// other reason (a panic, its runtime shutting down), [`LockGuard::lost`]
 /// completes. The holder's view is also checked against the clock on every
 /// call, so it is right even while the schedule cannot run.
@@ -88,6 +90,10 @@ impl LockGuard {
             epoch: lock.started_at(),
             valid_until_ns: AtomicU64::new(0),
             margin,
+            // `Duration::MAX` (or any cap past the end of time) is no cap.
+            hold_until: options
+                .max_hold
+                .and_then(|m| lock.started_at().checked_add(m)),
             check_deadline: options.check_deadline,
             extensions: AtomicU32::new(0),
             fencing_token: lock.fencing_token(),

@@ -102,9 +102,7 @@ impl Renewal {
         exit: LostOnExit,
     ) -> Self {
         let redlock = lock.redlock();
-        let hold_until = options
-            .max_hold
-            .and_then(|m| lock.started_at().checked_add(m));
+        let hold_until = shared.hold_until;
         let min_ttl = redlock
             .min_ttl()
             .max(redlock.node_timeout().saturating_mul(2));
@@ -143,12 +141,27 @@ impl Renewal {
     /// and the reply cannot leave the holder counting on the old one.
     pub(super) fn due(&mut self) -> Due {
         let now = Instant::now();
-        if self.shared.is_lost() || now >= self.lock.valid_until() {
-            tracing::warn!(
-                resource = self.lock.resource(),
-                "lock validity ran out before a renewal succeeded"
-            );
-            self.lose(self.stopped_by);
+        if self.held_to_the_cap(now) || self.shared.is_lost() || now >= self.lock.valid_until() {
+            // Past the cap the holder has been told (the cap bounds its
+            // deadline), and the keys go now rather than at the end of their
+            // TTL.
+            let cause = if self.held_to_the_cap(now) {
+                "max_hold"
+            } else {
+                self.stopped_by
+            };
+            if cause == "max_hold" {
+                tracing::debug!(
+                    resource = self.lock.resource(),
+                    "max_hold reached: releasing"
+                );
+            } else {
+                tracing::warn!(
+                    resource = self.lock.resource(),
+                    "lock validity ran out before a renewal succeeded"
+                );
+            }
+            self.lose(cause);
             return Due::Lost;
         }
         let ttl = match self.hold_until {
@@ -185,6 +198,10 @@ impl Renewal {
         // keeps it lowered whatever the outcome: publish it either way.
         self.shared.set_valid_until(self.lock.valid_until());
         if decided >= self.deadline {
+            if self.held_to_the_cap(decided) {
+                self.lose("max_hold");
+                return false;
+            }
             tracing::warn!(
                 resource = self.lock.resource(),
                 "lock validity ran out during a renewal"
@@ -227,6 +244,11 @@ impl Renewal {
         true
     }
 
+    /// Whether the hold cap (`max_hold`) has been reached at `at`.
+    fn held_to_the_cap(&self, at: Instant) -> bool {
+        self.hold_until.is_some_and(|cap| at >= cap)
+    }
+
     fn lose(&mut self, cause: &'static str) {
         self.loss = Some(cause);
         self.shared.lost.cancel();
@@ -238,8 +260,12 @@ impl Renewal {
         let metrics_key = self.lock.redlock().metrics_key(self.lock.key());
         // A loss the holder saw on its own clock and answered with a release
         // before the renewal ran counts too (a release while held does not).
-        let seen = (self.shared.lost.is_cancelled() && !self.shared.is_released())
-            .then_some(self.stopped_by);
+        let cause = if self.held_to_the_cap(Instant::now()) {
+            "max_hold"
+        } else {
+            self.stopped_by
+        };
+        let seen = (self.shared.lost.is_cancelled() && !self.shared.is_released()).then_some(cause);
         if let Some(cause) = self.loss.or(seen) {
             crate::metrics::lost(metrics_key, cause);
         }

@@ -346,11 +346,13 @@ fn refused(
             status: policy.busy_status,
             retry_after: report.busy_pttls().max(),
         },
-        // A node that answered OOM is up and refused the write: the backend
-        // is not down but full, and with client-chosen keys (`by_path`) any
-        // client can fill it. Running unlocked then would hand exclusion to
-        // whoever fills the nodes, so even fail-open refuses.
-        e @ Error::NoQuorum { .. } if e.report().is_some_and(|r| r.out_of_memory_count() > 0) => {
+        // A node that answered with an error is up and refused: wrong
+        // credentials (a password rotated on the nodes first), a replica, or
+        // OOM (with client-chosen keys, `by_path`, any client can fill the
+        // nodes). Fail-open is for nodes that do not answer; running
+        // unlocked past a refusal would hand exclusion to whatever caused
+        // it, so even fail-open refuses.
+        e @ Error::NoQuorum { .. } if e.report().is_some_and(|r| r.refusal_count() > 0) => {
             Rejection::Unavailable { key, error: e }
         }
         // The keys were set on a quorum, so the nodes are up; the fence did

@@ -33,13 +33,20 @@ pub enum UnavailablePolicy {
     /// Reject with 503 and `Retry-After` (the default): no exclusion, no service.
     FailClosed,
     /// Run the request without a lock. Only for work where a rare duplicate is
-    /// better than an outage. Only for nodes that fail to answer: a node
-    /// that says another holder has the key gets the busy answer, and one
-    /// out of memory (`OOM`) still gets 503.
+    /// better than an outage. Only for nodes that fail to answer (a
+    /// connection refused or broken, no answer within the node timeout): a
+    /// node that says another holder has the key gets the busy answer, and
+    /// a node that refuses (wrong or missing credentials: `NOAUTH`,
+    /// `WRONGPASS`, `NOPERM`; a replica: `READONLY`; out of memory: `OOM`;
+    /// any other error reply) still gets 503. A refusal is an answer: the
+    /// node is up, and running unlocked past it would hand exclusion to
+    /// whatever made it refuse (a credential rotated on the nodes first, a
+    /// client that filled them).
     FailOpen,
 }
 
-/// What to do when the lock is lost while the handler runs.
+/// What to do when the lock is lost while the handler runs (a lock held past
+/// its `max_hold` is lost too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LostPolicy {
     /// Drop the handler future and answer 503 (the default), like a timeout layer.
@@ -62,7 +69,9 @@ pub enum ReleasePolicy {
 ///
 /// The lock itself is taken with [`Redlock::lock_guard`](crate::Redlock::lock_guard)
 /// and the policy's [`LockOptions`] (TTL, hold cap, retry, loss margin); the rest
-/// says how a request is answered when it cannot run under the lock.
+/// says how a request is answered when it cannot run under the lock. A
+/// request holds its lock at most [`LockPolicy::DEFAULT_MAX_HOLD`] (30 s)
+/// unless `max_hold` says otherwise: see there why.
 ///
 /// # The Redis key
 ///
@@ -121,12 +130,13 @@ pub struct LockPolicy {
 }
 
 impl Default for LockPolicy {
-    /// TTL 5 s (renewed while the handler runs), fail fast with 409, pass through
-    /// requests with no key, fail closed with 503, abort on loss, release at body
-    /// end, namespace `"redlock:"`.
+    /// TTL 5 s (renewed while the handler runs), held at most
+    /// [`DEFAULT_MAX_HOLD`](Self::DEFAULT_MAX_HOLD) (30 s), fail fast with 409,
+    /// pass through requests with no key, fail closed with 503, abort on loss,
+    /// release at body end, namespace `"redlock:"`.
     fn default() -> Self {
         Self {
-            options: LockOptions::new(Duration::from_secs(5)),
+            options: LockOptions::new(Duration::from_secs(5)).max_hold(Self::DEFAULT_MAX_HOLD),
             busy: BusyPolicy::FailFast,
             busy_status: StatusCode::CONFLICT,
             missing_key: MissingKeyPolicy::PassThrough,
@@ -141,6 +151,32 @@ impl Default for LockPolicy {
 }
 
 impl LockPolicy {
+    /// How long a request holds its lock at most, by default: 30 s, the
+    /// request timeout a web service commonly has behind a proxy or load
+    /// balancer.
+    ///
+    /// A request's lock is taken before its body is read and held until its
+    /// response body has been sent, so without a cap a client that sends its
+    /// body a byte at a time, or never reads the response, holds the lock for
+    /// as long as it likes. At the cap the lock is lost as if it had expired:
+    /// the handler is told ([`LockHandle::is_lost`](crate::LockHandle::is_lost),
+    /// [`LockHandle::lost`](crate::LockHandle::lost)), the keys are released,
+    /// and per the [`LostPolicy`] the handler is dropped and the client
+    /// answered 503 (a streamed body is cut off), or the handler runs on.
+    /// Change it with `max_hold`, `Duration::MAX` for no cap.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_core::request::LockPolicy;
+    ///
+    /// let default = LockPolicy::default();
+    /// assert_eq!(default.lock_options().hold_limit(), Some(LockPolicy::DEFAULT_MAX_HOLD));
+    /// let long_exports = LockPolicy::default().max_hold(Duration::from_secs(600));
+    /// let uncapped = LockPolicy::default().max_hold(Duration::MAX);
+    /// # let _ = (long_exports, uncapped);
+    /// ```
+    pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(30);
+
     crate::lock_policy_setters!(apply = apply_setting, status = http::StatusCode);
 
     fn apply_setting(self, setting: super::setters::Setting) -> Self {
@@ -253,6 +289,21 @@ mod tests {
             (Duration::from_millis(5), Duration::ZERO)
         );
         assert_eq!(p.fail_fast().retry_for(&handle).max_attempts(), 1);
+    }
+
+    #[test]
+    fn a_request_s_hold_is_capped_by_default_and_options_keep_the_cap() {
+        let cap = |p: &LockPolicy| p.lock_options().hold_limit();
+        assert_eq!(cap(&LockPolicy::default()), Some(Duration::from_secs(30)));
+        let p = LockPolicy::default().options(LockOptions::new(Duration::from_secs(2)));
+        assert_eq!(cap(&p), Some(LockPolicy::DEFAULT_MAX_HOLD));
+        let p = p.max_hold(Duration::from_secs(3));
+        assert_eq!(cap(&p), Some(Duration::from_secs(3)));
+        let own = LockOptions::new(Duration::from_secs(2)).max_hold(Duration::MAX);
+        assert_eq!(
+            cap(&LockPolicy::default().options(own)),
+            Some(Duration::MAX)
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub enum Rejection {
         /// When the holder's keys expire, if known.
         retry_after: Option<Duration>,
     },
-    /// No quorum of Redis nodes answered.
+    /// No quorum of Redis nodes gave the lock: too few answered, or some
+    /// answered with an error (a refusal: credentials, a replica, out of
+    /// memory; named in the document's `refused` member).
     Unavailable {
         /// The resource: the policy's namespace and the extracted key.
         key: Arc<str>,
@@ -109,16 +111,38 @@ impl Rejection {
             Rejection::Busy { .. } => {
                 "Another request holds the lock for this resource. Retry after the given delay."
             }
+            Rejection::Unavailable { .. } if self.refusals().is_some() => {
+                "The lock nodes answered but refused to take the lock; the request was not run."
+            }
             Rejection::Unavailable { .. } => {
                 "Not enough lock nodes answered to take the lock safely."
             }
             Rejection::MissingKey => "The request carries no value to lock on.",
             Rejection::MissingHandle => "The server has no Redlock handle configured.",
             Rejection::Lost { .. } => {
-                "The lock expired or was taken away while the request ran; the work was stopped."
+                "The lock expired, was taken away, or reached the longest hold allowed while \
+                 the request ran; the work was stopped."
             }
             Rejection::Misconfigured { .. } => "The server's lock settings are invalid.",
         }
+    }
+
+    /// For an unavailable answer where nodes answered with an error: the
+    /// kinds of refusal (`auth`, `read_only`, `oom`, …, the `kind` labels of
+    /// the node-error metric), sorted, without the nodes' own words (those
+    /// go to the log).
+    fn refusals(&self) -> Option<String> {
+        let Rejection::Unavailable { error, .. } = self else {
+            return None;
+        };
+        let kinds: std::collections::BTreeSet<&str> = error
+            .report()
+            .into_iter()
+            .flat_map(|r| r.errors())
+            .filter(|(_, e)| e.is_refusal())
+            .map(|(_, e)| crate::metrics::error_kind(e))
+            .collect();
+        (!kinds.is_empty()).then(|| kinds.into_iter().collect::<Vec<_>>().join(", "))
     }
 
     /// The body: an RFC 9457 `application/problem+json` document.
@@ -133,6 +157,9 @@ impl Rejection {
         }
         if let Some(secs) = self.retry_after_secs() {
             doc.insert("retry_after".into(), secs.into());
+        }
+        if let Some(refusals) = self.refusals() {
+            doc.insert("refused".into(), refusals.into());
         }
         serde_json::Value::Object(doc).to_string()
     }

@@ -58,10 +58,13 @@ impl Setting {
             Setting::RetryDelay(delay, jitter) => policy.retry_delay = Some((delay, jitter)),
             Setting::LossMargin(margin) => policy.options.loss_margin = Some(margin),
             Setting::FencingHeader(name) => policy.fencing_header = Some(name),
-            Setting::Options(options) => {
+            Setting::Options(mut options) => {
                 if let Some(retry) = &options.retry {
                     policy.busy = BusyPolicy::Wait(retry.deadline.unwrap_or(Duration::MAX));
                 }
+                // Options with no cap of their own keep the policy's: a
+                // request's hold stays bounded unless the cap is set.
+                options.max_hold = options.max_hold.or(policy.options.max_hold);
                 policy.options = options;
             }
         }
@@ -117,15 +120,20 @@ macro_rules! lock_policy_setters {
         }
 
         /// Runs requests unlocked when no quorum of nodes answers (default:
-        /// 503, fail closed). Never when a node that answered said another
-        /// holder has the key: that request gets the busy answer instead;
-        /// nor when a node answered that it is out of memory (`OOM`), or a
-        /// fencing lock's fence failed: those get 503.
+        /// 503, fail closed). Only connection errors, broken connections and
+        /// node timeouts count as no answer. Never when a node that answered
+        /// said another holder has the key: that request gets the busy
+        /// answer instead; nor when a node refused: wrong or missing
+        /// credentials (`NOAUTH`, `WRONGPASS`, `NOPERM`), a replica
+        /// (`READONLY`), out of memory (`OOM`) or any other error reply, or a
+        /// fencing lock's fence failed: those get 503. A refusal is an
+        /// answer, not an outage.
         pub fn fail_open(self) -> Self {
             self.$apply($crate::request::__private::Setting::FailOpen)
         }
 
-        /// What to do when the lock is lost while the handler runs (default
+        /// What to do when the lock is lost while the handler runs, or held
+        /// past `max_hold` (default
         /// `LostPolicy::Abort`: drop the handler future and answer 503, and cut
         /// off a streamed body that holds the lock).
         pub fn on_lost(self, policy: $crate::request::LostPolicy) -> Self {
@@ -138,9 +146,14 @@ macro_rules! lock_policy_setters {
             self.$apply($crate::request::__private::Setting::Release(policy))
         }
 
-        /// Stops renewing once the lock has been held this long (default: no
-        /// cap). The handler is then told (or aborted) when the last validity
-        /// ends.
+        /// Holds a request's lock at most this long (default 30 s,
+        /// `LockPolicy::DEFAULT_MAX_HOLD`; `Duration::MAX` for no cap). A
+        /// client that trickles its body or never reads the response would
+        /// otherwise hold the lock as long as it likes. At the cap the lock is
+        /// lost: the handler's `LockHandle::is_lost()` turns true and `lost()`
+        /// completes, the keys are released, and per `on_lost` the handler is
+        /// dropped and the client answered 503 (the default) or the handler
+        /// runs on, unlocked.
         pub fn max_hold(self, max_hold: ::std::time::Duration) -> Self {
             self.$apply($crate::request::__private::Setting::MaxHold(max_hold))
         }
@@ -178,7 +191,8 @@ macro_rules! lock_policy_setters {
         }
 
         /// Takes the lock with these options: TTL, hold cap, retry and loss
-        /// margin all at once. With a retry policy, busy requests wait per it
+        /// margin all at once (options without a hold cap keep the policy's,
+        /// 30 s by default). With a retry policy, busy requests wait per it
         /// (its attempts, deadline and delays), as if `wait` had been called
         /// with its deadline; `wait`, `fail_fast` and `retry_delay` called
         /// afterwards still apply.

@@ -4,7 +4,9 @@
 #[macro_use]
 mod common;
 mod extractor;
+mod fail_open;
 mod fencing;
+mod hold_limit;
 mod holding;
 mod idempotency;
 mod loss;
