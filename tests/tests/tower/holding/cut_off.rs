@@ -1,10 +1,4 @@
-//! How long `RedlockLayer` holds a lock: through a response body streamed for
-//! longer than the TTL and no longer (default `ReleasePolicy::BodyEnd`), only up
-//! to the response head with `ReleasePolicy::ResponseHead`, and through a handler
-//! that runs for several TTLs (auto-extension). A streamed body whose lock is
-//! lost is cut off (default `LostPolicy::Abort`), or streams on
-//! (`LostPolicy::Signal`); a frame made in the poll in which the lock was lost
-//! is never given out.
+//! A streamed body whose lock is lost is cut off (or, in signal mode, runs to its end), at the loss and not at its next chunk.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,218 +17,25 @@ use http_body_util::BodyExt;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
 use redlock_tests::http::{AcrossTheLoss, chunk_made_across_the_loss};
-use redlock_tower::{LostPolicy, RedlockLayer, ReleasePolicy};
-
-const TTL: Duration = Duration::from_millis(300);
-const KEY: &str = "redlock:/stream";
-
-/// A body of 11 chunks, the first at once, then one every 100 ms: about 1 s in
-/// all, more than three TTLs.
-async fn stream() -> Body {
-    let chunks = futures_util::stream::unfold(0u32, |i| async move {
-        if i > 10 {
-            return None;
-        }
-        if i > 0 {
-            tokio::time::sleep(ms(100)).await;
-        }
-        Some((
-            Ok::<_, Infallible>(Bytes::from(format!("chunk {i}\n"))),
-            i + 1,
-        ))
-    });
-    Body::from_stream(chunks)
-}
-
-fn stream_app(cluster: &Cluster, layer: RedlockLayer) -> Router {
-    Router::new()
-        .route("/stream", get(stream))
-        .layer(layer.ttl(TTL))
-        .layer(Extension(redlock(cluster)))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
-    let cluster = Cluster::start(3);
-    let server = Server::start(stream_app(&cluster, RedlockLayer::by_path())).await;
-    let client = client();
-    let url = server.url("/stream");
-
-    let response = open(&client, &url).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let head_at = Instant::now();
-    let mut body = response.into_body();
-    let (mut frames, mut probes) = (0, Vec::new());
-    let mut text = String::new();
-    while let Some(frame) = within(CLIENT_TIMEOUT, "next frame", body.frame()).await {
-        let frame = frame.unwrap();
-        if let Some(data) = frame.data_ref() {
-            text.push_str(std::str::from_utf8(data).unwrap());
-        }
-        frames += 1;
-        // Probe after chunks 3 and 7: well past one TTL, body not done yet.
-        if frames == 4 || frames == 8 {
-            let elapsed = head_at.elapsed();
-            let keys = cluster.count_with_key(KEY);
-            let other = http_get(&client, &url).await;
-            probes.push((elapsed, keys, other.status));
-        }
-    }
-    let end_at = Instant::now();
-    assert!(text.ends_with("chunk 10\n"), "whole body: {text:?}");
-    assert!(
-        end_at - head_at > TTL * 2,
-        "the body must outlast the TTL: {:?}",
-        end_at - head_at
-    );
-    assert_eq!(probes.len(), 2);
-    for (elapsed, keys, status) in &probes {
-        assert_eq!(
-            *status,
-            StatusCode::CONFLICT,
-            "a request {elapsed:?} into the stream must find the lock busy"
-        );
-        assert!(
-            *keys >= 2,
-            "{keys} nodes hold the key {elapsed:?} into the stream"
-        );
-    }
-    assert!(
-        probes.iter().any(|(elapsed, ..)| *elapsed > TTL * 2),
-        "one probe must come after two TTLs: {probes:?}"
-    );
-
-    let freed = eventually_at(Duration::from_secs(5), || cluster.count_with_key(KEY) == 0)
-        .await
-        .expect("the key must go once the body has ended");
-    assert!(
-        freed - end_at < Duration::from_secs(1),
-        "released {:?} after the body's end",
-        freed - end_at
-    );
-    let next = open(&client, &url).await;
-    assert_eq!(next.status(), StatusCode::OK, "the lock is free again");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
-    let cluster = Cluster::start(3);
-    let layer = RedlockLayer::by_path().release_on(ReleasePolicy::ResponseHead);
-    let server = Server::start(stream_app(&cluster, layer)).await;
-    let client = client();
-    let url = server.url("/stream");
-
-    let response = open(&client, &url).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut body = response.into_body();
-    let first = within(CLIENT_TIMEOUT, "first frame", body.frame())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(first.data_ref().map(|b| &b[..]), Some(&b"chunk 0\n"[..]));
-
-    // The body streams for ~1 s more; with the lock held to the body's end the
-    // key would stay that long.
-    let freed = eventually_at(ms(500), || cluster.count_with_key(KEY) == 0).await;
-    assert!(freed.is_some(), "the key must go at the response head");
-    let other = open(&client, &url).await;
-    assert_eq!(
-        other.status(),
-        StatusCode::OK,
-        "a second request runs while the first body streams"
-    );
-    drop(other);
-
-    // The first body was still streaming all along: its remaining chunks arrive.
-    let rest = within(CLIENT_TIMEOUT, "rest of the body", body.collect())
-        .await
-        .unwrap()
-        .to_bytes();
-    let rest = String::from_utf8_lossy(&rest);
-    assert!(
-        rest.starts_with("chunk 1\n") && rest.ends_with("chunk 10\n"),
-        "{rest:?}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
-    let cluster = Cluster::start(3);
-    let app = Router::new()
-        .route(
-            "/long",
-            get(|Extension(lock): Extension<LockHandle>| async move {
-                tokio::time::sleep(TTL * 3 + ms(100)).await;
-                format!("extensions={}", lock.extensions())
-            }),
-        )
-        .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
-    let server = Server::start(app).await;
-    let client = client();
-    let url = server.url("/long");
-
-    let long = tokio::spawn({
-        let (client, url) = (client.clone(), url.clone());
-        async move { http_get(&client, &url).await }
-    });
-    assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:/long")
-            == 3)
-        .await,
-        "the long handler never took the lock"
-    );
-    let started = Instant::now();
-    let mut probes = Vec::new();
-    // One probe every ~100 ms while the long handler runs (bounded count).
-    while !long.is_finished() && probes.len() < 40 {
-        let reply = http_get(&client, &url).await;
-        if long.is_finished() {
-            break; // the probe may have raced the release
-        }
-        probes.push((started.elapsed(), reply.status));
-        tokio::time::sleep(ms(100)).await;
-    }
-    let long = long.await.unwrap();
-    assert_eq!(long.status, StatusCode::OK);
-    let extensions: u32 = long
-        .text()
-        .strip_prefix("extensions=")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{}", long.text()));
-    assert!(extensions >= 2, "3 TTLs need renewals, saw {extensions}");
-    assert!(
-        probes.len() >= 5,
-        "too few probes during the handler: {probes:?}"
-    );
-    assert!(
-        probes.iter().any(|(t, _)| *t > TTL * 2),
-        "no probe after two TTLs: {probes:?}"
-    );
-    assert!(
-        probes.iter().all(|(_, s)| *s == StatusCode::CONFLICT),
-        "every request during the handler must be rejected: {probes:?}"
-    );
-}
+use redlock_tower::{LostPolicy, RedlockLayer};
 
 /// The TTL of the loss tests: short, so that the renewal that finds the lock
 /// gone comes soon after it was taken away.
-const LOSS_TTL: Duration = Duration::from_millis(500);
+pub(super) const LOSS_TTL: Duration = Duration::from_millis(500);
 /// 60 chunks, one every 50 ms: a body of about 3 s.
-const LONG_CHUNKS: usize = 60;
+pub(super) const LONG_CHUNKS: usize = 60;
 /// The stalled stream: this many chunks, then a pause of [`STALL`], then one.
-const STALLED_CHUNKS: usize = 6;
-const STALL: Duration = Duration::from_secs(8);
+pub(super) const STALLED_CHUNKS: usize = 6;
+pub(super) const STALL: Duration = Duration::from_secs(8);
 
 /// What the long stream's handler shares with the test.
 #[derive(Default)]
-struct Producer {
-    produced: Arc<AtomicUsize>,
-    handle: Mutex<Option<LockHandle>>,
+pub(super) struct Producer {
+    pub(super) produced: Arc<AtomicUsize>,
+    pub(super) handle: Mutex<Option<LockHandle>>,
 }
 
-async fn long_stream(
+pub(super) async fn long_stream(
     State(p): State<Arc<Producer>>,
     Extension(lock): Extension<LockHandle>,
 ) -> Body {
@@ -244,7 +45,7 @@ async fn long_stream(
 
 /// [`STALLED_CHUNKS`] chunks 50 ms apart, then nothing for [`STALL`], then one
 /// more: a producer that keeps its body waiting.
-async fn stalled_stream(
+pub(super) async fn stalled_stream(
     State(p): State<Arc<Producer>>,
     Extension(lock): Extension<LockHandle>,
 ) -> Body {
@@ -259,22 +60,22 @@ async fn stalled_stream(
 }
 
 /// How a stream went when its lock was taken away while it streamed.
-struct AfterLoss {
-    key: String,
-    received: Received,
+pub(super) struct AfterLoss {
+    pub(super) key: String,
+    pub(super) received: Received,
     /// When another holder took the key on every node.
-    stolen_at: Instant,
+    pub(super) stolen_at: Instant,
     /// Chunks the handler's stream made before the holder saw the loss.
-    produced_at_loss: usize,
+    pub(super) produced_at_loss: usize,
     /// Chunks it made after that, up to 300 ms after the client's end.
-    produced_after_loss: usize,
-    cluster: Cluster,
+    pub(super) produced_after_loss: usize,
+    pub(super) cluster: Cluster,
 }
 
 /// Serves the stream at `path` under `layer` (TTL [`LOSS_TTL`]), and once a few
 /// chunks have arrived, sets the key to another holder's token on every node:
 /// the next renewal finds the lock gone.
-async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &str) -> AfterLoss {
+pub(super) async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &str) -> AfterLoss {
     let key = format!("redlock:{path}");
     let cluster = Cluster::start(3);
     let producer = Arc::new(Producer::default());
@@ -335,7 +136,7 @@ async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &str) -> After
 }
 
 /// Checks that the body of `run` was cut off at the loss.
-async fn assert_cut_off(run: AfterLoss) {
+pub(super) async fn assert_cut_off(run: AfterLoss) {
     let received = &run.received;
     let after = received.ended_at - run.stolen_at;
     println!(
@@ -380,7 +181,7 @@ async fn assert_cut_off(run: AfterLoss) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streamed_body_is_cut_off_when_its_lock_is_lost() {
+pub(super) async fn streamed_body_is_cut_off_when_its_lock_is_lost() {
     assert_cut_off(stream_and_take_the_lock_away(RedlockLayer::by_path(), "/long-stream").await)
         .await;
 }
@@ -388,13 +189,13 @@ async fn streamed_body_is_cut_off_when_its_lock_is_lost() {
 /// A body waiting on its producer is woken by the loss: it is cut off then,
 /// not when the producer next yields ([`STALL`] later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_streamed_body_is_cut_off_at_the_loss_not_at_its_next_chunk() {
+pub(super) async fn stalled_streamed_body_is_cut_off_at_the_loss_not_at_its_next_chunk() {
     assert_cut_off(stream_and_take_the_lock_away(RedlockLayer::by_path(), "/stalled-stream").await)
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn signal_mode_lets_a_streamed_body_run_to_its_end_after_a_loss() {
+pub(super) async fn signal_mode_lets_a_streamed_body_run_to_its_end_after_a_loss() {
     let run = stream_and_take_the_lock_away(
         RedlockLayer::by_path().on_lost(LostPolicy::Signal),
         "/long-stream",
@@ -421,7 +222,7 @@ async fn signal_mode_lets_a_streamed_body_run_to_its_end_after_a_loss() {
 /// finishes after the loss gets no answer but 503. The body is read in
 /// process, frame by frame, so what it gives out is what the test sees.
 #[tokio::test(flavor = "current_thread")]
-async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
+pub(super) async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
     use tower::{Layer, Service, ServiceExt};
 
     let cluster = Cluster::start(3);
@@ -472,10 +273,10 @@ async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() 
 /// A body of one frame, made in its first poll, which blocks its thread until
 /// `lock` is lost (checked every 5 ms, for at most 10 s); it reports its end
 /// with that frame, as an in-memory body does.
-struct WholeAfterTheLoss {
-    lock: LockHandle,
-    state: Arc<AcrossTheLoss>,
-    done: bool,
+pub(super) struct WholeAfterTheLoss {
+    pub(super) lock: LockHandle,
+    pub(super) state: Arc<AcrossTheLoss>,
+    pub(super) done: bool,
 }
 
 impl hyper::body::Body for WholeAfterTheLoss {
@@ -510,7 +311,7 @@ impl hyper::body::Body for WholeAfterTheLoss {
 /// was released at once, as for any whole body; and as the head has not gone
 /// out, the answer is the loss's 503.
 #[tokio::test(flavor = "current_thread")]
-async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
+pub(super) async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_out() {
     use tower::{Layer, Service, ServiceExt};
 
     let cluster = Cluster::start(3);
@@ -565,7 +366,7 @@ async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_not_given_o
 /// released the lock, and the task's handle must say so. Before the fix it
 /// still said "held" (`is_lost() == false`, most of the TTL `remaining()`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_response() {
+pub(super) async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_response() {
     use redlock_tower::Held;
     use tokio::sync::{Notify, mpsc};
 
