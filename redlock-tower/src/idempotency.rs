@@ -209,6 +209,7 @@ where
         KeySource::Fn(f) => f(&parts, &bytes),
     };
     let scope = layer.scope.as_ref().and_then(|f| f(&parts));
+    let uri = original_uri(&parts);
     let begin = layer
         .engine
         .begin(
@@ -216,8 +217,8 @@ where
             scope.as_deref(),
             &RequestParts {
                 method: parts.method.as_str(),
-                path: parts.uri.path(),
-                query: parts.uri.query(),
+                path: uri.path(),
+                query: uri.query(),
                 headers: &parts.headers,
                 body: &bytes,
             },
@@ -286,6 +287,17 @@ where
             Ok(response)
         }
     }
+}
+
+/// The URI the client sent: inside a nested axum router, `parts.uri` has lost
+/// the nest's prefix, and two tenants' `/tenants/{t}/pay` would both read
+/// `/pay` (with the `axum` feature, its `OriginalUri` is taken).
+fn original_uri(parts: &http::request::Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
 }
 
 /// A response body read up to a cap.
