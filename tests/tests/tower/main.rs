@@ -8,6 +8,7 @@ mod extract;
 mod fencing;
 mod holding;
 mod idempotency;
+mod idempotency_body;
 mod idempotency_fingerprint;
 mod loss;
 mod path_keys;
