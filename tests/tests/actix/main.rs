@@ -7,6 +7,7 @@ mod extractor;
 mod fencing;
 mod holding;
 mod idempotency;
+mod idempotency_body;
 mod idempotency_fingerprint;
 mod loss;
 mod middleware;
