@@ -7,7 +7,9 @@
 //!    acquire, and heard first;
 //! 4. take the lock on the lookup key (busy → 409 + `Retry-After`, or wait);
 //! 5. read under the lock: another fingerprint → 422, a record → replay
-//!    (written again first if it was not durable), none → run. With the
+//!    (written again first if it was not durable), none → run (without
+//!    fencing, after taking the key's generation, the order of the record it
+//!    will write: one more round trip, see `RedisStore::generation`). With the
 //!    [`RedisStore`], step 3's read already is this read when a quorum of
 //!    nodes ran it after the acquire's `SET` (it reads the lock key's holder
 //!    in the same script); otherwise it is read again;
@@ -264,16 +266,28 @@ impl Idempotency {
                 .await
                 .map_err(IdempotencyRejection::Store)?,
         };
-        let order = match &found {
-            Some(found) => found.record.order.saturating_add(1),
-            None => 1,
-        };
         let Some(found) = found else {
+            // The record's order: the fencing token, larger for every later
+            // holder; without fencing, the key's generation from the Redis
+            // store (`RedisStore::generation`), which is. A store of the
+            // user's orders its records itself (by the fencing token, in the
+            // transaction of the work's effects).
+            let order = match (holder.fencing_token(), &self.redis) {
+                (Some(token), _) => token.get(),
+                (None, Some(redis)) => match redis.generation(&lookup, &holder).await {
+                    Ok(generation) => generation,
+                    Err(error) => {
+                        lock.release().await;
+                        return Err(IdempotencyRejection::Store(error));
+                    }
+                },
+                (None, None) => 1,
+            };
             return Ok(Begin::Run(Running {
                 lock,
                 lookup,
                 fingerprint,
-                order: holder.fencing_token().map_or(order, |t| t.get()),
+                order,
                 store: Arc::clone(&self.store),
                 policy: Arc::clone(&self.policy),
             }));
