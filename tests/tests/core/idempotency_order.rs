@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use redlock_core::Redlock;
 use redlock_core::idempotency::{
     Begin, Idempotency, IdempotencyKey, IdempotencyRejection, IdempotencyStore, Outcome, Record,
     RedisStore, RequestParts,
 };
+use redlock_core::idempotency::{Found, LookupKey, StoreError, StoreFuture};
+use redlock_core::{LockHandle, Redlock};
 use redlock_tests::Cluster;
 use redlock_tests::util::eventually;
 
@@ -206,5 +207,105 @@ async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_r
     for node in cluster.nodes() {
         let pttl = node.pttl(&generation_key);
         assert!(pttl == -2 || (0 < pttl && pttl <= 60_000), "PTTL {pttl}");
+    }
+}
+
+/// The Redis store, with its writes refused while `fail` is set (a write
+/// that misses its quorum).
+#[derive(Debug)]
+struct RefusingWrites {
+    inner: RedisStore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl IdempotencyStore for RefusingWrites {
+    fn get<'a>(&'a self, key: &'a LookupKey) -> StoreFuture<'a, Option<Record>> {
+        self.inner.get(key)
+    }
+
+    fn get_held<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+    ) -> StoreFuture<'a, Option<Found>> {
+        self.inner.get_held(key, holder)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+        record: &'a Record,
+    ) -> StoreFuture<'a, ()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async { Err(StoreError::Backend("write missed its quorum".into())) });
+        }
+        self.inner.put(key, holder, record)
+    }
+}
+
+/// A record found under the lock on fewer than a quorum of nodes is answered
+/// only once it is written again onto a quorum: replayed after a failed
+/// write-back, it could be the answer one client gets while a later holder
+/// that does not hear its node runs the work and answers another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_a_minority_is_not_answered_when_its_write_back_fails() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .build()
+        .unwrap();
+    redlock.check_nodes().await.unwrap();
+    let store = std::sync::Arc::new(RefusingWrites {
+        inner: RedisStore::new(redlock.clone()),
+        fail: false.into(),
+    });
+    let idem = Idempotency::new(redlock.clone()).store(ArcStore(std::sync::Arc::clone(&store)));
+    let key = "\"order-12\"";
+    let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
+    let record_key = store.inner.record_key(&lookup);
+    assert_eq!(run(&idem, key, "payment 1").await.unwrap(), Ok(()));
+    let lock_key = redlock.key_for(lookup.resource());
+    assert!(
+        eventually(Duration::from_secs(5), || cluster.count_with_key(&lock_key)
+            == 0)
+        .await
+    );
+    // Left on node 0 alone.
+    let _ = cluster.node(1).raw::<i64>(&["DEL", &record_key]).unwrap();
+    let _ = cluster.node(2).raw::<i64>(&["DEL", &record_key]).unwrap();
+    store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answer = run(&idem, key, "payment 2").await;
+    assert!(
+        matches!(answer, Err(IdempotencyRejection::Store(_))),
+        "answered from a record a later holder may not hear: {answer:?}"
+    );
+}
+
+/// An `Arc` of a store, as a store.
+#[derive(Debug)]
+struct ArcStore<S>(std::sync::Arc<S>);
+
+impl<S: IdempotencyStore> IdempotencyStore for ArcStore<S> {
+    fn get<'a>(&'a self, key: &'a LookupKey) -> StoreFuture<'a, Option<Record>> {
+        self.0.get(key)
+    }
+
+    fn get_held<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+    ) -> StoreFuture<'a, Option<Found>> {
+        self.0.get_held(key, holder)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+        record: &'a Record,
+    ) -> StoreFuture<'a, ()> {
+        self.0.put(key, holder, record)
     }
 }
