@@ -92,8 +92,9 @@ impl RedisStore {
         format!("{}:record", self.redlock.key_for(key.resource()))
     }
 
-    /// The Redis key of `key`'s generation counter (see
-    /// [`RedisStore::generation`]).
+    /// The Redis key of `key`'s generation counter: the order of the records
+    /// written without fencing (see the module docs of
+    /// [`idempotency`](crate::idempotency)), expiring with the records.
     pub fn generation_key(&self, key: &LookupKey) -> String {
         format!("{}:generation", self.redlock.key_for(key.resource()))
     }
