@@ -26,15 +26,21 @@
 //!
 //! The request payload is buffered (up to the policy's cap, else 413) and
 //! handed to the handler whole. The response body is buffered up to its cap
-//! to be recorded; a larger one is passed through and recorded "completed,
-//! not replayable". A lock lost while the handler runs is answered through
-//! actix's error path (503, see `RedlockMiddleware`).
+//! to be recorded, under the lock and its loss watch as the handler is; a
+//! larger one is streamed on, still under the lock, and recorded "completed,
+//! not replayable" once it has ended (the lock is held until then). A body
+//! that fails, is cut off by the loss of the lock, or is dropped before its
+//! end records nothing: the next copy runs the work. A lock lost while the
+//! handler runs, or while the body is buffered, is answered through actix's
+//! error path (503, see `RedlockMiddleware`).
 
 use std::fmt;
 use std::future::{Ready, ready};
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll};
 
-use actix_web::body::{BoxBody, MessageBody};
+use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse, Transform, forward_ready};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
@@ -42,12 +48,14 @@ use actix_web::{Error, HttpMessage, HttpResponse, ResponseError};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
-use redlock_core::idempotency::{Begin, KEY_HEADER, REPLAYED_HEADER, Replay, RequestParts};
+use redlock_core::idempotency::{
+    Begin, KEY_HEADER, REPLAYED_HEADER, Replay, RequestParts, Running,
+};
 pub use redlock_core::idempotency::{
     Fingerprint, Fingerprinter, Idempotency, IdempotencyKey, IdempotencyPolicy,
     IdempotencyRejection, IdempotencyStore, KeyError, RedisStore, StorePolicy,
 };
-use redlock_core::request;
+use redlock_core::request::{self, LossWatch};
 
 type KeyFn = dyn Fn(&ServiceRequest, &Bytes) -> Option<Result<IdempotencyKey, KeyError>>;
 type ScopeFn = dyn Fn(&ServiceRequest) -> Option<String>;
@@ -291,43 +299,36 @@ where
             let (request, response) = response.into_parts();
             let (head, body) = response.into_parts();
             let mut body = Box::pin(body);
-            let mut buf = BytesMut::new();
-            let mut over = false;
-            while let Some(chunk) =
-                futures_util::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await
-            {
-                match chunk {
-                    Ok(chunk) => {
-                        buf.extend_from_slice(&chunk);
-                        if buf.len() > cap {
-                            over = true;
-                            break;
-                        }
-                    }
-                    Err(_) => {
-                        // Nothing recorded: the next copy runs the work.
-                        drop(running);
-                        return Ok(ServiceResponse::new(
-                            request,
-                            HttpResponse::BadGateway().finish(),
-                        ));
-                    }
+            // The body is produced under the lock and its loss watch, as the
+            // handler was: what is made after the loss is not recorded.
+            let buffered = request::guard(
+                buffer(body.as_mut(), cap),
+                Some(running.lock()),
+                running.lock_policy(),
+            )
+            .await;
+            let (prefix, over) = match buffered {
+                Err(lost) => {
+                    return Err(IdempotencyError(IdempotencyRejection::Lock(lost)).into());
                 }
-            }
-            let prefix = buf.freeze();
+                Ok(Err(())) => {
+                    // Nothing recorded: the next copy runs the work.
+                    drop(running);
+                    return Ok(ServiceResponse::new(
+                        request,
+                        HttpResponse::BadGateway().finish(),
+                    ));
+                }
+                Ok(Ok(read)) => read,
+            };
             if over {
-                if let Err(r) = running.finish(status, std::iter::empty(), None).await {
-                    return Ok(ServiceResponse::new(request, rejection(r)));
-                }
-                let first = futures_util::stream::once(async move { Ok::<_, Error>(prefix) });
-                let rest = futures_util::stream::poll_fn(move |cx| {
-                    body.as_mut()
-                        .poll_next(cx)
-                        .map(|c| c.map(|c| c.map_err(body_error)))
-                });
-                let stream = first.chain(rest);
-                let response = head.set_body(actix_web::body::BodyStream::new(stream).boxed());
-                return Ok(ServiceResponse::new(request, response));
+                // Streamed on under the lock, and recorded "completed, not
+                // replayable" only once it has ended well.
+                let body = RecordingBody::new(prefix, body, running, status);
+                return Ok(ServiceResponse::new(
+                    request,
+                    head.set_body(body).map_into_boxed_body(),
+                ));
             }
             let recorded_headers: Vec<(String, Vec<u8>)> = head
                 .headers()
@@ -354,7 +355,130 @@ where
     }
 }
 
-/// A response body's error, as the actix error that ends the stream.
-fn body_error<E: Into<Box<dyn std::error::Error>>>(e: E) -> Error {
-    actix_web::error::ErrorBadGateway(e.into().to_string())
+/// Reads `body` up to `cap` bytes: what was read, and whether it went over
+/// (the rest is still in `body`); `Err` when the body failed.
+async fn buffer<B: MessageBody>(mut body: Pin<&mut B>, cap: usize) -> Result<(Bytes, bool), ()> {
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = futures_util::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await {
+        let chunk = chunk.map_err(|_| ())?;
+        buf.extend_from_slice(&chunk);
+        if buf.len() > cap {
+            return Ok((buf.freeze(), true));
+        }
+    }
+    Ok((buf.freeze(), false))
+}
+
+type FinishFuture = LocalBoxFuture<'static, Result<(), IdempotencyRejection>>;
+
+/// A response body over the record's cap, streamed under its idempotency
+/// lock: the lock is held, and watched, until the body ends; then the request
+/// is recorded "completed, not replayable" before the end goes out. A body
+/// that fails, is cut off by the lock's loss, or is dropped before its end
+/// (the client gone) records nothing, and the next copy of the request runs
+/// the work again.
+struct RecordingBody<B> {
+    /// The part read while buffering, sent first.
+    prefix: Option<Bytes>,
+    rest: Option<Pin<Box<B>>>,
+    /// `None` once the body has ended, failed or been cut off.
+    running: Option<(Running, u16)>,
+    /// Set under `LostPolicy::Abort`.
+    watch: Option<LossWatch>,
+    /// The record's write at the end of the body.
+    finishing: Option<FinishFuture>,
+    done: bool,
+}
+
+impl<B> RecordingBody<B> {
+    fn new(prefix: Bytes, rest: Pin<Box<B>>, running: Running, status: u16) -> Self {
+        let watch = LossWatch::for_body(Some(running.lock()), running.lock_policy().lost_policy());
+        Self {
+            prefix: Some(prefix),
+            rest: Some(rest),
+            running: Some((running, status)),
+            watch,
+            finishing: None,
+            done: false,
+        }
+    }
+
+    /// Ends the body with `error`: nothing is recorded, and the lock is
+    /// released in the background.
+    fn fail(&mut self, error: BodyError) -> Poll<Option<Result<Bytes, BodyError>>> {
+        self.running = None;
+        self.watch = None;
+        self.rest = None;
+        self.done = true;
+        Poll::Ready(Some(Err(error)))
+    }
+}
+
+type BodyError = Box<dyn std::error::Error>;
+
+impl<B: MessageBody> MessageBody for RecordingBody<B> {
+    type Error = BodyError;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, BodyError>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if let Some(finishing) = &mut this.finishing {
+                let finished = std::task::ready!(finishing.as_mut().poll(cx));
+                this.finishing = None;
+                this.done = true;
+                return match finished {
+                    Ok(()) => Poll::Ready(None),
+                    // Not recorded: the response must not look complete.
+                    Err(r) => Poll::Ready(Some(Err(format!(
+                        "idempotency record not written: {}",
+                        r.title()
+                    )
+                    .into()))),
+                };
+            }
+            if let Some(watch) = &mut this.watch
+                && let Poll::Ready(error) = watch.poll_lost(cx)
+            {
+                return this.fail(error.into());
+            }
+            if let Some(prefix) = this.prefix.take() {
+                return Poll::Ready(Some(Ok(prefix)));
+            }
+            let Some(rest) = &mut this.rest else {
+                this.done = true;
+                return Poll::Ready(None);
+            };
+            let polled = std::task::ready!(rest.as_mut().poll_next(cx));
+            // A chunk or the end made in the poll in which the lock was lost
+            // was made without it.
+            if let Some(error) = this.watch.as_ref().and_then(LossWatch::lost_now) {
+                return this.fail(error.into());
+            }
+            match polled {
+                Some(Ok(chunk)) => return Poll::Ready(Some(Ok(chunk))),
+                Some(Err(error)) => return this.fail(error.into()),
+                None => {
+                    this.watch = None;
+                    this.rest = None;
+                    match this.running.take() {
+                        Some((running, status)) => {
+                            this.finishing =
+                                Some(Box::pin(running.finish(status, std::iter::empty(), None)));
+                        }
+                        None => this.done = true,
+                    }
+                }
+            }
+        }
+    }
 }

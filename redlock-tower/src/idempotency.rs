@@ -22,22 +22,28 @@
 //!
 //! The request body is buffered (up to the policy's cap, else 413) so it can
 //! be fingerprinted, and the handler gets it whole. The response body is
-//! buffered up to its cap to be recorded; a larger one is passed through
-//! (streamed) and recorded "completed, not replayable". Trailers of a
-//! recorded response are not kept.
+//! produced under the lock and its loss watch, as the handler is, and
+//! buffered up to its cap to be recorded; a larger one is streamed on, still
+//! under the lock, and recorded "completed, not replayable" once it has ended
+//! (the lock is held until then). A body that fails, is cut off by the loss of
+//! the lock, or is dropped before its end (the client gone) records nothing:
+//! the next copy of the request runs the work. Trailers of a recorded
+//! response are not kept.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
-use http_body::{Body, Frame};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, BodyStream, Full, Limited, StreamBody};
-use redlock_core::idempotency::{Begin, KEY_HEADER, REPLAYED_HEADER, Replay, RequestParts};
-use redlock_core::request;
+use http_body_util::{BodyExt, Full, Limited};
+use redlock_core::idempotency::{
+    Begin, KEY_HEADER, REPLAYED_HEADER, Replay, RequestParts, Running,
+};
+use redlock_core::request::{self, LossWatch};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -209,6 +215,7 @@ where
         KeySource::Fn(f) => f(&parts, &bytes),
     };
     let scope = layer.scope.as_ref().and_then(|f| f(&parts));
+    let uri = original_uri(&parts);
     let begin = layer
         .engine
         .begin(
@@ -216,8 +223,8 @@ where
             scope.as_deref(),
             &RequestParts {
                 method: parts.method.as_str(),
-                path: parts.uri.path(),
-                query: parts.uri.query(),
+                path: uri.path(),
+                query: uri.query(),
                 headers: &parts.headers,
                 body: &bytes,
             },
@@ -255,7 +262,19 @@ where
         ));
     }
     let cap = running.policy().response_body_cap();
-    match buffer(Box::pin(body), cap).await {
+    // The body is produced under the lock and its loss watch, as the
+    // handler was: what is made after the loss is not recorded.
+    let buffered = request::guard(
+        buffer(Box::pin(body), cap),
+        Some(running.lock()),
+        running.lock_policy(),
+    )
+    .await;
+    let buffered = match buffered {
+        Err(lost) => return Ok(rejection(&IdempotencyRejection::Lock(lost))),
+        Ok(buffered) => buffered,
+    };
+    match buffered {
         Buffered::Whole(bytes) => {
             let headers = head.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
             if let Err(r) = running.finish(status, headers, Some(bytes.clone())).await {
@@ -266,17 +285,15 @@ where
             Ok(Response::from_parts(head, whole(bytes).into_body()))
         }
         Buffered::Over { prefix, rest } => {
-            // The work completed: record that, then stream the rest.
-            if let Err(r) = running.finish(status, std::iter::empty(), None).await {
-                return Ok(rejection(&r));
-            }
-            let first = futures_util::stream::once(async move { Ok(Frame::data(prefix)) });
-            let rest = BodyStream::new(rest.map_err(Into::into));
-            let stream = futures_util::StreamExt::chain(first, rest);
-            Ok(Response::from_parts(
-                head,
-                StreamBody::new(stream).boxed_unsync(),
-            ))
+            // Streamed on under the lock, and recorded "completed, not
+            // replayable" only once it has ended well.
+            let body = RecordingBody::new(
+                prefix,
+                rest.map_err(Into::into).boxed_unsync(),
+                running,
+                status,
+            );
+            Ok(Response::from_parts(head, body.boxed_unsync()))
         }
         Buffered::Failed(error) => {
             tracing::warn!(%error, "response body failed; nothing recorded");
@@ -286,6 +303,174 @@ where
             Ok(response)
         }
     }
+}
+
+type FinishFuture = Pin<Box<dyn Future<Output = Result<(), IdempotencyRejection>> + Send>>;
+
+/// A response body over the record's cap, streamed under its idempotency
+/// lock: the lock is held, and watched, until the body ends; then the request
+/// is recorded "completed, not replayable" before the end goes out. A body
+/// that fails, is cut off by the lock's loss, or is dropped before its end
+/// (the client gone) records nothing, and the next copy of the request runs
+/// the work again.
+struct RecordingBody {
+    /// The part read while buffering, sent first.
+    prefix: Option<Bytes>,
+    rest: IdempotencyBody,
+    /// `None` once the body has ended, failed or been cut off.
+    running: Option<(Running, u16)>,
+    /// Set under `LostPolicy::Abort`.
+    watch: Option<LossWatch>,
+    /// The record's write at the end of the body.
+    finishing: Option<FinishFuture>,
+    /// The last frame, given out once the record is written.
+    held: Option<Frame<Bytes>>,
+    done: bool,
+}
+
+impl RecordingBody {
+    fn new(prefix: Bytes, rest: IdempotencyBody, running: Running, status: u16) -> Self {
+        let watch = LossWatch::for_body(Some(running.lock()), running.lock_policy().lost_policy());
+        Self {
+            prefix: Some(prefix),
+            rest,
+            running: Some((running, status)),
+            watch,
+            finishing: None,
+            held: None,
+            done: false,
+        }
+    }
+
+    /// Ends the body with `error`: nothing is recorded, and the lock is
+    /// released in the background.
+    fn fail(&mut self, error: BoxError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.running = None;
+        self.watch = None;
+        self.held = None;
+        self.done = true;
+        self.rest = Full::new(Bytes::new())
+            .map_err(|e| match e {})
+            .boxed_unsync();
+        Poll::Ready(Some(Err(error)))
+    }
+
+    /// The body has ended well: the record's write starts (polled next).
+    fn start_finishing(&mut self) {
+        self.watch = None;
+        match self.running.take() {
+            Some((running, status)) => {
+                self.finishing = Some(Box::pin(running.finish(status, std::iter::empty(), None)));
+            }
+            None => self.done = true,
+        }
+    }
+
+    fn lost_now(&self) -> Option<redlock_core::Error> {
+        self.watch.as_ref().and_then(LossWatch::lost_now)
+    }
+}
+
+impl Body for RecordingBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if let Some(finishing) = &mut this.finishing {
+                let finished = ready!(finishing.as_mut().poll(cx));
+                this.finishing = None;
+                this.done = true;
+                let last = this.held.take();
+                return match finished {
+                    Ok(()) => Poll::Ready(last.map(Ok)),
+                    // Not recorded: the response must not look complete.
+                    Err(r) => Poll::Ready(Some(Err(format!(
+                        "idempotency record not written: {}",
+                        r.title()
+                    )
+                    .into()))),
+                };
+            }
+            if let Some(watch) = &mut this.watch
+                && let Poll::Ready(error) = watch.poll_lost(cx)
+            {
+                return this.fail(error.into());
+            }
+            let polled = match this.prefix.take() {
+                Some(prefix) => Some(Ok(Frame::data(prefix))),
+                None => {
+                    let polled = ready!(Pin::new(&mut this.rest).poll_frame(cx));
+                    // A frame or the end made in the poll in which the lock
+                    // was lost was made without it.
+                    if let Some(error) = this.lost_now() {
+                        return this.fail(error.into());
+                    }
+                    polled
+                }
+            };
+            match polled {
+                Some(Ok(frame)) if !this.rest.is_end_stream() => {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                // The last frame (with an exact length the server polls no
+                // more): held back until the record is written.
+                Some(Ok(frame)) => {
+                    this.held = Some(frame);
+                    this.start_finishing();
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "response body failed; nothing recorded");
+                    return this.fail(error);
+                }
+                None => this.start_finishing(),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.held.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.rest.size_hint();
+        let held = self
+            .held
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.len() as u64);
+        let prefix = self
+            .prefix
+            .as_ref()
+            .map_or(0, |p| p.len() as u64)
+            .saturating_add(held);
+        if prefix > 0 {
+            let lower = hint.lower().saturating_add(prefix);
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper.saturating_add(prefix));
+            }
+            hint.set_lower(lower);
+        }
+        hint
+    }
+}
+
+/// The URI the client sent: inside a nested axum router, `parts.uri` has lost
+/// the nest's prefix, and two tenants' `/tenants/{t}/pay` would both read
+/// `/pay` (with the `axum` feature, its `OriginalUri` is taken).
+fn original_uri(parts: &http::request::Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
 }
 
 /// A response body read up to a cap.

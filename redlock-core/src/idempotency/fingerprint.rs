@@ -42,7 +42,9 @@ impl Fingerprint {
 pub struct RequestParts<'a> {
     /// The method, e.g. `"POST"`.
     pub method: &'a str,
-    /// The path, without the query.
+    /// The path the client sent, without the query: the full path, not
+    /// what a nested router sees after its prefix (the adapters take axum's
+    /// `OriginalUri`; actix's `path()` is already the full path).
     pub path: &'a str,
     /// The query, without the `?`, if any.
     pub query: Option<&'a str>,
@@ -54,9 +56,13 @@ pub struct RequestParts<'a> {
 
 type FingerprintFn = dyn Fn(&RequestParts<'_>) -> Fingerprint + Send + Sync;
 
-/// Chooses the fields of a request's [`Fingerprint`]. The default is the
-/// method, the path and a SHA-256 of the body (the query and headers are not
-/// in it).
+/// Chooses the fields of a request's [`Fingerprint`]. The default is what
+/// identifies the request: the method, the path the client sent, the query
+/// (as sent: `?a=1&b=2` and `?b=2&a=1` differ) and a SHA-256 of the body;
+/// headers are not in it. A key is not scoped by path: the same key on
+/// another path or query is the key reused for another request, answered
+/// 422, never the other request's response (to keep tenants' keys apart
+/// altogether, scope them with the layer's `scope`).
 ///
 /// ```
 /// use redlock_core::idempotency::{Fingerprint, Fingerprinter};
@@ -78,7 +84,14 @@ impl Default for Fingerprinter {
     fn default() -> Self {
         Self::from_fn(|req| {
             let body: [u8; 32] = Sha256::digest(req.body).into();
-            Fingerprint::of_fields([req.method.as_bytes(), req.path.as_bytes(), &body])
+            // "No query" and "an empty query" (`/pay?`) are one request.
+            let query = req.query.unwrap_or("");
+            Fingerprint::of_fields([
+                req.method.as_bytes(),
+                req.path.as_bytes(),
+                query.as_bytes(),
+                &body,
+            ])
         })
     }
 }
@@ -100,7 +113,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_covers_method_path_and_body_but_not_query() {
+    fn default_covers_method_path_query_and_body() {
         let headers = http::HeaderMap::new();
         let parts = |method, path, query, body| RequestParts {
             method,
@@ -111,7 +124,17 @@ mod tests {
         };
         let f = Fingerprinter::default();
         let a = f.fingerprint(&parts("POST", "/pay", None, b"{}"));
-        assert_eq!(a, f.fingerprint(&parts("POST", "/pay", Some("x=1"), b"{}")));
+        assert_ne!(a, f.fingerprint(&parts("POST", "/pay", Some("x=1"), b"{}")));
+        assert_eq!(a, f.fingerprint(&parts("POST", "/pay", Some(""), b"{}")));
+        assert_ne!(
+            f.fingerprint(&parts("POST", "/pay", Some("to=x"), b"{}")),
+            f.fingerprint(&parts("POST", "/pay", Some("to=y"), b"{}"))
+        );
+        // The query's boundary with the path counts.
+        assert_ne!(
+            f.fingerprint(&parts("POST", "/pay", Some("a"), b"{}")),
+            f.fingerprint(&parts("POST", "/paya", None, b"{}"))
+        );
         assert_ne!(a, f.fingerprint(&parts("PUT", "/pay", None, b"{}")));
         assert_ne!(a, f.fingerprint(&parts("POST", "/pay2", None, b"{}")));
         assert_ne!(a, f.fingerprint(&parts("POST", "/pay", None, b"{ }")));

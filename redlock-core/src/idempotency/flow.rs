@@ -7,7 +7,10 @@
 //!    acquire, and heard first;
 //! 4. take the lock on the lookup key (busy → 409 + `Retry-After`, or wait);
 //! 5. read under the lock: another fingerprint → 422, a record → replay
-//!    (written again first if it was not durable), none → run. With the
+//!    (if it was not durable, written again first with this holder's
+//!    order, and answered only once that is on a quorum), none → run (without
+//!    fencing, after taking the key's generation, the order of the record it
+//!    will write: one more round trip, see `RedisStore::generation`). With the
 //!    [`RedisStore`], step 3's read already is this read when a quorum of
 //!    nodes ran it after the acquire's `SET` (it reads the lock key's holder
 //!    in the same script); otherwise it is read again;
@@ -264,29 +267,64 @@ impl Idempotency {
                 .await
                 .map_err(IdempotencyRejection::Store)?,
         };
-        let order = match &found {
-            Some(found) => found.record.order.saturating_add(1),
-            None => 1,
-        };
         let Some(found) = found else {
+            let order = match self.order(&lookup, &holder).await {
+                Ok(order) => order,
+                Err(error) => {
+                    lock.release().await;
+                    return Err(IdempotencyRejection::Store(error));
+                }
+            };
             return Ok(Begin::Run(Running {
                 lock,
                 lookup,
                 fingerprint,
-                order: holder.fencing_token().map_or(order, |t| t.get()),
+                order,
                 store: Arc::clone(&self.store),
                 policy: Arc::clone(&self.policy),
             }));
         };
-        if !found.durable && found.record.fingerprint == fingerprint {
-            // Written again under this lock, so the next retry takes the
-            // fast path; a failure only costs that retry the lock path.
-            if let Err(error) = self.store.put(&lookup, &holder, &found.record).await {
-                tracing::debug!(%error, "idempotency record repair failed");
+        let mut record = found.record;
+        if !found.durable && record.fingerprint == fingerprint {
+            // A record on fewer than a quorum of nodes is answered only once
+            // it is on a quorum, written again under this lock with this
+            // holder's order: a record other nodes may hold (a write that
+            // missed its quorum, or one this read did not hear) then never
+            // outranks it, and no later holder runs the work again, so the
+            // key keeps the answer given now. Otherwise the client gets 503
+            // and retries.
+            let repaired = match self.order(&lookup, &holder).await {
+                Ok(order) => {
+                    record.order = order;
+                    record.fencing_token = holder.fencing_token();
+                    self.store.put(&lookup, &holder, &record).await
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = repaired {
+                lock.release().await;
+                return Err(IdempotencyRejection::Store(error));
             }
         }
         lock.release().await;
-        self.replay(found.record, fingerprint).map(Begin::Replay)
+        self.replay(record, fingerprint).map(Begin::Replay)
+    }
+
+    /// The order of a record `holder` writes for `lookup`: its fencing token,
+    /// larger for every later holder; without fencing, the key's generation
+    /// from the Redis store (`RedisStore::generation`), which is too. A store
+    /// of the user's orders its records itself (by the fencing token, in the
+    /// transaction of the work's effects), and gets 1.
+    async fn order(
+        &self,
+        lookup: &LookupKey,
+        holder: &crate::guard::LockHandle,
+    ) -> Result<u64, super::store::StoreError> {
+        match (holder.fencing_token(), &self.redis) {
+            (Some(token), _) => Ok(token.get()),
+            (None, Some(redis)) => redis.generation(lookup, holder).await,
+            (None, None) => Ok(1),
+        }
     }
 
     fn replay(

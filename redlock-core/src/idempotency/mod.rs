@@ -20,7 +20,12 @@
 //! its lock before the write records nothing, and the next copy of the
 //! request runs the work. A replay skips the lock only when a quorum of
 //! nodes return the same record; otherwise the request takes the lock path,
-//! where the newest record wins.
+//! where the newest record wins. *Newest* is by the order a record carries:
+//! the writer's fencing token, or without fencing the key's generation, which
+//! each holder that runs the work (or writes a found record back) takes under
+//! its lock from a quorum of nodes. A record found on fewer than a quorum is
+//! answered only once written back onto a quorum with the holder's own
+//! order, so a key keeps the answer a client has received.
 //!
 //! Records expire after the store's TTL (24 h by default). Webhook users:
 //! set it longer than the sender's retry window (Stripe retries for up to

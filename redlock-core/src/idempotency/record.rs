@@ -61,8 +61,9 @@ pub enum Outcome {
 pub struct Record {
     /// The order among records of one key; under the lock the record with the
     /// largest order wins. With fencing on it is the writer's fencing token;
-    /// without, one more than the largest order the writer read under its
-    /// lock (see the module docs of `redis_store`).
+    /// without, in the Redis store, the key's generation the writer took
+    /// under its lock from a quorum of nodes (see the module docs of
+    /// `redis_store`); a store of the user's without fencing writes 1.
     pub order: u64,
     /// The writer's fencing token, when the lock handle fences.
     pub fencing_token: Option<FencingToken>,

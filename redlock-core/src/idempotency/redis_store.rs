@@ -18,14 +18,18 @@
 //!   newest record wins. *Newest* is the largest [`Record::order`], then the
 //!   larger encoded bytes for a deterministic tie-break. With fencing on,
 //!   the order is the writer's fencing token, larger for every later holder.
-//!   Without fencing, the flow writes one more than the largest order it read
-//!   under its lock, so a later holder that saw an earlier record orders
-//!   after it. (Under the lock a record found is replayed, never replaced, so
-//!   two different records of one key arise only when a write failed its
-//!   quorum and the next holder did not hear from its nodes.)
+//!   Without fencing, it is the key's generation, which the writer took under
+//!   its lock from a quorum of nodes before it ran the work
+//!   (`RedisStore::generation`), larger for every later holder as well: a
+//!   record whose write missed its quorum never outranks the record of a
+//!   later holder that ran the work again. (Under the lock a record found is
+//!   replayed, never replaced, so two different records of one key arise only
+//!   when a write failed its quorum and the next holder did not hear from its
+//!   nodes.)
 //!
-//! The record's Redis key is the lock's key followed by `:record`; it
-//! expires after the record TTL (default 24 h).
+//! The record's Redis key is the lock's key followed by `:record`, the
+//! generation's by `:generation`; both expire after the record TTL (default
+//! 24 h).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +43,7 @@ use super::store::{Found, IdempotencyStore, StoreError, StoreFuture};
 use crate::error::{NodeError, NodeStatus};
 use crate::fan_out::{DynFan, Settled};
 use crate::guard::LockHandle;
-use crate::node::{Call, RECORD_GET, RECORD_PEEK, RECORD_PUT, parse_flag};
+use crate::node::{Call, RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT, parse_flag};
 use crate::redlock::Redlock;
 
 /// The default record TTL: 24 hours.
@@ -88,6 +92,139 @@ impl RedisStore {
         format!("{}:record", self.redlock.key_for(key.resource()))
     }
 
+    /// The Redis key of `key`'s generation counter: the order of the records
+    /// written without fencing (see the module docs of
+    /// [`idempotency`](crate::idempotency)), expiring with the records.
+    pub fn generation_key(&self, key: &LookupKey) -> String {
+        format!("{}:generation", self.redlock.key_for(key.resource()))
+    }
+
+    /// The record TTL in whole milliseconds, as the nodes take it: at least
+    /// 1, at most a century (Redis refuses an expiry past what its clock can
+    /// add; a century is "forever" for a record).
+    fn ttl_ms(&self) -> String {
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        self.ttl.min(CENTURY).as_millis().max(1).to_string()
+    }
+
+    /// The generation `holder` takes for `key` before it runs the work
+    /// without fencing: the order of the record it then writes, larger than
+    /// that of every earlier holder that took one.
+    ///
+    /// Each node keeps a counter next to the record, which only a holder of
+    /// the lock there may touch (the script checks the node's lock key
+    /// holds the holder's token), which never goes down, and which expires
+    /// with the records (the record TTL, set at each step, so a counter never
+    /// outlives the last record written after it). A holder adds one to the
+    /// counter on every node; its generation `g` is the largest value a
+    /// quorum of answers gave, and it is taken only once a quorum of nodes
+    /// hold at least `g` (a node that was behind is raised to `g` in a second
+    /// step). Sound because any two quorums share a node: an earlier holder
+    /// left at least its `g₁` on a quorum, the next one's increment on the
+    /// shared node gives more than `g₁`, and it takes at least that. A
+    /// holder that cannot get its generation onto a quorum does not run.
+    pub(crate) async fn generation(
+        &self,
+        key: &LookupKey,
+        holder: &LockHandle,
+    ) -> Result<u64, StoreError> {
+        let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
+        let generation_key = self.generation_key(key);
+        let ttl_ms = self.ttl_ms();
+        let step = |floor: u64, nodes: Vec<usize>| {
+            let floor = floor.to_string();
+            let call = Arc::new(Call::keys(
+                &RECORD_GENERATION,
+                &[holder.key().as_bytes(), generation_key.as_bytes()],
+                &[
+                    holder.token().as_bytes(),
+                    ttl_ms.as_bytes(),
+                    floor.as_bytes(),
+                ],
+            ));
+            self.redlock
+                .fan_out(&call, parse_generation, nodes.into_iter())
+        };
+        // Heard until a quorum agrees on the largest value, or every node
+        // has answered: most keys are run once, and every node says 1.
+        let mut pending = step(0, (0..n).collect());
+        let mut values: Vec<u64> = Vec::new();
+        let settled = self
+            .redlock
+            .settle(&mut pending, |s| {
+                if let Ok(Some(v)) = s.result {
+                    values.push(v);
+                }
+                let max = values.iter().copied().max().unwrap_or(0);
+                values.iter().filter(|&&v| v == max).count() >= q
+            })
+            .await;
+        // The other nodes still count up (a dropped call could be cancelled
+        // before it is sent): a counter only goes up.
+        finish_in_background(pending);
+        let heard: Vec<u64> = settled
+            .iter()
+            .flatten()
+            .filter_map(|s| s.result.as_ref().ok().copied().flatten())
+            .collect();
+        if heard.len() < q {
+            return Err(self.generation_refused(&settled));
+        }
+        let g = heard.iter().copied().max().unwrap_or(0);
+        let at_g: Vec<usize> = settled
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.result, Ok(Some(v)) if v >= g))
+            .map(|s| s.index)
+            .collect();
+        if at_g.len() >= q {
+            return Ok(g);
+        }
+        // Raise the nodes that are behind (or did not answer) to `g`.
+        let behind: Vec<usize> = (0..n).filter(|i| !at_g.contains(i)).collect();
+        let mut pending = step(g, behind);
+        let mut raised = at_g.len();
+        let settled = self
+            .redlock
+            .settle(&mut pending, |s| {
+                if matches!(s.result, Ok(Some(v)) if v >= g) {
+                    raised += 1;
+                }
+                raised >= q
+            })
+            .await;
+        finish_in_background(pending);
+        if raised >= q {
+            Ok(g)
+        } else {
+            Err(self.generation_refused(&settled))
+        }
+    }
+
+    /// Why a generation could not be taken: the lock is not the holder's on
+    /// enough nodes, or too few answered.
+    fn generation_refused(&self, settled: &[Option<Settled<Option<u64>>>]) -> StoreError {
+        let q = self.redlock.inner.quorum;
+        let n = self.redlock.inner.nodes.len();
+        let not_held = settled
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s.result, Ok(None)))
+            .count();
+        let report = self.redlock.report(settled, |v| {
+            if v.is_some() {
+                NodeStatus::Ok
+            } else {
+                NodeStatus::NotHeld
+            }
+        });
+        if n - not_held < q {
+            StoreError::NotHeld { report }
+        } else {
+            StoreError::NoQuorum { report }
+        }
+    }
+
     /// Every node's `GET` of the record, until `decided` says the outcome is
     /// known.
     async fn read(
@@ -101,6 +238,32 @@ impl RedisStore {
         let mut pending = self.redlock.fan_out(&call, parse_bytes, 0..n);
         // Unanswered reads are dropped: a read has nothing to finish.
         self.redlock.settle(&mut pending, decided).await
+    }
+}
+
+/// The generation script's answer: the counter, or `None` where the lock is
+/// not the holder's.
+fn parse_generation(v: Value) -> Result<Option<u64>, NodeError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::Int(g) => u64::try_from(g)
+            .map(Some)
+            .map_err(|_| NodeError::Protocol(format!("generation {g}"))),
+        other => Err(NodeError::Protocol(format!("generation reply {other:?}"))),
+    }
+}
+
+/// Lets the calls a fan-out did not wait for run to their end in the
+/// background (a dropped call could be cancelled before it is sent).
+fn finish_in_background<F>(mut pending: crate::fan_out::Fan<F>)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send,
+{
+    if !pending.is_empty()
+        && let Ok(rt) = tokio::runtime::Handle::try_current()
+    {
+        rt.spawn(async move { while pending.next().await.is_some() {} });
     }
 }
 
@@ -365,10 +528,7 @@ impl IdempotencyStore for RedisStore {
                 return Err(StoreError::Lost);
             }
             let record_key = self.record_key(key);
-            // Redis refuses an expiry past what its clock can add; a century
-            // is "forever" for a record.
-            const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-            let ttl_ms = self.ttl.min(CENTURY).as_millis().max(1).to_string();
+            let ttl_ms = self.ttl_ms();
             let call = Arc::new(Call::keys(
                 &RECORD_PUT,
                 &[holder.key().as_bytes(), record_key.as_bytes()],

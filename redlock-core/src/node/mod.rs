@@ -28,7 +28,7 @@ pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_fl
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 #[cfg(feature = "idempotency")]
-pub(crate) use scripts::{RECORD_GET, RECORD_PEEK, RECORD_PUT};
+pub(crate) use scripts::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 use scripts::{
     eval, release_eval, release_evalsha, release_many_cmds, release_many_unflagged_cmds,
     release_unflagged,

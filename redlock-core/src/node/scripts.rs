@@ -167,6 +167,30 @@ if type(holder) ~= 'string' then holder = false end
 return {redis.call('GET', KEYS[1]), holder}
 "#;
 
+/// The idempotency key's generation, taken by a holder before it runs the
+/// work: only while the lock key (`KEYS[1]`) still holds the holder's token
+/// `ARGV[1]`, the counter `KEYS[2]` goes up by one, and to at least `ARGV[3]`
+/// (the holder's generation, when it raises a node that lagged behind), and
+/// expires with the records (`ARGV[2]` ms). Returns the counter, or `false`
+/// where the lock is not the holder's. See `RedisStore::generation`.
+#[cfg(feature = "idempotency")]
+const RECORD_GENERATION_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return false
+end
+local g = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if g < floor then
+  redis.call('SET', KEYS[2], ARGV[3])
+  g = floor
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return g
+"#;
+
+#[cfg(feature = "idempotency")]
+pub(crate) static RECORD_GENERATION: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RECORD_GENERATION_LUA));
 #[cfg(feature = "idempotency")]
 pub(crate) static RECORD_PUT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RECORD_PUT_LUA));

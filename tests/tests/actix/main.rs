@@ -9,6 +9,8 @@ mod fencing;
 mod hold_limit;
 mod holding;
 mod idempotency;
+mod idempotency_body;
+mod idempotency_fingerprint;
 mod loss;
 mod middleware;
 mod path_keys;

@@ -246,7 +246,17 @@ async fn a_record_on_a_minority_does_not_answer_without_the_lock() {
             >= 2)
         .await
     );
-    assert_eq!(store.get(&lookup).await.unwrap(), Some(recorded));
+    // The same response, written again with the repairer's order (its
+    // generation), so no copy elsewhere outranks it.
+    let repaired = store.get(&lookup).await.unwrap().expect("repaired");
+    assert!(repaired.order > recorded.order, "{repaired:?}");
+    assert_eq!(
+        Record {
+            order: recorded.order,
+            ..repaired
+        },
+        recorded
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

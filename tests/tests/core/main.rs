@@ -9,6 +9,7 @@ mod fencing;
 mod guard;
 mod holder;
 mod idempotency;
+mod idempotency_order;
 mod idempotency_sql;
 mod inputs;
 mod inspect;

@@ -10,6 +10,8 @@ mod fencing;
 mod hold_limit;
 mod holding;
 mod idempotency;
+mod idempotency_body;
+mod idempotency_fingerprint;
 mod loss;
 mod path_keys;
 mod responses;

@@ -1,0 +1,311 @@
+//! The order of idempotency records without fencing (issue 37, item 10):
+//! under the lock the newest record wins, and "newest" must be the record of
+//! the latest holder that ran the work, never the larger bytes, or an answer
+//! a client already received can change.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use redlock_core::idempotency::{
+    Begin, Idempotency, IdempotencyKey, IdempotencyRejection, IdempotencyStore, Outcome, Record,
+    RedisStore, RequestParts,
+};
+use redlock_core::idempotency::{Found, LookupKey, StoreError, StoreFuture};
+use redlock_core::{LockHandle, Redlock};
+use redlock_tests::Cluster;
+use redlock_tests::util::eventually;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// One request through the flow with body `x`: `Ok(Err(body))` for a
+/// replay, `Ok(Ok(()))` when it ran and recorded `201 <out>`.
+async fn run(
+    idem: &Idempotency,
+    raw_key: &str,
+    out: &'static str,
+) -> Result<Result<(), Bytes>, IdempotencyRejection> {
+    let headers = http::HeaderMap::new();
+    let parts = RequestParts {
+        method: "POST",
+        path: "/pay",
+        query: None,
+        headers: &headers,
+        body: b"x",
+    };
+    match idem
+        .begin(
+            Some(IdempotencyKey::parse(raw_key.as_bytes())),
+            None,
+            &parts,
+        )
+        .await?
+    {
+        Begin::Replay(r) => Ok(Err(r.body)),
+        Begin::Run(running) => {
+            running
+                .finish(
+                    201,
+                    std::iter::empty(),
+                    Some(Bytes::from_static(out.as_bytes())),
+                )
+                .await?;
+            Ok(Ok(()))
+        }
+        Begin::PassThrough => panic!("a keyed request passed through"),
+    }
+}
+
+/// The record bytes on each node.
+fn records(cluster: &Cluster, record_key: &str) -> Vec<Option<Vec<u8>>> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| n.raw_bytes(&[b"GET", record_key.as_bytes()]).unwrap())
+        .collect()
+}
+
+/// H1's record lands on node 0 only (its write missed the quorum, its
+/// client got 503); retry H2 does not hear node 0, runs the work and records
+/// R2 on nodes 1 and 2 (its client got R2); retry H3 hears nodes 0 and 1,
+/// finds R1 and R2. R1's bytes are the larger, so a rule that falls back to
+/// the bytes keeps R1, writes it back onto a quorum, and the key answers R1
+/// from then on. The key must keep answering R2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .build()
+        .unwrap();
+    redlock.check_nodes().await.unwrap();
+    // A short lock, so that the keys a paused node gets late expire soon.
+    let idem = Idempotency::new(redlock.clone())
+        .policy(redlock_core::idempotency::IdempotencyPolicy::default().lock(|l| l.ttl(ms(1000))));
+    let key = "\"order-10\"";
+    let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
+    let record_key = RedisStore::new(redlock.clone()).record_key(&lookup);
+    let lock_key = redlock.key_for(lookup.resource());
+    let no_lock_key = || async {
+        assert!(
+            eventually(Duration::from_secs(5), || cluster.count_with_key(&lock_key)
+                == 0)
+            .await,
+            "the lock key is left on {} nodes",
+            cluster.count_with_key(&lock_key)
+        );
+    };
+
+    // H1 runs; its record is then left on node 0 alone.
+    assert_eq!(run(&idem, key, "payment 9").await.unwrap(), Ok(()));
+    no_lock_key().await;
+    let r1 = records(&cluster, &record_key)[0]
+        .clone()
+        .expect("H1's record");
+
+    // H2, node 0 unreachable: no record heard, the work runs again.
+    cluster.node(0).pause();
+    let _ = cluster.node(1).raw::<i64>(&["DEL", &record_key]).unwrap();
+    let _ = cluster.node(2).raw::<i64>(&["DEL", &record_key]).unwrap();
+    let h2 = run(&idem, key, "payment 1").await;
+    cluster.node(0).resume();
+    assert_eq!(h2.unwrap(), Ok(()), "H2 did not run");
+    no_lock_key().await;
+    let r2 = records(&cluster, &record_key)[1]
+        .clone()
+        .expect("H2's record");
+    // Two records of one request, same length, whose bytes differ first in
+    // the order they carry (if any) and then in the body, where R1's is the
+    // larger: a rule that falls back to the bytes picks R1.
+    let decoded = |b: &[u8]| Record::decode(b).unwrap();
+    let (d1, d2) = (decoded(&r1), decoded(&r2));
+    let body = |r: &Record| match &r.outcome {
+        Outcome::Replayable { body, .. } => body.clone(),
+        Outcome::NotReplayable => panic!("not replayable"),
+    };
+    assert_eq!(
+        (body(&d1), body(&d2)),
+        (
+            Bytes::from_static(b"payment 9"),
+            Bytes::from_static(b"payment 1")
+        )
+    );
+    let same_order = Record {
+        order: d2.order,
+        ..d1.clone()
+    };
+    assert!(same_order.encode() > r2, "R1's bytes are not the larger");
+    // Each write is promised on a quorum only, and node 0 got H2's calls
+    // late: the records are set as the interleaving has them.
+    for (node, bytes) in [(0, &r1), (1, &r2), (2, &r2)] {
+        let () = cluster
+            .node(node)
+            .raw_bytes(&[b"SET", record_key.as_bytes(), bytes, b"PX", b"60000"])
+            .unwrap();
+    }
+
+    // H3 hears nodes 0 and 1 only.
+    cluster.node(2).pause();
+    let h3 = run(&idem, key, "payment 3").await;
+    cluster.node(2).resume();
+    assert_eq!(
+        h3.unwrap(),
+        Err(Bytes::from_static(b"payment 1")),
+        "H3 was answered another response than H2's client got"
+    );
+    // And from then on, on every node.
+    no_lock_key().await;
+    let h4 = run(&idem, key, "payment 4").await.unwrap();
+    assert_eq!(
+        h4,
+        Err(Bytes::from_static(b"payment 1")),
+        "the key's answer changed"
+    );
+}
+
+/// A node whose generation counter is behind is raised to the holder's
+/// generation before it runs, so the next holder's increment on any node of
+/// that quorum goes past it; and the counter expires with the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_records() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .build()
+        .unwrap();
+    redlock.check_nodes().await.unwrap();
+    let store = RedisStore::new(redlock.clone()).record_ttl(Duration::from_secs(60));
+    let idem = Idempotency::new(redlock.clone()).store(store.clone());
+    let key = "\"order-11\"";
+    let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
+    let generation_key = store.generation_key(&lookup);
+    // An earlier holder's generation 5 on node 0 alone.
+    cluster.node(0).cmd(&["SET", &generation_key, "5"]);
+    assert_eq!(run(&idem, key, "paid").await.unwrap(), Ok(()));
+    let recorded = store.get(&lookup).await.unwrap().expect("recorded");
+    assert_eq!(recorded.order, 6, "the record's generation");
+    // At least 6 on a quorum (the raise of a node that did not answer in
+    // time may land later), and never without an expiry.
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.get(&generation_key).and_then(|v| v.parse::<u64>().ok()) >= Some(6))
+            .count()
+            >= 2)
+        .await,
+        "counters {:?}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.get(&generation_key))
+            .collect::<Vec<_>>()
+    );
+    for node in cluster.nodes() {
+        let pttl = node.pttl(&generation_key);
+        assert!(pttl == -2 || (0 < pttl && pttl <= 60_000), "PTTL {pttl}");
+    }
+}
+
+/// The Redis store, with its writes refused while `fail` is set (a write
+/// that misses its quorum).
+#[derive(Debug)]
+struct RefusingWrites {
+    inner: RedisStore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl IdempotencyStore for RefusingWrites {
+    fn get<'a>(&'a self, key: &'a LookupKey) -> StoreFuture<'a, Option<Record>> {
+        self.inner.get(key)
+    }
+
+    fn get_held<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+    ) -> StoreFuture<'a, Option<Found>> {
+        self.inner.get_held(key, holder)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+        record: &'a Record,
+    ) -> StoreFuture<'a, ()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async { Err(StoreError::Backend("write missed its quorum".into())) });
+        }
+        self.inner.put(key, holder, record)
+    }
+}
+
+/// A record found under the lock on fewer than a quorum of nodes is answered
+/// only once it is written again onto a quorum: replayed after a failed
+/// write-back, it could be the answer one client gets while a later holder
+/// that does not hear its node runs the work and answers another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_a_minority_is_not_answered_when_its_write_back_fails() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .build()
+        .unwrap();
+    redlock.check_nodes().await.unwrap();
+    let store = std::sync::Arc::new(RefusingWrites {
+        inner: RedisStore::new(redlock.clone()),
+        fail: false.into(),
+    });
+    let idem = Idempotency::new(redlock.clone()).store(ArcStore(std::sync::Arc::clone(&store)));
+    let key = "\"order-12\"";
+    let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
+    let record_key = store.inner.record_key(&lookup);
+    assert_eq!(run(&idem, key, "payment 1").await.unwrap(), Ok(()));
+    let lock_key = redlock.key_for(lookup.resource());
+    assert!(
+        eventually(Duration::from_secs(5), || cluster.count_with_key(&lock_key)
+            == 0)
+        .await
+    );
+    // Left on node 0 alone.
+    let _ = cluster.node(1).raw::<i64>(&["DEL", &record_key]).unwrap();
+    let _ = cluster.node(2).raw::<i64>(&["DEL", &record_key]).unwrap();
+    store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answer = run(&idem, key, "payment 2").await;
+    assert!(
+        matches!(answer, Err(IdempotencyRejection::Store(_))),
+        "answered from a record a later holder may not hear: {answer:?}"
+    );
+}
+
+/// An `Arc` of a store, as a store.
+#[derive(Debug)]
+struct ArcStore<S>(std::sync::Arc<S>);
+
+impl<S: IdempotencyStore> IdempotencyStore for ArcStore<S> {
+    fn get<'a>(&'a self, key: &'a LookupKey) -> StoreFuture<'a, Option<Record>> {
+        self.0.get(key)
+    }
+
+    fn get_held<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+    ) -> StoreFuture<'a, Option<Found>> {
+        self.0.get_held(key, holder)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a LookupKey,
+        holder: &'a LockHandle,
+        record: &'a Record,
+    ) -> StoreFuture<'a, ()> {
+        self.0.put(key, holder, record)
+    }
+}
