@@ -198,7 +198,10 @@ impl Redlock {
         // otherwise cost every call a full acquire and release.
         self.loss_margin_for(options)?;
         let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self.lock_with(resource, options.ttl, retry).await?;
+        let retained = options.retained_counter_ttl(self.inner.settings.fencing);
+        let lock = self
+            .lock_with_retained(resource, options.ttl, retry, retained)
+            .await?;
         LockGuard::new(lock, options)
     }
 

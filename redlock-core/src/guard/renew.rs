@@ -103,7 +103,7 @@ impl Renewal {
     ) -> Self {
         let redlock = lock.redlock();
         let hold_until = options
-            .max_hold
+            .hold_cap(redlock.inner.settings.fencing)
             .and_then(|m| lock.started_at().checked_add(m));
         let min_ttl = redlock
             .min_ttl()
