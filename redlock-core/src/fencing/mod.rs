@@ -175,6 +175,7 @@ pub(crate) const DEFAULT_FENCE_COUNTER_TTL: Duration = Duration::from_secs(24 * 
 /// The retention of a per-request lock's [`FencingMode::Durable`] counter
 /// when its policy names none: one day (see
 /// [`LockOptions::fence_retention`](crate::LockOptions::fence_retention)).
+#[cfg(feature = "http")]
 pub(crate) const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a lock with a retained [`FencingMode::Durable`] counter is held
