@@ -159,13 +159,21 @@ async fn a_request_lock_s_counter_keeps_a_day_by_default() {
     // The default: a day's retention, the one-hour hold cap, the 5 s TTL.
     let span = day + Duration::from_secs(3600 + 5);
     let most = span + span / 100 + Duration::from_secs(1);
-    for node in cluster.nodes() {
-        let (value, pttl) = counter_of(node, "redlock:/orders/7");
-        assert_eq!(value, Some(1));
+    // The fence is decided at a quorum; the third node's may still be on
+    // its way.
+    let counters: Vec<_> = cluster
+        .nodes()
+        .iter()
+        .map(|n| counter_of(n, "redlock:/orders/7"))
+        .collect();
+    let fenced = counters.iter().filter(|(v, _)| *v == Some(1)).count();
+    assert!(fenced >= 2, "{counters:?}");
+    for &(value, pttl) in &counters {
         assert!(
-            pttl > (most - Duration::from_secs(60)).as_millis() as i64
-                && pttl <= most.as_millis() as i64,
-            "PTTL {pttl} ms, expected just under {most:?}"
+            value.is_none()
+                || (pttl > (most - Duration::from_secs(60)).as_millis() as i64
+                    && pttl <= most.as_millis() as i64),
+            "PTTL {pttl} ms, expected just under {most:?}: {counters:?}"
         );
     }
 }
@@ -193,11 +201,12 @@ async fn a_named_resource_s_durable_counter_still_never_expires() {
     guard.release().await.unwrap();
     let lock = redlock.try_lock("invoice:44", LOCK_TTL).await.unwrap();
     redlock.unlock(lock).await.unwrap();
-    for node in cluster.nodes() {
-        for (key, token) in [("invoice:42", 1), ("invoice:43", 1), ("invoice:44", 2)] {
-            let counter = counter_of(node, key);
-            assert_eq!(counter, (Some(token), -1), "{key} on {}", node.port());
-        }
+    // Each fence is decided at a quorum: a quorum of nodes holds the last
+    // token without expiry (the third node's fence may still be on its way).
+    for (key, token) in [("invoice:42", 1), ("invoice:43", 1), ("invoice:44", 2)] {
+        let counters: Vec<_> = cluster.nodes().iter().map(|n| counter_of(n, key)).collect();
+        let permanent = counters.iter().filter(|&&c| c == (Some(token), -1)).count();
+        assert!(permanent >= 2, "{key}: {counters:?}");
     }
 }
 
@@ -245,10 +254,20 @@ async fn tokens_of_a_per_request_resource_grow_while_its_record_lives() {
     }
     assert!(tokens.len() >= 4, "{tokens:?}");
     let key = redlock.key_for(lookup.resource());
-    let (value, pttl) = counter_of(cluster.node(0), &key);
-    assert_eq!(value, Some(last.get()));
+    let counters: Vec<_> = cluster
+        .nodes()
+        .iter()
+        .map(|n| counter_of(n, &key))
+        .collect();
+    let at_last: Vec<i64> = counters
+        .iter()
+        .filter(|(v, _)| *v == Some(last.get()))
+        .map(|&(_, pttl)| pttl)
+        .collect();
+    assert!(at_last.len() >= 2, "{counters:?}");
+    let floor = (counter_bound(record_ttl) - ms(1000)).as_millis() as i64;
     assert!(
-        pttl > (counter_bound(record_ttl) - ms(1000)).as_millis() as i64,
-        "each fence refreshes the expiry: PTTL {pttl} ms"
+        at_last.iter().all(|&pttl| pttl > floor),
+        "each fence refreshes the expiry: {counters:?}"
     );
 }
