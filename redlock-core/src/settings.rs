@@ -140,7 +140,9 @@ impl LockOptions {
     }
 
     /// Stops renewing once the lock has been held this long. The holder is told
-    /// the lock is lost when its last validity runs out.
+    /// the lock is lost when its last validity runs out. Without it, a lock
+    /// with a [`fence_retention`](Self::fence_retention) under
+    /// [`FencingMode::Durable`] is held at most one hour.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self

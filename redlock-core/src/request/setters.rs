@@ -141,8 +141,9 @@ macro_rules! lock_policy_setters {
         }
 
         /// Stops renewing once the lock has been held this long (default: no
-        /// cap). The handler is then told (or aborted) when the last validity
-        /// ends.
+        /// cap; one hour under `FencingMode::Durable`, whose per-request
+        /// counters must outlast the hold, see `fence_retention`). The
+        /// handler is then told (or aborted) when the last validity ends.
         pub fn max_hold(self, max_hold: ::std::time::Duration) -> Self {
             self.$apply($crate::request::__private::Setting::MaxHold(max_hold))
         }
