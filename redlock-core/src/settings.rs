@@ -118,6 +118,9 @@ pub struct LockOptions {
     pub(crate) retry: Option<RetryPolicy>,
     pub(crate) loss_margin: Option<Duration>,
     pub(crate) check_deadline: bool,
+    /// `Some`: a per-request resource, whose Durable counter expires (see
+    /// [`LockOptions::fence_retention`]).
+    pub(crate) fence_retention: Option<Duration>,
 }
 
 impl LockOptions {
@@ -132,6 +135,7 @@ impl LockOptions {
             retry: None,
             loss_margin: None,
             check_deadline: true,
+            fence_retention: None,
         }
     }
 
@@ -142,7 +146,10 @@ impl LockOptions {
     /// [`LockHandle::lost`](crate::LockHandle::lost)), even when the TTL is
     /// longer, and the lock is released. `Duration::MAX` means no cap. No cap
     /// by default here; a per-request lock (`request::LockPolicy`, the `http`
-    /// feature) has one by default.
+    /// feature) has one by default. Without it, a lock with a
+    /// [`fence_retention`](Self::fence_retention) under
+    /// [`FencingMode::Durable`] is held at most one hour, the hold its
+    /// counter's expiry covers.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -181,6 +188,55 @@ impl LockOptions {
         self
     }
 
+    /// Marks the resource as per-request (named by a client, not by the
+    /// program): under [`FencingMode::Durable`] its fence counter then
+    /// expires instead of living for ever, `keep` being how long anything
+    /// may still compare a token of it after the lock's keys are gone
+    /// (default: none, the counter never expires). The web layers set it for
+    /// every lock they take (a day by default, `fence_retention` on their
+    /// policy), the idempotency layer to its records' TTL.
+    ///
+    /// The rule: every fence sets the counter's expiry to the hold cap
+    /// ([`max_hold`](Self::max_hold); one hour when none is set, and the
+    /// lock is then held at most that long), plus the TTL, plus `keep`,
+    /// plus a hundredth of those and one second for the nodes' clocks. When
+    /// the counter has expired, the next holder's token may start again
+    /// lower.
+    ///
+    /// What it means for a store that compares the tokens: tokens still grow
+    /// from holder to holder as long as each lock is fenced within that
+    /// expiry of the one before; after a longer idle gap they may start
+    /// over. That is harmless when nothing compares a token any more by
+    /// then: a record the nodes accept only under the lock key (the
+    /// idempotency layer's) and that expires within `keep`, or a store that
+    /// drops its record of the resource within `keep`. A store that keeps
+    /// the last token longer refuses the new, lower tokens (as stale) until
+    /// they pass it; a holder paused for longer than the expiry may have its
+    /// late write accepted after a newer holder's. Give such resources a
+    /// `keep` at least as long as the store keeps its tokens (or name them
+    /// in the program, without a retention). Under
+    /// [`FencingMode::Hybrid`] this changes nothing: those counters expire
+    /// by their own rule.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_core::LockOptions;
+    ///
+    /// let per_request = LockOptions::new(Duration::from_secs(5))
+    ///     .max_hold(Duration::from_secs(30))
+    ///     .fence_retention(Duration::from_secs(24 * 3600));
+    /// assert_eq!(per_request.current_fence_retention(), Some(Duration::from_secs(24 * 3600)));
+    /// ```
+    pub fn fence_retention(mut self, keep: Duration) -> Self {
+        self.fence_retention = Some(keep);
+        self
+    }
+
+    /// The retention set with [`fence_retention`](Self::fence_retention), if any.
+    pub fn current_fence_retention(&self) -> Option<Duration> {
+        self.fence_retention
+    }
+
     /// The TTL of each key.
     pub fn ttl(&self) -> Duration {
         self.ttl
@@ -190,6 +246,25 @@ impl LockOptions {
     /// (`Duration::MAX` is no cap).
     pub fn hold_limit(&self) -> Option<Duration> {
         self.max_hold
+    }
+
+    /// How long the lock is held at most under `fencing`: its `max_hold`,
+    /// or, for a retained Durable counter without one, the cap the counter's
+    /// expiry covers.
+    pub(crate) fn hold_cap(&self, fencing: Option<FencingMode>) -> Option<Duration> {
+        match (self.max_hold, self.fence_retention, fencing) {
+            (None, Some(_), Some(FencingMode::Durable)) => Some(crate::fencing::RETAINED_HOLD_CAP),
+            (max_hold, _, _) => max_hold,
+        }
+    }
+
+    /// The expiry a fence gives this lock's counter under `fencing`, when it
+    /// is a retained Durable counter (see [`fence_retention`](Self::fence_retention)).
+    pub(crate) fn retained_counter_ttl(&self, fencing: Option<FencingMode>) -> Option<Duration> {
+        let keep = self.fence_retention?;
+        let hold = self.hold_cap(fencing)?;
+        (fencing == Some(FencingMode::Durable))
+            .then(|| crate::fencing::retained_counter_ttl(hold, self.ttl, keep))
     }
 }
 

@@ -35,7 +35,7 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
-        ttl: Duration,
+        ttl: crate::acquire::Ttl,
         retry: &RetryPolicy,
         begin: Instant,
         latest_start: Option<Instant>,
@@ -76,7 +76,7 @@ impl Redlock {
             // first, so that a release after it announces itself.
             let flag = subscription.as_ref().map(|_| {
                 let node_timeout = self.inner.settings.node_timeout;
-                flag_ttl(ttl, retry, node_timeout, Instant::now(), latest_start)
+                flag_ttl(ttl.key, retry, node_timeout, Instant::now(), latest_start)
             });
             let err = match self
                 .attempt_flagged(resource, key, ttl, attempt, flag)

@@ -45,6 +45,8 @@ pub(super) struct Attempt<'a> {
     /// The attempt's fresh token (spec step 1).
     pub(super) token: Arc<str>,
     pub(super) ttl: Duration,
+    /// The expiry the fence gives a per-request resource's Durable counter.
+    pub(super) retained: Option<Duration>,
     /// When the `SET`s were sent: the validity counts from here.
     pub(super) start: Instant,
     /// Armed until the attempt is decided, so that dropping it mid-way releases
@@ -89,14 +91,15 @@ impl<'a> Attempt<'a> {
         key: &'a Arc<str>,
         keys: Keys,
         token: Arc<str>,
-        ttl: Duration,
+        ttl: super::Ttl,
         start: Instant,
     ) -> Self {
         Attempt {
             redlock,
             resource,
             key,
-            ttl,
+            ttl: ttl.key,
+            retained: ttl.retained,
             start,
             cleanup: ReleaseOnDrop {
                 redlock,
@@ -165,6 +168,7 @@ impl Attempt<'_> {
                 &round.settled,
                 self.start,
                 self.ttl,
+                self.retained,
                 0,
             )
             .await

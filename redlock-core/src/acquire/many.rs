@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join_all, select_all};
 use tracing::Instrument;
 
+use super::Ttl;
 use super::attempt::{Attempt, Round};
 use crate::error::{Error, NodeError};
 use crate::fencing::{FencingMode, fence_key};
@@ -98,8 +99,28 @@ impl Redlock {
         I: IntoIterator<Item = R>,
         R: AsRef<str>,
     {
+        self.lock_many_with_retained(resources, Ttl::new(ttl, None), retry)
+            .await
+    }
+
+    /// [`Redlock::lock_many_with`], with the expiry a fence gives
+    /// per-request resources' Durable counters (see [`Ttl`]).
+    async fn lock_many_with_retained<I, R>(
+        &self,
+        resources: I,
+        ttl: Ttl,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
         let many = match self.resources(resources)? {
-            Resources::One(resource) => return self.lock_with(&resource, ttl, retry).await,
+            Resources::One(resource) => {
+                return self
+                    .lock_with_retained(&resource, ttl.key, retry, ttl.retained)
+                    .await;
+            }
             Resources::Many(many) => many,
         };
         let begin = Instant::now();
@@ -133,7 +154,11 @@ impl Redlock {
     {
         self.loss_margin_for(options)?;
         let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self.lock_many_with(resources, options.ttl, retry).await?;
+        let ttl = Ttl::new(
+            options.ttl,
+            options.retained_counter_ttl(self.inner.settings.fencing),
+        );
+        let lock = self.lock_many_with_retained(resources, ttl, retry).await?;
         LockGuard::new(lock, options)
     }
 
@@ -164,10 +189,10 @@ impl Redlock {
     async fn lock_many_with_retries(
         &self,
         many: &Arc<Many>,
-        ttl: Duration,
+        ttl: Ttl,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        self.check_ttl(ttl)?;
+        self.check_ttl(ttl.key)?;
         let latest_start = self.latest_start(retry, Instant::now());
         if retry.max_attempts > 1 && self.inner.waiting.enabled() {
             return self
@@ -188,7 +213,7 @@ impl Redlock {
     async fn lock_many_by_wake_up(
         &self,
         many: &Arc<Many>,
-        ttl: Duration,
+        ttl: Ttl,
         retry: &RetryPolicy,
         latest_start: Option<Instant>,
     ) -> Result<Lock, Error> {
@@ -206,7 +231,7 @@ impl Redlock {
                 // all-or-none script cannot take them, or a user refused
                 // the flags' keys could not lock).
                 let node_timeout = self.inner.settings.node_timeout;
-                let flag = flag_ttl(ttl, retry, node_timeout, Instant::now(), latest_start);
+                let flag = flag_ttl(ttl.key, retry, node_timeout, Instant::now(), latest_start);
                 self.set_waiters_flags(many, flag).await;
             }
             let err = match self.attempt_many(many, ttl, attempt).await {
@@ -263,17 +288,12 @@ impl Redlock {
 
     /// One acquire attempt on a set: spec steps 1 to 4, with the
     /// all-or-none script as step 2.
-    async fn attempt_many(
-        &self,
-        many: &Arc<Many>,
-        ttl: Duration,
-        attempt: u32,
-    ) -> Result<Lock, Error> {
+    async fn attempt_many(&self, many: &Arc<Many>, ttl: Ttl, attempt: u32) -> Result<Lock, Error> {
         let span = tracing::debug_span!(
             "redlock.acquire",
             resource = %many.label,
             attempt,
-            ttl_ms = ttl.as_millis() as u64,
+            ttl_ms = ttl.key.as_millis() as u64,
             elapsed_us = tracing::field::Empty,
             validity_ms = tracing::field::Empty,
             ok = tracing::field::Empty,
@@ -288,7 +308,7 @@ impl Redlock {
             let call = Arc::new(Call::acquire_many(
                 many,
                 &token,
-                ttl.as_millis(),
+                ttl.key.as_millis(),
                 fence_keys,
             ));
             let start = Instant::now();
@@ -325,6 +345,7 @@ impl Attempt<'_> {
                 &round.settled,
                 self.start,
                 self.ttl,
+                self.retained,
                 i,
             )
         });

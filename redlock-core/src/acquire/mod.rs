@@ -21,6 +21,21 @@ mod attempt;
 mod many;
 use attempt::Attempt;
 
+/// An attempt's key TTL, and the expiry its fence gives a per-request
+/// resource's Durable counter (`None`: a named resource's, or no such
+/// counter; see `LockOptions::fence_retention`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ttl {
+    pub(crate) key: Duration,
+    pub(crate) retained: Option<Duration>,
+}
+
+impl Ttl {
+    pub(crate) fn new(key: Duration, retained: Option<Duration>) -> Self {
+        Self { key, retained }
+    }
+}
+
 impl Redlock {
     /// One attempt to take the lock (no retry).
     ///
@@ -52,9 +67,22 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
+        self.lock_with_retained(resource, ttl, retry, None).await
+    }
+
+    /// [`Redlock::lock_with`]; `retained` is the expiry a fence gives a
+    /// per-request resource's Durable counter (`None`: a named resource,
+    /// see `LockOptions::fence_retention`).
+    pub(crate) async fn lock_with_retained(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+        retained: Option<Duration>,
+    ) -> Result<Lock, Error> {
         let begin = Instant::now();
         let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
-        let result = self.lock_with_retries(resource, ttl, retry).await;
+        let result = self.lock_with_retries(resource, ttl, retry, retained).await;
         let key = self
             .inner
             .settings
@@ -73,6 +101,7 @@ impl Redlock {
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
+        retained: Option<Duration>,
     ) -> Result<Lock, Error> {
         self.check_resource(resource)?;
         self.check_ttl(ttl)?;
@@ -87,11 +116,18 @@ impl Redlock {
         let latest_start = self.latest_start(retry, begin);
         if retry.max_attempts > 1 && self.inner.waiting.enabled() {
             return self
-                .lock_by_wake_up(&resource, &key, ttl, retry, begin, latest_start)
+                .lock_by_wake_up(
+                    &resource,
+                    &key,
+                    Ttl::new(ttl, retained),
+                    retry,
+                    begin,
+                    latest_start,
+                )
                 .await;
         }
         self.poll_attempts(retry, latest_start, |attempt| {
-            self.attempt(&resource, &key, ttl, attempt)
+            self.attempt(&resource, &key, Ttl::new(ttl, retained), attempt)
         })
         .await
     }
@@ -158,7 +194,7 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
-        ttl: Duration,
+        ttl: Ttl,
         attempt: u32,
     ) -> Result<Lock, Error> {
         self.attempt_flagged(resource, key, ttl, attempt, None)
@@ -172,7 +208,7 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
-        ttl: Duration,
+        ttl: Ttl,
         attempt: u32,
         flag: Option<Duration>,
     ) -> Result<Lock, Error> {
@@ -180,7 +216,7 @@ impl Redlock {
             "redlock.acquire",
             resource = %resource,
             attempt,
-            ttl_ms = ttl.as_millis() as u64,
+            ttl_ms = ttl.key.as_millis() as u64,
             elapsed_us = tracing::field::Empty,
             validity_ms = tracing::field::Empty,
             ok = tracing::field::Empty,
@@ -198,11 +234,11 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
-        ttl: Duration,
+        ttl: Ttl,
         flag: Option<Duration>,
     ) -> Result<Lock, Error> {
         let token = new_token()?;
-        let ttl_ms = ttl.as_millis();
+        let ttl_ms = ttl.key.as_millis();
         let fencing = self.inner.settings.fencing.map(|_| fence_key(key));
         let call = Arc::new(match (flag, &fencing) {
             (None, None) => Call::acquire(key, &token, ttl_ms),

@@ -38,8 +38,15 @@ pub enum FencingMode {
     /// `T = max(counter) + 1`. Monotone as long as no node loses a counter
     /// write it acknowledged: every node must run with `appendonly yes` and
     /// `appendfsync always`. On a node that restarts without its data, tokens
-    /// can repeat or go backwards. The counters never expire (about 90 bytes
-    /// per resource ever locked, per node).
+    /// can repeat or go backwards. The counter of a resource the program
+    /// names (`lock`, `try_lock`, `lock_guard` without a retention) never
+    /// expires (about 90 bytes per resource ever locked, per node). The
+    /// counter of a per-request resource (the web layers' keys, the
+    /// idempotency layer's, or a lock taken with
+    /// [`LockOptions::fence_retention`](crate::LockOptions::fence_retention))
+    /// expires a bounded time after its last fence: see
+    /// [`LockOptions::fence_retention`](crate::LockOptions::fence_retention)
+    /// for the rule and why it is sound.
     Durable,
     /// `T = max(counter, TIME in µs) + 1`, from the nodes' own clocks (never the
     /// client's). Monotone without persistence if a restarted node stays down
@@ -144,9 +151,11 @@ pub(crate) struct FenceRead {
 ///
 /// `0xFF` never occurs in UTF-8, and every key this library locks is a Rust
 /// string, so no lock key can ever be a counter key, whatever the resource
-/// names. A [`FencingMode::Durable`] counter has no expiry: it must outlive
-/// every holder. A [`FencingMode::Hybrid`] counter expires after
-/// [`counter_ttl`] without a fence (see there why that is safe).
+/// names. A [`FencingMode::Durable`] counter of a named resource has no
+/// expiry: it must outlive every holder; one of a per-request resource
+/// expires after [`retained_counter_ttl`]. A [`FencingMode::Hybrid`] counter
+/// expires after [`counter_ttl`] without a fence (see there why that is
+/// safe).
 pub(crate) fn fence_key(key: &str) -> Vec<u8> {
     const PREFIX: &[u8] = b"\xfffence:";
     let mut k = Vec::with_capacity(PREFIX.len() + key.len());
@@ -163,8 +172,51 @@ pub(crate) const MIN_FENCE_COUNTER_TTL: Duration = Duration::from_secs(3600);
 /// one day.
 pub(crate) const DEFAULT_FENCE_COUNTER_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// The retention of a per-request lock's [`FencingMode::Durable`] counter
+/// when its policy names none: one day (see
+/// [`LockOptions::fence_retention`](crate::LockOptions::fence_retention)).
+#[cfg(feature = "http")]
+pub(crate) const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a lock with a retained [`FencingMode::Durable`] counter is held
+/// at most when its options set no `max_hold`: one hour. The counter's
+/// expiry must cover the hold, so the hold needs a bound.
+pub(crate) const RETAINED_HOLD_CAP: Duration = Duration::from_secs(3600);
+
+/// Past a century `PX` would overflow the node's clock arithmetic.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The expiry a fence gives a retained [`FencingMode::Durable`] counter: the
+/// hold cap `hold`, the lock's `ttl` and the retention `keep` together
+/// (`span`), plus `span / 100` and one second, at most a century.
+///
+/// Why that is sound. The lock's keys are gone from every node by
+/// `hold + ttl` after its fence (the guard stops renewing at `hold`, and no
+/// renewal sets more than `ttl`), so a write the nodes guard by the lock
+/// key (the idempotency record's) is made by then, and a store that keeps
+/// what it accepted for `keep` holds no token of this fence past
+/// `hold + ttl + keep`. Each fence sets the expiry anew on the fence
+/// quorum, so when the counter is gone on a node of a later acquire's
+/// quorum, the last fence that could have raised it there was longer ago
+/// than that: no token of the counter can still be compared, and a new one
+/// that starts lower is harmless. The hundredth and the second cover the
+/// nodes' clocks running at slightly different rates (the record expires by
+/// one node's clock, the counter by another's) and the time a renewal's
+/// `PEXPIRE` spends on the way; a node whose wall clock steps forward by
+/// more expires its counters early, which is the one clock assumption a
+/// per-request counter adds to the mode.
+pub(crate) fn retained_counter_ttl(hold: Duration, ttl: Duration, keep: Duration) -> Duration {
+    let span = hold.saturating_add(ttl).saturating_add(keep);
+    span.saturating_add(span / 100)
+        .saturating_add(Duration::from_secs(1))
+        .min(CENTURY)
+}
+
 /// The expiry a fence gives the counter of a lock of `lock_ttl`, or `None`
-/// for a counter that never expires ([`FencingMode::Durable`]).
+/// for a counter that never expires ([`FencingMode::Durable`] without
+/// `retained`). `retained` is the expiry of a per-request resource's
+/// [`FencingMode::Durable`] counter ([`retained_counter_ttl`]); a
+/// [`FencingMode::Hybrid`] counter keeps its own rule, already bounded.
 ///
 /// Why a [`FencingMode::Hybrid`] counter may expire. Every token is
 /// `max(counters, TIME) + 1` over the nodes read, and at least a
@@ -189,11 +241,10 @@ pub(crate) fn counter_ttl(
     mode: FencingMode,
     configured: Duration,
     lock_ttl: Duration,
+    retained: Option<Duration>,
 ) -> Option<Duration> {
-    // Past a century `PX` would overflow the node's clock arithmetic.
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     match mode {
-        FencingMode::Durable => None,
+        FencingMode::Durable => retained.map(|r| r.min(CENTURY)),
         FencingMode::Hybrid => Some(
             configured
                 .max(MIN_FENCE_COUNTER_TTL)
@@ -286,22 +337,46 @@ mod tests {
     fn hybrid_counters_expire_after_the_floor_durable_ones_never() {
         let h = Duration::from_secs(3600);
         let ms = Duration::from_millis;
-        assert_eq!(counter_ttl(FencingMode::Durable, h, ms(5)), None);
+        assert_eq!(counter_ttl(FencingMode::Durable, h, ms(5), None), None);
         assert_eq!(
-            counter_ttl(FencingMode::Hybrid, DEFAULT_FENCE_COUNTER_TTL, ms(5000)),
+            counter_ttl(
+                FencingMode::Hybrid,
+                DEFAULT_FENCE_COUNTER_TTL,
+                ms(5000),
+                None
+            ),
             Some(DEFAULT_FENCE_COUNTER_TTL)
         );
         assert_eq!(
-            counter_ttl(FencingMode::Hybrid, ms(1), ms(5000)),
+            counter_ttl(FencingMode::Hybrid, ms(1), ms(5000), None),
             Some(h + ms(5000))
         );
         assert_eq!(
-            counter_ttl(FencingMode::Hybrid, h, 3 * h),
+            counter_ttl(FencingMode::Hybrid, h, 3 * h, Some(ms(1))),
             Some(4 * h),
             "a lock's own TTL plus the hour"
         );
-        let century = counter_ttl(FencingMode::Hybrid, Duration::MAX, Duration::MAX).unwrap();
+        let century = counter_ttl(FencingMode::Hybrid, Duration::MAX, Duration::MAX, None).unwrap();
         assert!(century < Duration::from_secs(u64::MAX / 1000 / 1000));
+    }
+
+    #[test]
+    fn retained_durable_counters_cover_hold_ttl_and_retention() {
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        let r = retained_counter_ttl(s(2), s(1), s(1));
+        assert_eq!(r, ms(5040), "4 s, its hundredth, and a second");
+        assert_eq!(
+            counter_ttl(FencingMode::Durable, s(3600), s(1), Some(r)),
+            Some(r)
+        );
+        assert_eq!(
+            counter_ttl(FencingMode::Durable, s(3600), s(1), Some(Duration::MAX)),
+            Some(CENTURY)
+        );
+        assert_eq!(
+            retained_counter_ttl(Duration::MAX, Duration::MAX, Duration::MAX),
+            CENTURY
+        );
     }
 
     #[test]

@@ -28,7 +28,8 @@ impl Redlock {
     /// node that may hold the key (the OK nodes and those that have not
     /// answered yet; the script checks the token first). Decided at quorum
     /// within the validity counted from `start`; the other nodes' answers are
-    /// driven in the background, as extend does.
+    /// driven in the background, as extend does. `retained` is the expiry
+    /// of a per-request resource's Durable counter (`fencing::counter_ttl`).
     ///
     /// # Errors
     /// [`Error::NoFenceQuorum`] when fewer than a quorum applied it,
@@ -43,11 +44,12 @@ impl Redlock {
         acquired: &[Option<Settled<AcquireReply>>],
         start: Instant,
         ttl: Duration,
+        retained: Option<Duration>,
         index: usize,
     ) -> Result<Fenced, Error> {
         let fencing_token = self.pick_fencing_token(resource, mode, acquired, index)?;
         let targets = fence_targets(self.inner.nodes.len(), acquired);
-        let expiry = counter_ttl(mode, self.inner.settings.fence_counter_ttl, ttl);
+        let expiry = counter_ttl(mode, self.inner.settings.fence_counter_ttl, ttl, retained);
         let (applied, settled) = self
             .send_fences(key, token, fencing_token, expiry, targets)
             .await;

@@ -92,7 +92,7 @@ impl LockGuard {
             margin,
             // `Duration::MAX` (or any cap past the end of time) is no cap.
             hold_until: options
-                .max_hold
+                .hold_cap(redlock.inner.settings.fencing)
                 .and_then(|m| lock.started_at().checked_add(m)),
             check_deadline: options.check_deadline,
             extensions: AtomicU32::new(0),
@@ -204,7 +204,10 @@ impl Redlock {
         // otherwise cost every call a full acquire and release.
         self.loss_margin_for(options)?;
         let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self.lock_with(resource, options.ttl, retry).await?;
+        let retained = options.retained_counter_ttl(self.inner.settings.fencing);
+        let lock = self
+            .lock_with_retained(resource, options.ttl, retry, retained)
+            .await?;
         LockGuard::new(lock, options)
     }
 

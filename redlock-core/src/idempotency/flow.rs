@@ -213,10 +213,11 @@ impl Idempotency {
         // dropped, which releases whatever it took), and a busy answer is
         // never given before the read has said there is no record.
         let hash = lookup_hash(&lookup, &self.policy);
-        let mut acquire = std::pin::pin!(request::acquire(
+        let mut acquire = std::pin::pin!(request::acquire_retained(
             Some(&self.redlock),
-            Some(hash),
+            Some(request::RequestKey::One(hash)),
             &self.policy.lock,
+            self.fence_retention(),
         ));
         let mut acquired = None;
         let (record, peeked) = {
@@ -325,6 +326,17 @@ impl Idempotency {
             (None, Some(redis)) => redis.generation(lookup, holder).await,
             (None, None) => Ok(1),
         }
+    }
+
+    /// How long a token of a key's lock may still be compared once the lock
+    /// is gone, for its Durable fence counter (`LockOptions::fence_retention`):
+    /// with the [`RedisStore`], its records' TTL (a record is written only
+    /// under the lock key, so it is the last thing that holds a token), or
+    /// the policy's retention if longer; with another store, the policy's.
+    fn fence_retention(&self) -> Option<std::time::Duration> {
+        let record_ttl = self.redis.as_ref()?.record_ttl_now();
+        let own = self.policy.lock.options.fence_retention;
+        Some(own.map_or(record_ttl, |own| own.max(record_ttl)))
     }
 
     fn replay(

@@ -87,6 +87,12 @@ impl RedisStore {
         self
     }
 
+    /// How long a record lives: what its lock's Durable fence counter must
+    /// outlast (`Idempotency::fence_retention`).
+    pub(crate) fn record_ttl_now(&self) -> Duration {
+        self.ttl
+    }
+
     /// The Redis key of `key`'s record.
     pub fn record_key(&self, key: &LookupKey) -> String {
         format!("{}:record", self.redlock.key_for(key.resource()))

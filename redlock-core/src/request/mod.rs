@@ -231,13 +231,25 @@ pub async fn acquire_keys(
     key: Option<RequestKey>,
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
+    acquire_retained(redlock, key, policy, None).await
+}
+
+/// [`acquire_keys`] with `keep`, when set, as the fence retention of the
+/// lock instead of the policy's (the idempotency layer's: its records'
+/// TTL).
+pub(crate) async fn acquire_retained(
+    redlock: Option<&Redlock>,
+    key: Option<RequestKey>,
+    policy: &LockPolicy,
+    keep: Option<std::time::Duration>,
+) -> Result<Option<RequestLock>, Rejection> {
     let first = key.as_ref().and_then(|k| k.keys().first());
     let metrics_key = redlock.zip(first).and_then(|(r, k)| {
         r.has_metrics_key()
             .then(|| r.metrics_key(&r.key_for(&policy.resource_for(k))))
             .flatten()
     });
-    let result = acquire_lock(redlock, key, policy).await;
+    let result = acquire_lock(redlock, key, policy, keep).await;
     let outcome = match &result {
         Ok(Some(_)) => "locked",
         Ok(None) => "unlocked",
@@ -259,6 +271,7 @@ async fn acquire_lock(
     redlock: Option<&Redlock>,
     key: Option<RequestKey>,
     policy: &LockPolicy,
+    keep: Option<std::time::Duration>,
 ) -> Result<Option<RequestLock>, Rejection> {
     let Some(key) = key else {
         return without_key(policy);
@@ -281,6 +294,12 @@ async fn acquire_lock(
     let started = Instant::now();
     let options = LockOptions {
         retry: Some(policy.retry_for(redlock.retry_policy())),
+        // A client names this resource: its Durable fence counter expires
+        // (see `LockOptions::fence_retention`).
+        fence_retention: Some(
+            keep.or(policy.options.fence_retention)
+                .unwrap_or(crate::fencing::DEFAULT_FENCE_RETENTION),
+        ),
         ..policy.options.clone()
     };
     let result = match resources.as_slice() {

@@ -35,6 +35,7 @@ pub enum Setting {
     LossMargin(Duration),
     Options(LockOptions),
     FencingHeader(&'static str),
+    FenceRetention(Duration),
 }
 
 impl Setting {
@@ -58,6 +59,7 @@ impl Setting {
             Setting::RetryDelay(delay, jitter) => policy.retry_delay = Some((delay, jitter)),
             Setting::LossMargin(margin) => policy.options.loss_margin = Some(margin),
             Setting::FencingHeader(name) => policy.fencing_header = Some(name),
+            Setting::FenceRetention(keep) => policy.options.fence_retention = Some(keep),
             Setting::Options(mut options) => {
                 if let Some(retry) = &options.retry {
                     policy.busy = BusyPolicy::Wait(retry.deadline.unwrap_or(Duration::MAX));
@@ -65,6 +67,9 @@ impl Setting {
                 // Options with no cap of their own keep the policy's: a
                 // request's hold stays bounded unless the cap is set.
                 options.max_hold = options.max_hold.or(policy.options.max_hold);
+                options.fence_retention = options
+                    .fence_retention
+                    .or(policy.options.fence_retention);
                 policy.options = options;
             }
         }
@@ -75,7 +80,7 @@ impl Setting {
 /// Defines the lock policy's setters in an `impl` block: `ttl`, `wait`,
 /// `fail_fast`, `busy_status`, `on_missing_key`, `fail_open`, `on_lost`,
 /// `release_on`, `max_hold`, `namespace`, `retry_delay`, `loss_margin`,
-/// `options` and `fencing_header`.
+/// `options`, `fencing_header` and `fence_retention`.
 ///
 /// `apply` names a method `fn(self, Setting) -> Self` of the type (it applies
 /// the setting to the policy the type holds); `status` is the type of status
@@ -208,6 +213,19 @@ macro_rules! lock_policy_setters {
         /// ignored.
         pub fn fencing_header(self, name: &'static str) -> Self {
             self.$apply($crate::request::__private::Setting::FencingHeader(name))
+        }
+
+        /// Under `FencingMode::Durable`, how long a store may still compare
+        /// a token of a request's resource after its lock is gone (default:
+        /// one day). A request's key is chosen by its client, so its fence
+        /// counter does not live for ever: it expires this long, plus the
+        /// hold cap (`max_hold`, one hour when none is set) and the TTL, after
+        /// the lock's fence, and tokens of the resource may then start over.
+        /// Set it at least as long as the store that checks the tokens keeps
+        /// them (see `LockOptions::fence_retention` for what it means). The
+        /// idempotency layer uses its records' TTL.
+        pub fn fence_retention(self, keep: ::std::time::Duration) -> Self {
+            self.$apply($crate::request::__private::Setting::FenceRetention(keep))
         }
     };
 }

@@ -5,6 +5,7 @@
 mod algorithm;
 mod batch;
 mod faults;
+mod fence_retention;
 mod fencing;
 mod guard;
 mod holder;
