@@ -6,6 +6,7 @@ mod common;
 mod extractor;
 mod fencing;
 mod holding;
+mod hostile_keys;
 mod idempotency;
 mod loss;
 mod middleware;

@@ -7,6 +7,7 @@ mod exclusion;
 mod extract;
 mod fencing;
 mod holding;
+mod hostile_keys;
 mod idempotency;
 mod loss;
 mod path_keys;
