@@ -2,6 +2,7 @@
 //! off if the lock is lost first), or the small body of a rejection.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
@@ -119,7 +120,7 @@ impl<B: Body> LockedBody<B> {
         let key = match &self.kind {
             Kind::Inner {
                 lock: Some(lock), ..
-            } => Some(lock.resource()),
+            } => Some(Arc::from(lock.handle().resource())),
             _ => None,
         };
         self.kind = Kind::Cut { error: Some(error) };

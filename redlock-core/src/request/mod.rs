@@ -75,9 +75,6 @@ pub mod __private {
 pub struct RequestLock {
     guard: Option<LockGuard>,
     handle: LockHandle,
-    /// What rejections name the lock by: the resources (namespace and key),
-    /// joined by `+`, without the handle's key prefix.
-    resource: Arc<str>,
     span: tracing::Span,
     acquired: Instant,
     /// The opt-in `key` label of the request metrics.
@@ -102,13 +99,6 @@ impl RequestLock {
     /// signal or by the clock, see [`LockHandle::lost`]).
     pub fn lost(&self) -> LostFuture {
         self.handle.lost()
-    }
-
-    /// What a rejection names this lock by: its resources (the policy's
-    /// namespace and each key), joined by `+`, without the handle's key
-    /// prefix, as the busy and unavailable answers name them.
-    pub fn resource(&self) -> Arc<str> {
-        Arc::clone(&self.resource)
     }
 }
 
@@ -162,7 +152,6 @@ pub use crate::guard::LostFuture;
 /// watches [`LockHandle::lost`] itself and the body streams on.
 pub struct LossWatch {
     handle: LockHandle,
-    resource: Arc<str>,
     lost: Pin<Box<LostFuture>>,
 }
 
@@ -181,7 +170,6 @@ impl LossWatch {
         lock.filter(|_| on_lost == LostPolicy::Abort)
             .map(|lock| Self {
                 handle: lock.handle(),
-                resource: Arc::clone(&lock.resource),
                 lost: Box::pin(lock.lost()),
             })
     }
@@ -207,7 +195,7 @@ impl LossWatch {
 
     fn loss(&self) -> Error {
         Rejection::Lost {
-            key: Arc::clone(&self.resource),
+            key: Arc::from(self.handle.resource()),
         }
         .log();
         Error::Lost {
@@ -315,7 +303,6 @@ async fn acquire_lock(
     match result {
         Ok(guard) => Ok(Some(RequestLock {
             handle: guard.handle(),
-            resource: key,
             guard: Some(guard),
             span,
             acquired: Instant::now(),
@@ -454,6 +441,8 @@ pub fn guard<F: Future>(inner: F, lock: Option<&RequestLock>, policy: &LockPolic
     Guarded {
         inner,
         lost: watch.map(RequestLock::lost),
-        key: watch.map(|l| Arc::clone(&l.resource)),
+        // The resource, as busy and unavailable name it: the handle's key
+        // prefix is the operator's, not the client's business.
+        key: watch.map(|l| Arc::from(l.handle.resource())),
     }
 }

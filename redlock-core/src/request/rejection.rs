@@ -39,9 +39,10 @@ pub enum Rejection {
     MissingHandle,
     /// The lock was lost while the handler ran, and the handler was stopped.
     Lost {
-        /// The resource: the policy's namespace and the extracted key, as
-        /// [`Busy`](Self::Busy) names it (not the Redis key, which has the
-        /// handle's key prefix before it).
+        /// The resource ([`LockHandle::resource`](crate::LockHandle::resource)):
+        /// the policy's namespace and the extracted key, as
+        /// [`Busy`](Self::Busy) names it, not the Redis key, which has the
+        /// handle's key prefix before it.
         key: Arc<str>,
     },
     /// The request's key is one the lock refuses: empty, or ending with
