@@ -1,11 +1,12 @@
-//! Where the middleware finds the lock key of a request.
+//! Where the middleware finds the lock key of a request, in the format
+//! [`RedlockMiddleware`](crate::RedlockMiddleware#the-key-format) documents.
 
 use std::fmt;
 use std::sync::Arc;
 
 use actix_web::dev::ServiceRequest;
 use actix_web::http::header::HeaderName;
-use redlock_core::request::{RequestKey, decode_param, normalize_path};
+use redlock_core::request::{KeyFamily, RequestKey, decode_param, normalize_path};
 
 /// A user key function of [`RedlockMiddleware::by_fn`](crate::RedlockMiddleware::by_fn).
 pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + Sync>;
@@ -15,20 +16,61 @@ pub(crate) type KeyFn = Arc<dyn Fn(&ServiceRequest) -> Option<String> + Send + S
 pub(crate) enum KeySource {
     /// `req.path()`, in canonical form.
     Path,
-    /// One header's value, as `name=value` when named.
-    Header(HeaderName, Option<Arc<str>>),
+    /// One header's value, as `name=value` when named, else as
+    /// `<header name>=value`.
+    Header {
+        header: HeaderName,
+        name: Option<Arc<str>>,
+        family: KeyFamily,
+    },
     /// `req.match_pattern()`.
     MatchPattern,
     /// One parameter of `req.match_info()`, decoded, as `name=value`.
-    PathParam(Arc<str>),
+    PathParam { name: Arc<str>, family: KeyFamily },
     /// Several parameters of `req.match_info()`, decoded, locked together:
-    /// each the bare value, or `name=value` with the one name given.
-    PathParams(Arc<[Arc<str>]>, Option<Arc<str>>),
+    /// each `<names>=value` (the parameters' names joined by `,`), or
+    /// `name=value` with the one name given.
+    PathParams {
+        params: Arc<[Arc<str>]>,
+        name: Option<Arc<str>>,
+        family: KeyFamily,
+    },
     /// A user function.
     Custom(KeyFn),
 }
 
 impl KeySource {
+    /// [`KeySource::Header`] for `header`, named `name` if given.
+    pub(crate) fn header(header: HeaderName, name: Option<&str>) -> Self {
+        let family = KeyFamily::named(name.unwrap_or(header.as_str()));
+        KeySource::Header {
+            header,
+            name: name.map(Arc::from),
+            family,
+        }
+    }
+
+    /// [`KeySource::PathParam`] for the parameter `name`.
+    pub(crate) fn path_param(name: &str) -> Self {
+        KeySource::PathParam {
+            name: name.into(),
+            family: KeyFamily::named(name),
+        }
+    }
+
+    /// [`KeySource::PathParams`] for `params`, named `name` if given.
+    pub(crate) fn path_params(params: Arc<[Arc<str>]>, name: Option<&str>) -> Self {
+        let family = match name {
+            Some(name) => KeyFamily::named(name),
+            None => KeyFamily::params(params.iter()),
+        };
+        KeySource::PathParams {
+            params,
+            name: name.map(Arc::from),
+            family,
+        }
+    }
+
     /// The key of `req`; `None` when the request has none (the missing-key
     /// policy then decides).
     pub(crate) fn key_of(&self, req: &ServiceRequest) -> Option<String> {
@@ -37,24 +79,21 @@ impl KeySource {
             // router's requoting (`match_info().as_str()`) merges, and also
             // those that only `web::Path` merges (`%2B` and `+`, `%2f` and `%2F`).
             KeySource::Path => Some(normalize_path(req.path()).into_owned()),
-            KeySource::Header(header, name) => {
+            KeySource::Header { header, family, .. } => {
                 let value = req.headers().get(header)?.to_str().ok()?;
                 if value.is_empty() {
                     return None;
                 }
-                Some(match name {
-                    Some(name) => format!("{name}={value}"),
-                    None => value.to_owned(),
-                })
+                Some(family.key(value))
             }
             KeySource::MatchPattern => req.match_pattern(),
-            KeySource::PathParam(name) => {
+            KeySource::PathParam { name, family } => {
                 // `match_info()` keeps `%2F`, `%25` and `%2B` encoded;
                 // `web::Path` decodes them, and the key follows the handler.
                 let value = decode_param(req.match_info().get(name)?);
-                Some(format!("{name}={value}"))
+                Some(family.key(&value))
             }
-            KeySource::PathParams(..) => self.keys_of(req).map(|k| k.to_string()),
+            KeySource::PathParams { .. } => self.keys_of(req).map(|k| k.to_string()),
             KeySource::Custom(f) => f(req),
         }
     }
@@ -63,17 +102,14 @@ impl KeySource {
     /// [`KeySource::PathParams`] (none if any parameter is missing), else
     /// the one key of [`KeySource::key_of`].
     pub(crate) fn keys_of(&self, req: &ServiceRequest) -> Option<RequestKey> {
-        let KeySource::PathParams(params, name) = self else {
+        let KeySource::PathParams { params, family, .. } = self else {
             return self.key_of(req).map(RequestKey::One);
         };
         let keys = params
             .iter()
             .map(|p| {
                 let value = decode_param(req.match_info().get(p)?);
-                Some(match name {
-                    Some(name) => format!("{name}={value}"),
-                    None => value.into_owned(),
-                })
+                Some(family.key(&value))
             })
             .collect::<Option<Vec<String>>>()?;
         Some(RequestKey::Many(keys))
@@ -84,11 +120,17 @@ impl fmt::Debug for KeySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeySource::Path => f.write_str("by_path"),
-            KeySource::Header(header, None) => write!(f, "by_header({header})"),
-            KeySource::Header(header, Some(name)) => write!(f, "by_header_as({header}, {name})"),
+            KeySource::Header {
+                header, name: None, ..
+            } => write!(f, "by_header({header})"),
+            KeySource::Header {
+                header,
+                name: Some(name),
+                ..
+            } => write!(f, "by_header_as({header}, {name})"),
             KeySource::MatchPattern => f.write_str("by_match_pattern"),
-            KeySource::PathParam(name) => write!(f, "by_path_param({name})"),
-            KeySource::PathParams(params, name) => {
+            KeySource::PathParam { name, .. } => write!(f, "by_path_param({name})"),
+            KeySource::PathParams { params, name, .. } => {
                 let params: Vec<&str> = params.iter().map(|p| &**p).collect();
                 match name {
                     None => write!(f, "by_path_params({params:?})"),
@@ -118,9 +160,9 @@ mod tests {
             KeySource::Path.key_of(&req).as_deref(),
             Some("/tenants/acme/jobs")
         );
-        let header = |name| KeySource::Header(HeaderName::from_static(name), None).key_of(&req);
-        assert_eq!(header("x-tenant").as_deref(), Some("acme"));
-        let named = KeySource::Header(HeaderName::from_static("x-tenant"), Some("tenant".into()));
+        let header = |name| KeySource::header(HeaderName::from_static(name), None).key_of(&req);
+        assert_eq!(header("x-tenant").as_deref(), Some("x-tenant=acme"));
+        let named = KeySource::header(HeaderName::from_static("x-tenant"), Some("tenant"));
         assert_eq!(
             named.key_of(&req).as_deref(),
             Some("tenant=acme"),
@@ -128,7 +170,7 @@ mod tests {
         );
         assert_eq!(header("x-empty"), None);
         assert_eq!(header("x-absent"), None);
-        let param = |name: &str| KeySource::PathParam(name.into()).key_of(&req);
+        let param = |name: &str| KeySource::path_param(name).key_of(&req);
         assert_eq!(param("tenant").as_deref(), Some("tenant=acme"));
         assert_eq!(param("job"), None);
         let encoded = TestRequest::get()
@@ -140,11 +182,9 @@ mod tests {
             Some("/tenants/a+b/jobs/42")
         );
         assert_eq!(
-            KeySource::PathParam("tenant".into())
-                .key_of(&encoded)
-                .as_deref(),
-            Some("tenant=a+b"),
-            "as web::Path<String> gives it"
+            KeySource::path_param("tenant").key_of(&encoded).as_deref(),
+            Some("tenant=a%2Bb"),
+            "decoded as web::Path<String> gives it, then escaped"
         );
         let custom = KeySource::Custom(Arc::new(|req: &ServiceRequest| {
             Some(format!("{} {}", req.method(), req.query_string()))

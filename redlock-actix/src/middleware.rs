@@ -44,6 +44,35 @@ use crate::rejection::{LockRejection, registered_redlock};
 /// # }
 /// ```
 ///
+/// # The key format
+///
+/// Every key made from what a client sent stays in its family and bounded
+/// in bytes, whatever the client sent (the shared rules are
+/// [`KeyFamily`](redlock_core::request::KeyFamily) and
+/// [`bound_key`](redlock_core::request::bound_key)):
+///
+/// | key source | key of the lock |
+/// |---|---|
+/// | [`by_path`](Self::by_path) | the canonical path, `/orders/42` |
+/// | [`by_header(x-tenant-id)`](Self::by_header) | `x-tenant-id=<value>` |
+/// | [`by_header_as(.., "tenant")`](Self::by_header_as) | `tenant=<value>` |
+/// | [`by_path_param("tenant")`](Self::by_path_param) | `tenant=<value>` |
+/// | [`by_path_params(["from", "to"])`](Self::by_path_params) | `from,to=<value>`, one key per parameter |
+/// | [`by_path_params_as([..], "account")`](Self::by_path_params_as) | `account=<value>`, one key per parameter |
+/// | [`by_match_pattern`](Self::by_match_pattern) | the route pattern, `/tenants/{tenant}/jobs` |
+/// | [`by_fn`](Self::by_fn) | what it returns |
+///
+/// A `<value>` is percent-encoded ([`escape_value`](redlock_core::request::escape_value)):
+/// every byte but ASCII letters, digits, `-`, `.`, `_` and `~` is written
+/// `%XX`, so `tenant=acme` in a path parameter is the key `from,to=tenant%3Dacme`,
+/// not tenant acme's `tenant=acme`, and `a` + `b=c` (`a=b%3Dc`) is not
+/// `a=b` + `c` (`a%3Db=c`). The policy's namespace goes before every key
+/// (`redlock:` by default), and a key longer than
+/// [`MAX_KEY_BYTES`](redlock_core::request::MAX_KEY_BYTES) (256) reaches the
+/// nodes as its start and a SHA-256 digest (`/o/aaaa…#sha256-<hex>`). A
+/// closure's key is bounded too, but its parts are its own: escape the
+/// client's values in it with `escape_value`.
+///
 /// # Where the `Redlock` handle comes from
 ///
 /// 1. the handle bound with [`with_redlock`](Self::with_redlock), if any;
@@ -120,14 +149,16 @@ impl RedlockMiddleware {
         Self::with_key(KeySource::Path)
     }
 
-    /// One lock per value of a header (e.g. `X-Tenant-Id`). Requests without the
+    /// One lock per value of a header (e.g. `X-Tenant-Id`), keyed
+    /// `<header name>=<value>` (`x-tenant-id=acme`, the value percent-encoded,
+    /// see [the key format](Self#the-key-format)). Requests without the
     /// header, or with an empty or non-UTF-8 value, follow the missing-key policy.
     ///
     /// The client chooses this value: use it where a client can only hurt itself
     /// by choosing another one, and check it against authentication where that
     /// matters.
     pub fn by_header(name: HeaderName) -> Self {
-        Self::with_key(KeySource::Header(name, None))
+        Self::with_key(KeySource::header(name, None))
     }
 
     /// One lock per value of a header, keyed `name=<value>`: the key that
@@ -135,7 +166,7 @@ impl RedlockMiddleware {
     /// route that finds the tenant in the path and one that finds it in a header
     /// share one lock per tenant.
     pub fn by_header_as(header: HeaderName, name: &str) -> Self {
-        Self::with_key(KeySource::Header(header, Some(name.into())))
+        Self::with_key(KeySource::header(header, Some(name)))
     }
 
     /// One lock per route pattern (`/tenants/{tenant}/jobs`), whatever its
@@ -161,11 +192,12 @@ impl RedlockMiddleware {
     /// [`by_match_pattern`](Self::by_match_pattern) or [`by_fn`](Self::by_fn)
     /// at that level.
     pub fn by_path_param(name: &str) -> Self {
-        Self::with_key(KeySource::PathParam(name.into()))
+        Self::with_key(KeySource::path_param(name))
     }
 
     /// One lock over several path parameters together (`from` and `to` in
-    /// `/transfers/{from}/{to}`): each decoded value is a key, and the request
+    /// `/transfers/{from}/{to}`): each decoded value is a key (`from,to=<value>`,
+    /// one family for all of them), and the request
     /// holds all of them as one lock
     /// ([`Redlock::lock_many`](redlock_core::Redlock::lock_many)), so two
     /// requests over the same pair in either order exclude each other and
@@ -178,7 +210,7 @@ impl RedlockMiddleware {
         S: AsRef<str>,
     {
         let params = params.into_iter().map(|p| Arc::from(p.as_ref())).collect();
-        Self::with_key(KeySource::PathParams(params, None))
+        Self::with_key(KeySource::path_params(params, None))
     }
 
     /// [`by_path_params`](Self::by_path_params), each key `name=<value>`
@@ -189,10 +221,14 @@ impl RedlockMiddleware {
         S: AsRef<str>,
     {
         let params = params.into_iter().map(|p| Arc::from(p.as_ref())).collect();
-        Self::with_key(KeySource::PathParams(params, Some(name.into())))
+        Self::with_key(KeySource::path_params(params, Some(name)))
     }
 
     /// One lock per key computed by `f`; `None` means the request has no key.
+    /// A key longer than [`MAX_KEY_BYTES`](redlock_core::request::MAX_KEY_BYTES)
+    /// is bounded as every key is; a client's value in it is `f`'s to escape
+    /// ([`escape_value`](redlock_core::request::escape_value)), see [the key
+    /// format](Self#the-key-format).
     ///
     /// ```
     /// use actix_web::dev::ServiceRequest;

@@ -120,7 +120,7 @@ impl<B: Body> LockedBody<B> {
         let key = match &self.kind {
             Kind::Inner {
                 lock: Some(lock), ..
-            } => Some(Arc::from(lock.handle().key())),
+            } => Some(Arc::from(lock.handle().resource())),
             _ => None,
         };
         self.kind = Kind::Cut { error: Some(error) };

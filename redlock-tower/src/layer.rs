@@ -93,8 +93,10 @@ impl RedlockLayer<ByPath> {
 }
 
 impl RedlockLayer<ByHeader> {
-    /// One lock per value of a header (e.g. `X-Tenant-Id`), keyed by the value
-    /// itself. Requests without the header follow the missing-key policy.
+    /// One lock per value of a header (e.g. `X-Tenant-Id`), keyed
+    /// `<header name>=<value>` (`x-tenant-id=acme`, the value percent-encoded,
+    /// see [`ByHeader`]). Requests without the header follow the missing-key
+    /// policy.
     pub fn by_header(header: HeaderName) -> Self {
         Self::with_key(ByHeader::new(header))
     }
@@ -119,15 +121,15 @@ impl RedlockLayer<ByPathParam> {
     /// numbers) are different keys unless `by_fn` normalises them. See
     /// [`ByPathParam`].
     pub fn by_path_param(name: &str) -> Self {
-        Self::with_key(ByPathParam(name.into()))
+        Self::with_key(ByPathParam::new(name))
     }
 }
 
 #[cfg(feature = "axum")]
 impl RedlockLayer<ByPathParams> {
     /// One lock over the values of several route parameters together
-    /// (`from` and `to` in `/transfers/{from}/{to}`): each value is a key,
-    /// and the request holds all of them as one lock, so two requests over
+    /// (`from` and `to` in `/transfers/{from}/{to}`): each value is a key
+    /// (`from,to=<value>`), and the request holds all of them as one lock, so two requests over
     /// the same pair in either order exclude each other and never deadlock.
     /// Apply with `Router::layer` or `route_layer`. See [`ByPathParams`]
     /// (and [`ByPathParams::named`] with [`with_key`](Self::with_key) for
@@ -153,7 +155,12 @@ impl<F> RedlockLayer<F>
 where
     F: Fn(&http::request::Parts) -> Option<String> + Clone + Send + Sync + 'static,
 {
-    /// One lock per key computed by `f`; `None` means no key.
+    /// One lock per key computed by `f`; `None` means no key. A key longer
+    /// than [`MAX_KEY_BYTES`](redlock_core::request::MAX_KEY_BYTES) is
+    /// bounded as every key is; a client's value in it is `f`'s to escape
+    /// ([`escape_value`](redlock_core::request::escape_value)) so that it
+    /// cannot spell `f`'s separators or another extractor's key (see the
+    /// [key format](crate::KeyExtractor#the-key-format)).
     pub fn by_fn(f: F) -> Self {
         Self::with_key(f)
     }

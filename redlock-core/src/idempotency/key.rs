@@ -10,6 +10,9 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+pub(crate) use crate::request::keys::hex;
+use crate::request::keys::update_prefixed;
+
 /// The longest key accepted, in bytes (every accepted character is one byte).
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -165,8 +168,9 @@ fn parse_token(raw: &[u8], offset: usize) -> Result<String, KeyError> {
 /// The scope (a tenant, an authenticated principal) keeps one client from
 /// reading another's result with the same key (the draft's security
 /// section). The hash keeps the Redis key a fixed length whatever the
-/// client sends, and the scope and key are length-prefixed before hashing,
-/// so `("ab", "c")` and `("a", "bc")` differ.
+/// client sends, as [`bound_key`](crate::request::bound_key) does for the
+/// keys of per-request locks, and the scope and key are length-prefixed
+/// before hashing, so `("ab", "c")` and `("a", "bc")` differ.
 ///
 /// ```
 /// use redlock_core::idempotency::{IdempotencyKey, LookupKey};
@@ -190,13 +194,11 @@ impl LookupKey {
         match scope {
             Some(scope) => {
                 hash.update([1u8]);
-                hash.update((scope.len() as u64).to_be_bytes());
-                hash.update(scope.as_bytes());
+                update_prefixed(&mut hash, scope.as_bytes());
             }
             None => hash.update([0u8]),
         }
-        hash.update((key.0.len() as u64).to_be_bytes());
-        hash.update(key.0.as_bytes());
+        update_prefixed(&mut hash, key.0.as_bytes());
         Self {
             resource: format!("{namespace}{}", hex(&hash.finalize())),
         }
@@ -206,17 +208,6 @@ impl LookupKey {
     pub fn resource(&self) -> &str {
         &self.resource
     }
-}
-
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    s
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@
 //! `application/problem+json`).
 //!
 //! The Redis key of a request's lock is the handle's key prefix, then the
-//! policy's namespace, then the extracted key: see [`LockPolicy`].
+//! policy's namespace, then the extracted key, bounded in length: see
+//! [`LockPolicy`]. Keys made from client values stay in their family and
+//! bounded whatever the client sends: see [`KeyFamily`] and [`bound_key`].
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -47,14 +49,14 @@ use crate::guard::{LockGuard, LockHandle};
 use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
-mod keys;
+pub(crate) mod keys;
 mod path;
 mod policy;
 mod rejection;
 mod setters;
 
 pub use http::StatusCode;
-pub use keys::RequestKey;
+pub use keys::{KeyFamily, MAX_KEY_BYTES, RequestKey, bound_key, escape_value};
 pub use path::{decode_param, normalize_path};
 pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
@@ -193,7 +195,7 @@ impl LossWatch {
 
     fn loss(&self) -> Error {
         Rejection::Lost {
-            key: Arc::from(self.handle.key()),
+            key: Arc::from(self.handle.resource()),
         }
         .log();
         Error::Lost {
@@ -210,8 +212,8 @@ impl LossWatch {
 /// - `Err(rejection)`: answer with the rejection (already logged).
 ///
 /// # Errors
-/// A [`Rejection`] for busy, unavailable, missing key, missing handle or
-/// misconfiguration.
+/// A [`Rejection`] for busy, unavailable, missing key, a key the lock refuses
+/// (the client's: 400), missing handle or misconfiguration.
 pub async fn acquire(
     redlock: Option<&Redlock>,
     key: Option<String>,
@@ -282,7 +284,7 @@ async fn acquire_lock(
         return Err(rejection);
     };
     let resources: Vec<String> = key.keys().iter().map(|k| policy.resource_for(k)).collect();
-    let key = resources.join("+");
+    let key: Arc<str> = resources.join("+").into();
     let span = tracing::info_span!(
         "redlock.request",
         key = %key,
@@ -347,11 +349,10 @@ fn without_key(policy: &LockPolicy) -> Result<Option<RequestLock>, Rejection> {
 /// when the backend is unavailable and the policy fails open.
 fn refused(
     error: Error,
-    key: String,
+    key: Arc<str>,
     policy: &LockPolicy,
     span: &tracing::Span,
 ) -> Result<Option<RequestLock>, Rejection> {
-    let key: Arc<str> = key.into();
     let rejection = match error {
         Error::Busy { retry_after, .. } => Rejection::Busy {
             key,
@@ -389,7 +390,15 @@ fn refused(
             }
             Rejection::Unavailable { key, error: e }
         }
-        // An input the handle refuses (TTL, loss margin) or no runtime.
+        // The key, from the request: empty, or ending with the waiters
+        // flag's suffix (a path may). The client's mistake, not the
+        // operator's; it is bounded and escaped by then, so no length or
+        // family error can come from it.
+        e @ (Error::EmptyResource | Error::ReservedResource { .. }) => {
+            Rejection::InvalidKey { key, error: e }
+        }
+        // An input the handle refuses (TTL, loss margin, an extractor that
+        // found no key or too many) or no runtime.
         error => Rejection::Misconfigured { error },
     };
     span.record("outcome", rejection.title());
@@ -453,6 +462,8 @@ pub fn guard<F: Future>(inner: F, lock: Option<&RequestLock>, policy: &LockPolic
     Guarded {
         inner,
         lost: watch.map(RequestLock::lost),
-        key: watch.map(|l| Arc::from(l.handle.key())),
+        // The resource, as busy and unavailable name it: the handle's key
+        // prefix is the operator's, not the client's business.
+        key: watch.map(|l| Arc::from(l.handle.resource())),
     }
 }

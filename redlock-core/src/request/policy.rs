@@ -81,6 +81,7 @@ pub enum ReleasePolicy {
 /// <handle prefix> <namespace> <extracted key>
 /// ""              "redlock:"  "/orders/42"        → redlock:/orders/42
 /// ""              "redlock:"  "tenant=acme"       → redlock:tenant=acme
+/// ""              "redlock:"  "x-tenant-id=a%2Fb" → redlock:x-tenant-id=a%2Fb
 /// "app1:"         "redlock:"  "/orders/42"        → app1:redlock:/orders/42
 /// ```
 ///
@@ -94,7 +95,13 @@ pub enum ReleasePolicy {
 ///   `by_header`, `by_path_param`, …). Extractors that name their value
 ///   (`by_path_param("tenant")`, `by_header_as(.., "tenant")`) key it
 ///   `tenant=<value>`, so two routes that find the tenant in different places
-///   share one lock.
+///   share one lock; unnamed ones key it in a family of their own
+///   (`by_header(x-tenant-id)`: `x-tenant-id=<value>`). The value is
+///   percent-encoded, so no client value spells another family's key (see
+///   [`KeyFamily`](super::KeyFamily)), and a key longer than
+///   [`MAX_KEY_BYTES`](super::MAX_KEY_BYTES) is replaced by its start and a
+///   digest ([`bound_key`](super::bound_key)): a client cannot make the
+///   library write a long key.
 ///
 /// [`LockHandle::resource`](crate::LockHandle::resource) is the namespace and
 /// the extracted key; [`LockHandle::key`](crate::LockHandle::key) is the whole key.
@@ -220,10 +227,13 @@ impl LockPolicy {
         &self.options
     }
 
-    /// The resource name of an extracted key: the namespace, then the key. The
-    /// handle puts its own key prefix before it (see the type's docs).
+    /// The resource name of an extracted key: the namespace, then the key
+    /// bounded by [`bound_key`](super::bound_key) (at most
+    /// [`MAX_KEY_BYTES`](super::MAX_KEY_BYTES) bytes, a digest form past
+    /// that). The handle puts its own key prefix before it (see the type's
+    /// docs).
     pub fn resource_for(&self, key: &str) -> String {
-        format!("{}{key}", self.namespace)
+        format!("{}{}", self.namespace, super::bound_key(key))
     }
 
     /// The retry policy of one acquire, given the handle's own

@@ -41,8 +41,21 @@ pub enum Rejection {
     MissingHandle,
     /// The lock was lost while the handler ran, and the handler was stopped.
     Lost {
-        /// The Redis key.
+        /// The resource ([`LockHandle::resource`](crate::LockHandle::resource)):
+        /// the policy's namespace and the extracted key, as
+        /// [`Busy`](Self::Busy) names it, not the Redis key, which has the
+        /// handle's key prefix before it.
         key: Arc<str>,
+    },
+    /// The request's key is one the lock refuses: empty, or ending with
+    /// `:redlock-waiters`, the suffix of the waiters flags (a path can end
+    /// with it). The client's input, answered 400 and logged at debug level:
+    /// a client must not be able to fill the error log.
+    InvalidKey {
+        /// The resource: the policy's namespace and the extracted key.
+        key: Arc<str>,
+        /// Why the lock refused it.
+        error: Error,
     },
     /// The lock could not be taken for another reason (for example, a TTL outside
     /// the handle's bounds). A server-side misconfiguration.
@@ -67,7 +80,7 @@ impl Rejection {
             Rejection::Unavailable { .. } | Rejection::Lost { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Rejection::MissingKey => StatusCode::BAD_REQUEST,
+            Rejection::MissingKey | Rejection::InvalidKey { .. } => StatusCode::BAD_REQUEST,
             Rejection::MissingHandle | Rejection::Misconfigured { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -90,6 +103,7 @@ impl Rejection {
             Rejection::Busy { .. } => "Resource is locked",
             Rejection::Unavailable { .. } => "Lock service unavailable",
             Rejection::MissingKey => "Missing lock key",
+            Rejection::InvalidKey { .. } => "Invalid lock key",
             Rejection::MissingHandle => "Lock middleware is not configured",
             Rejection::Lost { .. } => "Lock lost",
             Rejection::Misconfigured { .. } => "Lock middleware is misconfigured",
@@ -101,7 +115,8 @@ impl Rejection {
         match self {
             Rejection::Busy { key, .. }
             | Rejection::Unavailable { key, .. }
-            | Rejection::Lost { key } => Some(key),
+            | Rejection::Lost { key }
+            | Rejection::InvalidKey { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -118,6 +133,9 @@ impl Rejection {
                 "Not enough lock nodes answered to take the lock safely."
             }
             Rejection::MissingKey => "The request carries no value to lock on.",
+            Rejection::InvalidKey { .. } => {
+                "The request's lock key cannot be used: it is empty or ends with a reserved suffix."
+            }
             Rejection::MissingHandle => "The server has no Redlock handle configured.",
             Rejection::Lost { .. } => {
                 "The lock expired, was taken away, or reached the longest hold allowed while \
@@ -191,6 +209,9 @@ impl Rejection {
                 key, retry_after, ..
             } => tracing::debug!(%key, ?retry_after, "lock busy"),
             Rejection::MissingKey => tracing::debug!("request has no lock key"),
+            Rejection::InvalidKey { key, error } => {
+                tracing::debug!(%key, %error, "request's lock key refused")
+            }
         }
     }
 }
@@ -229,5 +250,16 @@ mod tests {
             Rejection::Lost { key: "k".into() }.status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+        let invalid = Rejection::InvalidKey {
+            key: "redlock:/x:redlock-waiters".into(),
+            error: Error::ReservedResource {
+                resource: "redlock:/x:redlock-waiters".into(),
+            },
+        };
+        assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(invalid.retry_after_secs(), None);
+        let doc: serde_json::Value = serde_json::from_str(&invalid.problem_json()).unwrap();
+        assert_eq!(doc["status"], 400);
+        assert_eq!(doc["key"], "redlock:/x:redlock-waiters");
     }
 }

@@ -278,7 +278,10 @@ async fn by_header_runs_requests_without_the_header_unlocked_or_rejects_them_wit
     .await;
 
     let keyed = call!(&app, "/lenient", ("x-tenant", "acme")).await;
-    assert_eq!((keyed.status, keyed.body.as_str()), (200, "redlock:acme"));
+    assert_eq!(
+        (keyed.status, keyed.body.as_str()),
+        (200, "redlock:x-tenant=acme")
+    );
     let lenient = call!(&app, "/lenient").await;
     assert_eq!((lenient.status, lenient.body.as_str()), (200, "unlocked"));
     let empty = call!(&app, "/lenient", ("x-tenant", "")).await;
@@ -292,7 +295,10 @@ async fn by_header_runs_requests_without_the_header_unlocked_or_rejects_them_wit
     );
     assert_eq!(strict.json()["title"], "Missing lock key");
     let keyed = call!(&app, "/strict", ("x-tenant", "globex")).await;
-    assert_eq!((keyed.status, keyed.body.as_str()), (200, "redlock:globex"));
+    assert_eq!(
+        (keyed.status, keyed.body.as_str()),
+        (200, "redlock:x-tenant=globex")
+    );
 }
 
 #[actix_web::test]

@@ -226,9 +226,9 @@ async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
     });
     assert!(
         eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:7")
+            .count_with_key("redlock:from,to=7")
             == 3
-            && cluster.count_with_key("redlock:9") == 3)
+            && cluster.count_with_key("redlock:from,to=9") == 3)
         .await,
         "the first transfer never took both accounts"
     );
@@ -238,7 +238,7 @@ async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
     }
     let other = http_get(&client, &server.url("/transfers/1/2")).await;
     assert_eq!(other.status, StatusCode::OK);
-    assert_eq!(other.text(), "redlock:1");
+    assert_eq!(other.text(), "redlock:from,to=1");
     assert!(
         !first.is_finished(),
         "the other pair must have run meanwhile"
@@ -246,12 +246,12 @@ async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::OK);
     // The lock's first key (in key order).
-    assert_eq!(first.text(), "redlock:7");
+    assert_eq!(first.text(), "redlock:from,to=7");
     assert!(
         eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:7")
+            .count_with_key("redlock:from,to=7")
             == 0
-            && cluster.count_with_key("redlock:9") == 0)
+            && cluster.count_with_key("redlock:from,to=9") == 0)
         .await,
         "both accounts released at the end of the response"
     );

@@ -9,6 +9,7 @@ mod fail_open;
 mod fencing;
 mod hold_limit;
 mod holding;
+mod hostile_keys;
 mod idempotency;
 mod idempotency_body;
 mod idempotency_fingerprint;

@@ -229,7 +229,11 @@ async fn missing_header_key_passes_through_unlocked_by_default() {
     let body = axum::body::to_bytes(with.into_body(), 1 << 16)
         .await
         .unwrap();
-    assert_eq!(&body[..], b"redlock:acme", "the header value is the key");
+    assert_eq!(
+        &body[..],
+        b"redlock:x-tenant-id=acme",
+        "the header's name and value are the key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +258,7 @@ async fn missing_header_key_is_rejected_with_400_when_the_policy_says_so() {
     );
     let with = http_get_with(&client, &server.url("/jobs"), &[("x-tenant-id", "acme")]).await;
     assert_eq!(with.status, StatusCode::OK);
-    assert_eq!(with.text(), "redlock:acme");
+    assert_eq!(with.text(), "redlock:x-tenant-id=acme");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

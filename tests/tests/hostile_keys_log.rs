@@ -1,0 +1,129 @@
+//! Issue 37, item 3: a key the client chose that the lock refuses (a path
+//! ending with the waiters flag's suffix) is answered 400 by both adapters and
+//! logged below error level: an error line per request is the operator's
+//! alarm, and the client must not be able to ring it.
+//!
+//! In a binary of its own, with one test and a global subscriber: tracing
+//! caches each callsite's interest process-wide, so tests running beside it
+//! could hide events from a scoped one (see `core_tracing.rs`).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlock_core::Redlock;
+use redlock_tests::Cluster;
+
+/// A `MakeWriter` target that appends everything to a shared buffer.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
+fn redlock(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap()
+}
+
+/// The lines of `log` at error level.
+fn errors(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("ERROR")).collect()
+}
+
+const PATH: &str = "/o/x:redlock-waiters";
+
+async fn tower_status(cluster: &Cluster) -> u16 {
+    use axum::routing::get;
+    use axum::{Extension, Router};
+    use tower::ServiceExt;
+    let app = Router::new()
+        .route("/o/{*rest}", get(|| async { "ran" }))
+        .layer(redlock_tower::RedlockLayer::by_path())
+        .layer(Extension(redlock(cluster)));
+    let req = http::Request::get(PATH)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    app.oneshot(req).await.unwrap().status().as_u16()
+}
+
+async fn actix_status(cluster: &Cluster) -> u16 {
+    use actix_web::{App, test, web};
+    let app = test::init_service(
+        App::new().app_data(redlock(cluster)).service(
+            web::resource("/o/{rest:.*}")
+                .wrap(redlock_actix::RedlockMiddleware::by_path())
+                .route(web::get().to(|| async { "ran" })),
+        ),
+    )
+    .await;
+    let req = test::TestRequest::get().uri(PATH).to_request();
+    test::call_service(&app, req).await.status().as_u16()
+}
+
+#[test]
+fn a_reserved_suffix_in_the_path_is_answered_400_and_not_logged_as_an_error() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer({
+            let capture = capture.clone();
+            move || capture.clone()
+        })
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let cluster = Cluster::start(3);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for round in 0..3 {
+        let status = runtime.block_on(tower_status(&cluster));
+        let log = capture.text();
+        assert_eq!(
+            (status, errors(&log)),
+            (400, vec![]),
+            "tower, request {round}: the client's key, a 400 without an error line; log:\n{log}"
+        );
+        assert!(log.contains(PATH), "logged below error level: {log}");
+        capture.clear();
+    }
+    drop(runtime);
+
+    actix_web::rt::System::new().block_on(async {
+        for round in 0..3 {
+            let status = actix_status(&cluster).await;
+            let log = capture.text();
+            assert_eq!(
+                (status, errors(&log)),
+                (400, vec![]),
+                "actix, request {round}: the client's key, a 400 without an error line; log:\n{log}"
+            );
+            assert!(log.contains(PATH), "logged below error level: {log}");
+            capture.clear();
+        }
+    });
+}
