@@ -156,8 +156,9 @@ async fn a_request_lock_s_counter_keeps_a_day_by_default() {
     .expect("locked");
     held.release().await;
     let day = Duration::from_secs(24 * 3600);
-    // The default: a day's retention, the one-hour hold cap, the 5 s TTL.
-    let span = day + Duration::from_secs(3600 + 5);
+    // The default: a day's retention, the request policy's hold cap
+    // (`LockPolicy::DEFAULT_MAX_HOLD`), the 5 s TTL.
+    let span = day + LockPolicy::DEFAULT_MAX_HOLD + Duration::from_secs(5);
     let most = span + span / 100 + Duration::from_secs(1);
     // The fence is decided at a quorum; the third node's may still be on
     // its way.
