@@ -310,6 +310,15 @@ async fn acquire_lock(
     }
 }
 
+/// Counts a request that an adapter runs unlocked without calling
+/// [`acquire_keys`] (its fast path for a request with no key under
+/// [`MissingKeyPolicy::PassThrough`]) as `acquire_keys` counts it:
+/// `redlock_requests_total{outcome="unlocked"}`, so both adapters report the
+/// same series for the same traffic.
+pub fn count_pass_through() {
+    crate::metrics::request(None, "unlocked");
+}
+
 /// A request with no key, per the [`MissingKeyPolicy`]: run unlocked, or
 /// refuse (logged).
 fn without_key(policy: &LockPolicy) -> Result<Option<RequestLock>, Rejection> {

@@ -8,5 +8,6 @@ mod fencing;
 mod holding;
 mod idempotency;
 mod loss;
+mod metrics;
 mod middleware;
 mod path_keys;

@@ -9,5 +9,6 @@ mod fencing;
 mod holding;
 mod idempotency;
 mod loss;
+mod metrics;
 mod path_keys;
 mod responses;
