@@ -52,6 +52,7 @@ mod path;
 mod policy;
 mod rejection;
 mod setters;
+mod upgrade;
 
 pub use http::StatusCode;
 pub use keys::RequestKey;
@@ -60,6 +61,7 @@ pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
 };
 pub use rejection::Rejection;
+pub use upgrade::is_upgrade;
 
 /// What [`lock_policy_setters!`](crate::lock_policy_setters) expands to. Not
 /// for direct use.
@@ -88,7 +90,8 @@ impl std::fmt::Debug for RequestLock {
 }
 
 impl RequestLock {
-    /// The handle to put in the request (extensions or `ReqData`).
+    /// The handle to put in the request (extensions or `ReqData`). Its clones
+    /// are what [`keep_while_lent`](Self::keep_while_lent) waits for.
     pub fn handle(&self) -> LockHandle {
         self.handle.clone()
     }
@@ -167,7 +170,7 @@ impl LossWatch {
     pub fn for_body(lock: Option<&RequestLock>, on_lost: LostPolicy) -> Option<Self> {
         lock.filter(|_| on_lost == LostPolicy::Abort)
             .map(|lock| Self {
-                handle: lock.handle(),
+                handle: lock.handle.unlent(),
                 lost: Box::pin(lock.lost()),
             })
     }
@@ -300,7 +303,8 @@ async fn acquire_lock(
     span.record("wait_ms", started.elapsed().as_millis() as u64);
     match result {
         Ok(guard) => Ok(Some(RequestLock {
-            handle: guard.handle(),
+            // Lent to the handler: its clones are counted for upgrades.
+            handle: guard.handle().into_lent(),
             guard: Some(guard),
             span,
             acquired: Instant::now(),

@@ -11,3 +11,5 @@ mod loss;
 mod metrics;
 mod middleware;
 mod path_keys;
+mod sized;
+mod upgrade;

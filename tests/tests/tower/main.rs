@@ -12,3 +12,4 @@ mod loss;
 mod metrics;
 mod path_keys;
 mod responses;
+mod upgrade;
