@@ -22,6 +22,17 @@ pin_project! {
             // The release in progress once the body ended; the end is reported
             // after it.
             releasing: Option<ReleaseFuture>,
+            // The last chunk of a sized body, given out once the release has
+            // completed: actix flushes what it has whenever the body is
+            // pending, so the client would otherwise have the whole response
+            // while the lock is still held.
+            last: Option<Bytes>,
+            // The bytes a sized body has still to produce.
+            left: Option<u64>,
+            // The response upgrades its connection: at the end of the body the
+            // lock goes to the handles lent to the session
+            // (`RequestLock::keep_while_lent`).
+            upgrade: bool,
             // Set while `lock` is held under `LostPolicy::Abort`.
             watch: Option<LossWatch>,
         },
@@ -50,7 +61,14 @@ pin_project! {
     ///   a `String` or `Bytes` answer) is released before the head is sent, and
     ///   then goes out whole;
     /// - a streamed body owns the lock and releases it when `poll_next` returns
-    ///   `None` or an error, or when it is dropped (the client went away).
+    ///   `None` or an error, or when it is dropped (the client went away); the
+    ///   last chunk of a body of known length (`BodySize::Sized`, as
+    ///   `no_chunking(n).streaming(..)` and `NamedFile` answer) is that body's
+    ///   end for the client, so it is given out only once the release has
+    ///   completed (actix sends what it has whenever the body is pending);
+    /// - the body of a response that upgrades its connection (a WebSocket's
+    ///   frames) hands the lock, at its end, to the handles lent to the
+    ///   handler, and it is released when the last of them is dropped.
     ///
     /// If the lock is lost while a streamed body holds it, under the default
     /// [`LostPolicy::Abort`](crate::LostPolicy::Abort), the body is cut off: the
@@ -74,13 +92,36 @@ pin_project! {
 }
 
 impl<B> LockedBody<B> {
-    pub(crate) fn new(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self {
+    pub(crate) fn new(body: B, lock: Option<RequestLock>, on_lost: LostPolicy) -> Self
+    where
+        B: MessageBody,
+    {
+        Self::streamed(body, lock, on_lost, false)
+    }
+
+    /// The body of a response that upgrades its connection when `upgrade`.
+    pub(crate) fn streamed(
+        body: B,
+        lock: Option<RequestLock>,
+        on_lost: LostPolicy,
+        upgrade: bool,
+    ) -> Self
+    where
+        B: MessageBody,
+    {
         let watch = LossWatch::for_body(lock.as_ref(), on_lost);
+        let left = match body.size() {
+            BodySize::Sized(n) => Some(n),
+            BodySize::None | BodySize::Stream => None,
+        };
         Self {
             kind: Kind::Stream {
                 body,
                 lock,
                 releasing: None,
+                last: None,
+                left,
+                upgrade,
                 watch,
             },
         }
@@ -145,13 +186,17 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
                 mut body,
                 lock,
                 releasing,
+                last,
+                left,
+                upgrade,
                 watch,
             } => loop {
                 if let Some(release) = releasing.as_mut() {
                     ready!(release.as_mut().poll(cx));
                     *releasing = None;
-                    // The keys are gone: now the client may see the end.
-                    return Poll::Ready(None);
+                    // The keys are gone: now the client may see the end (or
+                    // the last chunk of a sized body, which is the end for it).
+                    return Poll::Ready(last.take().map(Ok));
                 }
                 let chunk = ready!(body.as_mut().poll_next(cx));
                 // Whatever the handler's body made in a poll that ended past
@@ -164,8 +209,28 @@ impl<B: MessageBody> MessageBody for LockedBody<B> {
                 {
                     break error;
                 }
+                if let (Some(Ok(bytes)), Some(n)) = (&chunk, left.as_mut()) {
+                    *n = n.saturating_sub(bytes.len() as u64);
+                }
+                let ended = match &chunk {
+                    None => true,
+                    Some(Ok(_)) => *left == Some(0),
+                    Some(Err(_)) => false,
+                };
                 match (chunk, lock.take()) {
-                    (None, Some(held)) => *releasing = Some(held.release()),
+                    (chunk, Some(held)) if ended => {
+                        *last = chunk.and_then(Result::ok);
+                        let left_to_release = if *upgrade {
+                            held.keep_while_lent()
+                        } else {
+                            Some(held)
+                        };
+                        match left_to_release {
+                            Some(held) => *releasing = Some(held.release()),
+                            // Handed to the session; nothing to wait for.
+                            None => return Poll::Ready(last.take().map(Ok)),
+                        }
+                    }
                     // A failed body: the response is over; release in the background.
                     (Some(Err(e)), held) => {
                         drop(held);

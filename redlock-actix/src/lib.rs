@@ -50,7 +50,12 @@
 //! - the lock is renewed while the handler runs, and released when the response
 //!   body ends or is dropped (client gone), or at the response head with
 //!   [`ReleasePolicy::ResponseHead`]; the client sees the end only after the
-//!   release (an in-memory body is released before the head is sent);
+//!   release (an in-memory body is released before the head is sent; the last
+//!   chunk of a streamed body of known length waits for the release);
+//! - an upgraded connection (a WebSocket session, whose frames are the
+//!   response body) keeps the lock until its frames have ended **and** the
+//!   last clone of the handle lent to the handler is dropped, the rule of
+//!   redlock-tower (see [WebSockets](#websockets));
 //! - a busy key answers `409 Conflict` with `Retry-After` (from the holder's
 //!   remaining TTL) and an `application/problem+json` body, or waits with
 //!   [`RedlockMiddleware::wait`];
@@ -95,6 +100,23 @@
 //! lost, and the middleware drops the handler at its next await point and
 //! answers 503 (unless [`LostPolicy::Signal`]). The renewal task is spawned on the
 //! worker's Tokio runtime (actix-web 4 runs on Tokio through actix-rt).
+//!
+//! # WebSockets
+//!
+//! With `actix-ws` (or `actix-web-actors`) the session's frames are the
+//! response body of the `101` answer: the lock is held while they stream,
+//! renewed, and under [`LostPolicy::Abort`] the frames are cut off (the
+//! connection closed) when it is lost. It is released once the frames have
+//! ended and the last handle lent to the handler is dropped (the
+//! `web::ReqData<LockHandle>` clones, and the request's own, which goes with
+//! the request). Move the handle into the session task
+//! (`let lock = lock.into_inner();` before `rt::spawn(async move { … })`):
+//! the lock then lasts until the task drops it, so what the session does after
+//! closing its frames still runs under it, and `lock.is_lost()` and
+//! `lock.lost()` tell the truth in it. A session that kept no handle releases
+//! when its frames end. The release at the last handle's drop runs in the
+//! background: a client that reconnects at once may wait for it (or get the
+//! busy answer without [`RedlockMiddleware::wait`]).
 //!
 //! # Clients that go away
 //!

@@ -390,6 +390,10 @@ async fn hand_over<B: MessageBody>(
     // the body is already in memory (it is complete, so the release does not wait
     // for anything, and head and body then go out together).
     let (req, mut response) = response.into_parts();
+    let upgrade = request::is_upgrade(
+        response.status().as_u16(),
+        req.method() == actix_web::http::Method::CONNECT,
+    );
     if let (Some(name), Some(token)) = (config.policy.fencing_header_name(), fencing_token)
         && let Ok(name) = actix_web::http::header::HeaderName::from_bytes(name.as_bytes())
     {
@@ -406,12 +410,24 @@ async fn hand_over<B: MessageBody>(
         }
         ReleasePolicy::BodyEnd => match body.try_into_bytes() {
             Ok(bytes) => {
-                held.release().await;
+                // An upgrade's session runs after this body: the handles lent
+                // to it hold the lock, if it kept any.
+                let held = if upgrade {
+                    held.keep_while_lent()
+                } else {
+                    Some(held)
+                };
+                if let Some(held) = held {
+                    held.release().await;
+                }
                 LockedBody::whole(bytes)
             }
             // A streamed body holds the lock, and is cut off if it is lost
-            // (with `LostPolicy::Abort`).
-            Err(body) => LockedBody::new(body, Some(held), config.policy.lost_policy()),
+            // (with `LostPolicy::Abort`); an upgrade's (its frames) then hands
+            // it to the handles lent to the session.
+            Err(body) => {
+                LockedBody::streamed(body, Some(held), config.policy.lost_policy(), upgrade)
+            }
         },
     };
     ServiceResponse::new(req, response.set_body(EitherBody::left(body)))

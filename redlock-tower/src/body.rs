@@ -11,6 +11,10 @@ use redlock_core::request::{LossWatch, LostPolicy, Rejection, ReleaseFuture, Req
 
 use crate::rejection::{BoxError, RejectionBody};
 
+// `Inner` is the common case (every response of a locked request) and the
+// small variants the rare ones: boxing it would add an allocation per response
+// to save memory on rejections.
+#[allow(clippy::large_enum_variant)]
 enum Kind<B: Body> {
     Inner {
         // Boxed so the response future can poll it before handing it to the

@@ -47,6 +47,53 @@ use redlock_core::LockHandle;
 /// ```
 ///
 /// `Extension<LockHandle>` reads the same handle.
+///
+/// # WebSockets and other upgrades
+///
+/// axum answers an upgrade (`101 Switching Protocols`) with an empty body and
+/// runs the session afterwards, in a task of its own. For such a response the
+/// layer does not release at the end of the body: it keeps the lock until the
+/// last clone of the handle lent to the handler (`Held`, `Extension<LockHandle>`)
+/// is dropped. Move the `Held` into the session, and the lock lasts as long as
+/// the session, renewed, with [`is_lost`](LockHandle::is_lost) and
+/// [`lost`](LockHandle::lost) telling the truth inside it:
+///
+/// ```no_run
+/// use axum::extract::ws::{WebSocket, WebSocketUpgrade};
+/// use axum::response::Response;
+/// use redlock_tower::{Held, LockHandle};
+///
+/// async fn edit(upgrade: WebSocketUpgrade, Held(lock): Held) -> Response {
+///     upgrade.on_upgrade(move |socket| session(socket, lock))
+/// }
+///
+/// async fn session(mut socket: WebSocket, lock: LockHandle) {
+///     loop {
+///         tokio::select! {
+///             _ = lock.lost() => break, // another replica may hold the doc now
+///             message = socket.recv() => match message {
+///                 Some(Ok(_edit)) => { /* apply it */ }
+///                 _ => break,
+///             },
+///         }
+///     }
+///     // `lock`, the last handle, is dropped here: the lock is released.
+/// }
+/// ```
+///
+/// - The layer cannot stop a session (it runs outside the request), whatever
+///   the [`LostPolicy`](crate::LostPolicy): the session watches `lost()`, as
+///   above. The lock ends by the last handle's drop, by loss, or at
+///   [`max_hold`](crate::RedlockLayer::max_hold).
+/// - A handler that kept no handle leaves nothing to follow: the lock is
+///   released with the empty body, before the session starts, and a warning is
+///   logged (once per process).
+/// - [`ReleasePolicy::ResponseHead`](crate::ReleasePolicy::ResponseHead) still
+///   releases at the head.
+/// - A `2xx` answer to `CONNECT` (HTTP/2 WebSockets, tunnels) is an upgrade too.
+/// - The release at the last handle's drop runs in the background: a client
+///   that reconnects at once may wait for it (or get the busy answer without
+///   [`wait`](crate::RedlockLayer::wait)).
 #[derive(Debug, Clone)]
 pub struct Held(pub LockHandle);
 

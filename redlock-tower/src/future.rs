@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -57,6 +58,8 @@ pin_project! {
         #[pin]
         state: State<S, ReqBody, ResBody>,
         config: Arc<Config>,
+        // The request is a `CONNECT`: a 2xx answer opens a tunnel.
+        connect: bool,
     }
 }
 
@@ -72,6 +75,7 @@ where
         config: Arc<Config>,
     ) -> Self {
         Self {
+            connect: request.method() == http::Method::CONNECT,
             state: State::Acquiring {
                 acquire,
                 service: Some(service),
@@ -88,6 +92,7 @@ where
                 lock: None,
             },
             config,
+            connect: false,
         }
     }
 }
@@ -147,9 +152,16 @@ where
                                 .insert(name, http::HeaderValue::from(token.get()));
                         }
                         let held = lock.take();
+                        let upgrade =
+                            request::is_upgrade(response.status().as_u16(), *this.connect);
                         let (release, held) = match (this.config.policy.release_policy(), held) {
                             (ReleasePolicy::ResponseHead, Some(held)) => {
                                 (Some(held.release()), None)
+                            }
+                            // The session runs after the (empty) body: the
+                            // handles lent to it hold the lock.
+                            (ReleasePolicy::BodyEnd, Some(held)) if upgrade => {
+                                (None, held.keep_while_lent().map(unguarded_session))
                             }
                             (_, held) => (None, held),
                         };
@@ -199,6 +211,25 @@ where
             }
         }
     }
+}
+
+static UNGUARDED_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// An upgrade whose handler kept no handle: nothing tells when its session
+/// ends, so the lock is released with the (empty) body, as before the session
+/// starts. Logged as a warning once per process: the cause is the app's code.
+fn unguarded_session(lock: RequestLock) -> RequestLock {
+    if UNGUARDED_LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::debug!("an upgraded request's handler kept no `Held`; released");
+    } else {
+        tracing::warn!(
+            key = lock.handle().key(),
+            "a handler answered an upgrade (101) but kept no `Held`: the lock is released now and \
+             the session runs unlocked; move the `Held` into the session (`on_upgrade`) to hold \
+             the lock until the session ends. Logged once."
+        );
+    }
+    lock
 }
 
 /// The response for a rejection, with the app's handler if it set one.

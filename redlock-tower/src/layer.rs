@@ -57,6 +57,9 @@ use crate::service::RedlockService;
 /// [`on_rejection`](Self::on_rejection) replaces these answers. The lock is
 /// renewed while the handler runs, and released when the response body has been
 /// sent (or dropped), unless [`release_on`](Self::release_on) says otherwise.
+/// A response that upgrades its connection (`101`, a WebSocket) keeps it until
+/// the last handle lent to the handler is dropped: see
+/// [`Held`](crate::Held#websockets-and-other-upgrades).
 /// The policy setters are those of [`LockPolicy`]; [`policy`](Self::policy)
 /// sets them all at once.
 #[derive(Clone)]

@@ -30,7 +30,9 @@
 //! - the handler runs only while this replica holds a quorum lock;
 //! - the lock is renewed while the handler runs, and released when the response
 //!   body has been fully sent, or dropped (client gone), or at the response head
-//!   with [`ReleasePolicy::ResponseHead`];
+//!   with [`ReleasePolicy::ResponseHead`]; an upgraded connection (a WebSocket
+//!   session) keeps it until the handler's last `Held` is dropped (see
+//!   [`Held`](crate::Held#websockets-and-other-upgrades));
 //! - a busy key answers `409 Conflict` with `Retry-After` (from the holder's
 //!   remaining TTL) and an `application/problem+json` body, or waits with
 //!   [`RedlockLayer::wait`];

@@ -47,6 +47,7 @@ where
 
         // No key and pass-through: no lock, no box.
         if key.is_none() && config.policy.missing_key_policy() == MissingKeyPolicy::PassThrough {
+            request::count_pass_through();
             return ResponseFuture::unlocked(self.inner.call(req), config);
         }
         let redlock = config

@@ -9,8 +9,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -120,6 +120,28 @@ impl Shared {
 #[derive(Clone)]
 pub struct LockHandle {
     pub(super) shared: Arc<Shared>,
+    /// What the handles lent to a request's handler share, so that the lock of
+    /// an upgraded connection can be kept until the last of them is dropped
+    /// (see `request::RequestLock::keep_while_lent`). `None` elsewhere.
+    pub(crate) keep: Option<Arc<Keep>>,
+}
+
+/// What the handles lent to a request's handler share: once a lock is put in
+/// it, the lock lives until the last of those handles is dropped (and its drop
+/// releases it, in the background).
+#[derive(Default)]
+pub(crate) struct Keep {
+    lock: OnceLock<Box<dyn Send + Sync>>,
+}
+
+impl Keep {
+    /// Keeps `lock` until the last reference to this is dropped.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn hold(&self, lock: Box<dyn Send + Sync>) {
+        // Set once: each `Keep` belongs to one lock, which the caller gives up
+        // here. Were it set already, `lock` would drop, and release, now.
+        drop(self.lock.set(lock));
+    }
 }
 
 impl std::fmt::Debug for LockHandle {
@@ -134,6 +156,24 @@ impl std::fmt::Debug for LockHandle {
 }
 
 impl LockHandle {
+    /// This handle, to be lent to a request's handler: its clones share a new
+    /// [`Keep`].
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn into_lent(mut self) -> Self {
+        self.keep = Some(Arc::default());
+        self
+    }
+
+    /// A clone that is not one of the handles lent to a handler (it does not
+    /// keep an upgraded request's lock).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn unlent(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            keep: None,
+        }
+    }
+
     /// The resource name.
     pub fn resource(&self) -> &str {
         &self.shared.resource

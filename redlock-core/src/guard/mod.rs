@@ -118,7 +118,7 @@ impl LockGuard {
         let renewal = Renewal::new(lock, Arc::clone(&shared), options, exit);
         let ticket = redlock.inner.renewals.add(&rt, renewal);
         Ok(Self {
-            handle: LockHandle { shared },
+            handle: LockHandle { shared, keep: None },
             ticket,
         })
     }

@@ -54,6 +54,7 @@ mod path;
 mod policy;
 mod rejection;
 mod setters;
+mod upgrade;
 
 pub use http::StatusCode;
 pub use keys::{KeyFamily, MAX_KEY_BYTES, RequestKey, bound_key, escape_value};
@@ -62,6 +63,7 @@ pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
 };
 pub use rejection::Rejection;
+pub use upgrade::is_upgrade;
 
 /// What [`lock_policy_setters!`](crate::lock_policy_setters) expands to. Not
 /// for direct use.
@@ -90,7 +92,8 @@ impl std::fmt::Debug for RequestLock {
 }
 
 impl RequestLock {
-    /// The handle to put in the request (extensions or `ReqData`).
+    /// The handle to put in the request (extensions or `ReqData`). Its clones
+    /// are what [`keep_while_lent`](Self::keep_while_lent) waits for.
     pub fn handle(&self) -> LockHandle {
         self.handle.clone()
     }
@@ -169,7 +172,7 @@ impl LossWatch {
     pub fn for_body(lock: Option<&RequestLock>, on_lost: LostPolicy) -> Option<Self> {
         lock.filter(|_| on_lost == LostPolicy::Abort)
             .map(|lock| Self {
-                handle: lock.handle(),
+                handle: lock.handle.unlent(),
                 lost: Box::pin(lock.lost()),
             })
     }
@@ -321,7 +324,8 @@ async fn acquire_lock(
     span.record("wait_ms", started.elapsed().as_millis() as u64);
     match result {
         Ok(guard) => Ok(Some(RequestLock {
-            handle: guard.handle(),
+            // Lent to the handler: its clones are counted for upgrades.
+            handle: guard.handle().into_lent(),
             guard: Some(guard),
             span,
             acquired: Instant::now(),
@@ -329,6 +333,15 @@ async fn acquire_lock(
         })),
         Err(error) => refused(error, key, policy, &span),
     }
+}
+
+/// Counts a request that an adapter runs unlocked without calling
+/// [`acquire_keys`] (its fast path for a request with no key under
+/// [`MissingKeyPolicy::PassThrough`]) as `acquire_keys` counts it:
+/// `redlock_requests_total{outcome="unlocked"}`, so both adapters report the
+/// same series for the same traffic.
+pub fn count_pass_through() {
+    crate::metrics::request(None, "unlocked");
 }
 
 /// A request with no key, per the [`MissingKeyPolicy`]: run unlocked, or

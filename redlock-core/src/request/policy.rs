@@ -60,6 +60,9 @@ pub enum LostPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleasePolicy {
     /// When the response body has been fully sent, or dropped (the default).
+    /// For a response that upgrades its connection ([`is_upgrade`](super::is_upgrade):
+    /// a WebSocket), when the body has ended and the last handle lent to the
+    /// handler has been dropped ([`RequestLock::keep_while_lent`](super::RequestLock::keep_while_lent)).
     BodyEnd,
     /// As soon as the handler has produced the response head.
     ResponseHead,

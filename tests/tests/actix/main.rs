@@ -13,5 +13,8 @@ mod idempotency;
 mod idempotency_body;
 mod idempotency_fingerprint;
 mod loss;
+mod metrics;
 mod middleware;
 mod path_keys;
+mod sized;
+mod upgrade;

@@ -14,5 +14,7 @@ mod idempotency;
 mod idempotency_body;
 mod idempotency_fingerprint;
 mod loss;
+mod metrics;
 mod path_keys;
 mod responses;
+mod upgrade;
