@@ -10,3 +10,4 @@ mod idempotency;
 mod loss;
 mod middleware;
 mod path_keys;
+mod workers;
