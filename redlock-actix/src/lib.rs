@@ -77,10 +77,14 @@
 //!
 //! # Single-threaded workers
 //!
-//! Each actix worker runs its requests, and the renewal task of the locks they
-//! hold, on one thread. A CPU-bound or blocking handler stalls that thread, and
-//! with it the timer that extends the lock: a handler that blocks for longer than
-//! the validity left loses its lock while it blocks, and another replica may take
+//! Each actix worker is a single-threaded Tokio runtime. A `Redlock` shared by
+//! the workers keeps, for each worker, its own node connections, its own
+//! renewal task and its own background calls: a worker renews, and releases,
+//! the locks its own requests hold, and a worker whose thread is stuck never
+//! delays another worker's acquire, renewal or release. A CPU-bound or
+//! blocking handler does stall its own worker's thread, and with it the
+//! renewals of that worker's locks: a handler that blocks for longer than the
+//! validity left loses its lock while it blocks, and another replica may take
 //! it. Move such work off the worker with `web::block`, so the lock keeps being
 //! renewed while it runs:
 //!
@@ -98,8 +102,10 @@
 //! If a handler does block too long, the loss is still detected: as soon as the
 //! worker runs again, the renewal task finds the validity over and marks the lock
 //! lost, and the middleware drops the handler at its next await point and
-//! answers 503 (unless [`LostPolicy::Signal`]). The renewal task is spawned on the
-//! worker's Tokio runtime (actix-web 4 runs on Tokio through actix-rt).
+//! answers 503 (unless [`LostPolicy::Signal`]). The renewal task runs on the
+//! runtime of the worker that took the lock (actix-web 4 runs on Tokio through
+//! actix-rt). The first locked request of each worker opens that worker's
+//! connections to the nodes.
 //!
 //! # WebSockets
 //!

@@ -1,53 +1,56 @@
 //! The calls still on their way after an operation was decided (a release's
 //! or an acquire's answers after the quorum) are driven to their end by one
-//! task per handle and runtime, instead of a task spawned per operation: under
+//! task per handle and runtime (`per_runtime.rs`), instead of a task spawned
+//! per operation: under
 //! load, a spawn per lock+unlock pair is a task allocation and often a wake-up
 //! of another worker thread (BENCHMARKS.md, "Client and server CPU per lock").
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, PoisonError};
 use std::task::Poll;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 
+use crate::per_runtime::PerRuntime;
+
 /// A call's remainder, driven in the background.
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// The handle's background task: its runtime, and where jobs are sent.
+/// The handle's background task on each runtime: where jobs are sent.
 #[derive(Default)]
 pub(crate) struct Background {
-    task: Mutex<Option<(tokio::runtime::Id, mpsc::UnboundedSender<Job>)>>,
+    tasks: PerRuntime<Option<mpsc::UnboundedSender<Job>>>,
 }
 
 impl Background {
     /// Drives `job` to its end on the handle's task for the current runtime,
-    /// starting that task if none runs there (one that ran on another
-    /// runtime finishes its jobs and ends). Outside a runtime `job` is
+    /// starting that task if none runs there. Outside a runtime `job` is
     /// dropped, as a spawn would have been impossible: `false`.
     pub(crate) fn run(&self, job: impl Future<Output = ()> + Send + 'static) -> bool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        let id = rt.id();
         let mut job: Job = Box::pin(job);
-        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((on, tx)) = task.as_ref()
-            && *on == id
-        {
-            match tx.send(job) {
-                Ok(()) => return true,
-                // The task ended with its runtime.
-                Err(mpsc::error::SendError(j)) => job = j,
-            }
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        rt.spawn(drive(rx));
-        let sent = tx.send(job).is_ok();
-        *task = Some((id, tx));
-        sent
+        self.tasks.with(
+            &rt,
+            || None,
+            |task| {
+                if let Some(tx) = task.as_ref() {
+                    match tx.send(job) {
+                        Ok(()) => return true,
+                        // The task ended (it panicked).
+                        Err(mpsc::error::SendError(j)) => job = j,
+                    }
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                rt.spawn(drive(rx));
+                let sent = tx.send(job).is_ok();
+                *task = Some(tx);
+                sent
+            },
+        )
     }
 }
 

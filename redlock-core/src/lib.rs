@@ -147,6 +147,7 @@ mod lock;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub mod metrics;
 mod node;
+mod per_runtime;
 mod queue;
 mod redlock;
 mod release;

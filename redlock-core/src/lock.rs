@@ -27,8 +27,8 @@ pub struct Lock {
     pub(crate) released: bool,
     pub(crate) fencing_token: Option<FencingToken>,
     /// When the lock was acquired (the hold time's start; `started` moves with
-    /// each extension).
-    pub(crate) acquired_at: Instant,
+    /// each extension); `None` once its hold was counted out (`abandon`).
+    pub(crate) acquired_at: Option<Instant>,
     /// The resources of a multi-resource lock (`key` is then the first key).
     pub(crate) many: Option<Arc<Many>>,
     /// A fenced multi-resource lock's tokens, one per resource in key order.
@@ -153,13 +153,16 @@ impl Lock {
     }
 
     /// Marks the lock released for the straggler task, before the release is
-    /// sent (once per lock: by the release or by the drop), and ends its hold
-    /// in the metrics.
-    pub(crate) fn abandon(&self) {
-        crate::metrics::held(
-            self.redlock.metrics_key(&self.key),
-            Some(self.acquired_at.elapsed()),
-        );
+    /// sent, and ends its hold in the metrics. Called by the release and again
+    /// by the drop when the release's future is dropped before it ended: the
+    /// hold is counted out by the first call only.
+    pub(crate) fn abandon(&mut self) {
+        if let Some(acquired_at) = self.acquired_at.take() {
+            crate::metrics::held(
+                self.redlock.metrics_key(&self.key),
+                Some(acquired_at.elapsed()),
+            );
+        }
         if let Some(late) = &self.late {
             late.releasing_everywhere();
         }

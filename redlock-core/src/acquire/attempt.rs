@@ -232,7 +232,7 @@ impl Attempt<'_> {
             late,
             released: false,
             fencing_token,
-            acquired_at: Instant::now(),
+            acquired_at: Some(Instant::now()),
             many: match &self.cleanup.keys {
                 Keys::Many(many) => Some(Arc::clone(many)),
                 Keys::One(_) => None,

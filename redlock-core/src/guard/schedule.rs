@@ -1,5 +1,8 @@
-//! One renewal schedule per [`Redlock`](crate::Redlock) handle: the
-//! auto-extension of every [`LockGuard`](crate::LockGuard) it holds, batched.
+//! One renewal schedule per [`Redlock`](crate::Redlock) handle and Tokio
+//! runtime: the auto-extension of every [`LockGuard`](crate::LockGuard) taken
+//! on that runtime, batched. Per runtime, so that a runtime whose thread is
+//! blocked (an actix worker running blocking code) stops only its own
+//! renewals, never another's (`per_runtime.rs`).
 //!
 //! A single task owns every guarded lock's [`Renewal`] and one timer queue.
 //! When renewals fall due (at the same grid point, see `renew::renew_point`)
@@ -18,7 +21,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -31,13 +33,15 @@ use super::renew::{Due, Renewal};
 use crate::error::Error;
 use crate::extend_batch::{BATCH, BatchOutcome};
 use crate::lock::Lock;
+use crate::per_runtime::PerRuntime;
 use crate::release::Released;
 
-/// A handle's renewal schedule: the way to its task, started on demand.
+/// A handle's renewal schedule: the way to its task on each runtime, started
+/// on demand.
 #[derive(Default)]
 pub(crate) struct Schedule {
     next_id: AtomicU64,
-    task: Mutex<Option<mpsc::UnboundedSender<Command>>>,
+    tasks: PerRuntime<Option<mpsc::UnboundedSender<Command>>>,
 }
 
 /// A guard's message to the schedule.
@@ -82,31 +86,37 @@ impl Ticket {
 }
 
 impl Schedule {
-    /// Hands `renewal` to the schedule's task, starting the task on `rt` if
-    /// none runs.
+    /// Hands `renewal` to `rt`'s schedule task, starting the task if none
+    /// runs there.
     pub(super) fn add(&self, rt: &tokio::runtime::Handle, renewal: Renewal) -> Option<Ticket> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut command = Command::Add(id, Box::new(renewal));
-        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-        // Twice at most: the task that ran may have ended with its runtime.
-        for _ in 0..2 {
-            if let Some(tx) = task.as_ref() {
-                match tx.send(command) {
-                    Ok(()) => {
-                        return Some(Ticket {
-                            id,
-                            task: tx.clone(),
-                        });
+        self.tasks.with(
+            rt,
+            || None,
+            |task| {
+                // Twice at most: the task that ran may have ended (a panic, or
+                // its runtime shutting down).
+                for _ in 0..2 {
+                    if let Some(tx) = task.as_ref() {
+                        match tx.send(command) {
+                            Ok(()) => {
+                                return Some(Ticket {
+                                    id,
+                                    task: tx.clone(),
+                                });
+                            }
+                            Err(mpsc::error::SendError(c)) => command = c,
+                        }
                     }
-                    Err(mpsc::error::SendError(c)) => command = c,
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    rt.spawn(drive(rx));
+                    *task = Some(tx);
                 }
-            }
-            let (tx, rx) = mpsc::unbounded_channel();
-            rt.spawn(drive(rx));
-            *task = Some(tx);
-        }
-        // Dropped here, the renewal tells its holder "lost".
-        None
+                // Dropped here, the renewal tells its holder "lost".
+                None
+            },
+        )
     }
 }
 

@@ -1,5 +1,6 @@
-//! A node's one cached multiplexed connection, and the single background
-//! connection attempt shared by all its callers.
+//! A node's one cached multiplexed connection per Tokio runtime, and the
+//! single background connection attempt shared by all its callers on that
+//! runtime (`per_runtime.rs` says why per runtime).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,6 +13,7 @@ use tokio::sync::watch;
 use super::Node;
 use super::native::{NativeCommands, NativeSupport, detect};
 use crate::error::NodeError;
+use crate::per_runtime::PerRuntime;
 
 /// The shortest and the longest a background connection attempt may take (it
 /// gets ten node timeouts within these bounds): long enough for a handshake over
@@ -67,10 +69,31 @@ impl Slot {
     }
 }
 
-/// What a node's callers and its background connection attempt share.
+/// A node's connections: one [`Shared`] per runtime.
+#[derive(Default)]
+pub(super) struct Connections {
+    per_runtime: PerRuntime<Arc<Shared>>,
+    /// The last generation given out, on any runtime: generations are unique
+    /// across the node's connections.
+    generations: Arc<AtomicU64>,
+}
+
+impl Connections {
+    /// The current runtime's connection state (`None` outside a runtime).
+    fn here(&self) -> Option<Arc<Shared>> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        Some(
+            self.per_runtime
+                .with(&rt, || Arc::new(Shared::new()), |s| Arc::clone(s)),
+        )
+    }
+}
+
+/// What a node's callers on one runtime and their background connection
+/// attempt share.
 pub(super) struct Shared {
     slot: Mutex<Slot>,
-    /// Bumped each time a new connection replaces the cached one. Two calls with
+    /// Set each time a new connection replaces the cached one. Two calls with
     /// the same generation went over the same socket, so the node ran them in the
     /// order they were sent.
     generation: AtomicU64,
@@ -87,7 +110,7 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         Self {
             slot: Mutex::new(Slot::default()),
             generation: AtomicU64::new(0),
@@ -136,7 +159,7 @@ impl Node {
         &self,
         used: &mut Option<u64>,
     ) -> Option<(u64, MultiplexedConnection)> {
-        self.shared.slot().cached(used)
+        self.shared.here()?.slot().cached(used)
     }
 
     /// The cached connection, else the outcome of the connection attempt under
@@ -147,8 +170,11 @@ impl Node {
         timeout: Duration,
         used: &mut Option<u64>,
     ) -> Result<(u64, MultiplexedConnection), NodeError> {
+        let shared = self.shared.here().ok_or_else(|| {
+            NodeError::Connect("no Tokio runtime to run the connection attempt on".into())
+        })?;
         let mut rx = {
-            let mut slot = self.shared.slot();
+            let mut slot = shared.slot();
             if let Some(cached) = slot.cached(used) {
                 return Ok(cached);
             }
@@ -156,7 +182,7 @@ impl Node {
                 // A closed channel is an attempt whose task ended without an
                 // outcome (a panic, or its runtime shut down): start another.
                 Some((_, rx)) if rx.has_changed().is_ok() => rx.clone(),
-                _ => self.start_connect(&mut slot, timeout)?,
+                _ => self.start_connect(&shared, &mut slot, timeout)?,
             }
         };
         let outcome = match rx.wait_for(Option::is_some).await {
@@ -182,6 +208,7 @@ impl Node {
     /// waits for it.
     fn start_connect(
         &self,
+        shared: &Arc<Shared>,
         slot: &mut Slot,
         timeout: Duration,
     ) -> Result<watch::Receiver<Attempt>, NodeError> {
@@ -193,7 +220,8 @@ impl Node {
         let (tx, rx) = watch::channel(None);
         slot.connecting = Some((id, rx.clone()));
         let pool = self.pool.clone();
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(shared);
+        let generations = Arc::clone(&self.shared.generations);
         let limit = connect_timeout(timeout);
         let look = self.native != NativeCommands::Off;
         runtime.spawn(async move {
@@ -209,10 +237,8 @@ impl Node {
                     slot.connecting = None;
                 }
                 result.map(|conn| {
-                    let generation = shared
-                        .generation
-                        .fetch_add(1, Ordering::SeqCst)
-                        .wrapping_add(1);
+                    let generation = generations.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+                    shared.generation.store(generation, Ordering::SeqCst);
                     shared.stamp_answer();
                     slot.cached = Some(Cached {
                         generation,
@@ -249,7 +275,8 @@ impl Node {
     /// The native commands found on connection `generation`, while it is the
     /// cached one (`None` when not looked for, or replaced meanwhile).
     pub(super) fn native_support(&self, generation: u64) -> Option<NativeSupport> {
-        let slot = self.shared.slot();
+        let shared = self.shared.here()?;
+        let slot = shared.slot();
         slot.cached
             .as_ref()
             .filter(|c| c.generation == generation)
@@ -259,13 +286,21 @@ impl Node {
     /// The native commands found on the current connection, if any is open
     /// and they were looked for.
     pub(crate) fn current_native_support(&self) -> Option<NativeSupport> {
-        self.shared.slot().cached.as_ref().and_then(|c| c.native)
+        self.shared
+            .here()?
+            .slot()
+            .cached
+            .as_ref()
+            .and_then(|c| c.native)
     }
 
     /// Connection `generation` refused a native command: the scripts run on it
     /// from now on.
     pub(super) fn forget_native(&self, generation: u64) {
-        let mut slot = self.shared.slot();
+        let Some(shared) = self.shared.here() else {
+            return;
+        };
+        let mut slot = shared.slot();
         if let Some(c) = slot.cached.as_mut()
             && c.generation == generation
         {
@@ -276,8 +311,10 @@ impl Node {
     /// The node answered on connection `generation`: noted if that is the
     /// newest connection (the cached one, when there is one).
     pub(super) fn answered(&self, generation: u64) {
-        if self.shared.generation.load(Ordering::SeqCst) == generation {
-            self.shared.stamp_answer();
+        if let Some(shared) = self.shared.here()
+            && shared.generation.load(Ordering::SeqCst) == generation
+        {
+            shared.stamp_answer();
         }
     }
 
@@ -292,10 +329,10 @@ impl Node {
         generation: Option<u64>,
         started: Instant,
     ) {
-        let Some(generation) = generation else {
+        let (Some(generation), Some(shared)) = (generation, self.shared.here()) else {
             return;
         };
-        let mut slot = self.shared.slot();
+        let mut slot = shared.slot();
         let Some(c) = &slot.cached else {
             return;
         };
@@ -303,7 +340,7 @@ impl Node {
             return;
         }
         let broken = match error {
-            NodeError::Timeout(_) => self.shared.silent_since(started),
+            NodeError::Timeout(_) => shared.silent_since(started),
             other => other.breaks_connection(),
         };
         if broken {

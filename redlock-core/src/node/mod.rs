@@ -19,7 +19,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
-use connection::Shared;
+use connection::Connections;
 #[cfg(feature = "tls")]
 pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
@@ -75,15 +75,16 @@ pub(crate) struct Node {
     /// to refuse the same server listed twice.
     pub(crate) address: Option<String>,
     /// redis' multiplexed connection pipelines concurrent calls over one socket, so
-    /// one connection per node is the fastest path. The pool creates it (and creates
+    /// one connection per node (and runtime) is the fastest path. The pool creates it (and creates
     /// it again after a failure); taking it out of the pool skips the `PING` that
     /// deadpool-redis sends to recycle a connection on every checkout.
     pool: Pool,
-    /// The cached connection and the connection attempt under way. Attempts run
+    /// The cached connection and the connection attempt under way, per Tokio
+    /// runtime (see `per_runtime.rs`). Attempts run
     /// one at a time in a task of their own, so a call that gives up does not
     /// cancel the handshake the next call needs, and concurrent calls on a cold
     /// node share one connection instead of each opening their own.
-    shared: Arc<Shared>,
+    shared: Connections,
     /// How to open this node's pub/sub connection for wake-ups; known only for
     /// nodes given by URL.
     pub(crate) pubsub: Option<redis::ConnectionInfo>,
@@ -101,7 +102,7 @@ impl Node {
             label,
             address,
             pool,
-            shared: Arc::new(Shared::new()),
+            shared: Connections::default(),
             pubsub: None,
             db: 0,
             native: NativeCommands::Off,

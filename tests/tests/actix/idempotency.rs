@@ -65,11 +65,46 @@ async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
     // Every node's connection is up before the burst: 150 first calls at once
-    // on cold connections can outlast the 100 ms node timeout on a loaded
-    // machine, and this test is about the copies, not the connects.
-    let redlock = redlock(&cluster);
-    redlock.check_nodes().await.unwrap();
+    // on cold connections can outlast the node timeout on a loaded machine,
+    // and this test is about the copies, not the connects. Each worker (a
+    // runtime) opens its own: one request on a connection of its own per
+    // worker, which actix hands to its workers in turn. Each worker's thread
+    // also reads its own connections' answers, between the 25 copies it
+    // serves: in a debug build on a loaded machine that outlasts 100 ms, so
+    // the node timeout is 1 s here.
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(1000))
+        .build()
+        .unwrap();
     let server = server_on(redlock, IdempotencyPolicy::default(), Arc::clone(&runs));
+    // A cold worker may answer 503 while it connects: its connection attempt
+    // goes on, and the same client (the same worker) asks again.
+    for i in 0..2 {
+        let (warm_client, key) = (client(), format!("\"warm-{i}\""));
+        let mut statuses = Vec::new();
+        for _ in 0..20 {
+            let warm = send(
+                &warm_client,
+                Method::POST,
+                &server.url("/warm-up"),
+                &[("idempotency-key", key.as_str())],
+                "",
+            )
+            .await
+            .unwrap();
+            statuses.push(warm.status);
+            if warm.status != 503 {
+                break;
+            }
+            actix_web::rt::time::sleep(ms(100)).await;
+        }
+        assert_eq!(
+            statuses.last().copied(),
+            Some(http::StatusCode::NOT_FOUND),
+            "{statuses:?}"
+        );
+    }
     let client = client();
     let url = server.url("/pay?hold=300");
     let copies = (0..50).map(|_| {

@@ -18,3 +18,4 @@ mod middleware;
 mod path_keys;
 mod sized;
 mod upgrade;
+mod workers;

@@ -1,0 +1,67 @@
+//! The held-locks gauge and the hold histogram count each lock out once,
+//! also when its release is dropped mid-flight (issue 38, item 6), on real
+//! `redis-server` processes.
+//!
+//! Its own binary: it installs the process-wide recorder, and `metrics.rs`
+//! checks absolute counts of its own.
+
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+use redlock_core::Redlock;
+use redlock_tests::Cluster;
+
+/// The value of the series `name` (no labels), 0 when absent.
+fn value(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `timeout(…, unlock(lock))` that fires while the release waits for its
+/// quorum (two of three nodes paused): the release future is dropped, and the
+/// `Lock` it owns with it, whose `Drop` sends the release again. The lock
+/// must leave the gauge once, not twice, and be timed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_mid_flight_counts_the_lock_out_once() {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
+    let cluster = Cluster::start(3);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lock = rl
+        .try_lock("m-dropped", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(value(&handle.render(), "redlock_held_locks"), 1.0);
+    cluster.node(1).pause();
+    cluster.node(2).pause();
+    let dropped = tokio::time::timeout(Duration::from_millis(300), rl.unlock(lock)).await;
+    assert!(
+        dropped.is_err(),
+        "the release finished without a quorum: {dropped:?}"
+    );
+    cluster.node(1).resume();
+    cluster.node(2).resume();
+    // The release sent again by `Drop` deletes the key everywhere.
+    assert!(
+        cluster.wait_until(Duration::from_secs(10), |c| c.count_with_key("m-dropped")
+            == 0),
+        "the dropped release's key stayed"
+    );
+    let text = handle.render();
+    assert_eq!(
+        (
+            value(&text, "redlock_held_locks"),
+            value(&text, "redlock_hold_duration_seconds_count")
+        ),
+        (0.0, 1.0),
+        "a lock whose release was dropped mid-flight, counted out twice:\n{text}"
+    );
+}
