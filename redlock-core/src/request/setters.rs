@@ -67,9 +67,8 @@ impl Setting {
                 // Options with no cap of their own keep the policy's: a
                 // request's hold stays bounded unless the cap is set.
                 options.max_hold = options.max_hold.or(policy.options.max_hold);
-                options.fence_retention = options
-                    .fence_retention
-                    .or(policy.options.fence_retention);
+                options.fence_retention =
+                    options.fence_retention.or(policy.options.fence_retention);
                 policy.options = options;
             }
         }
