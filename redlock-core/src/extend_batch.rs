@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use redis::Value;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::extend::Extended;
+use crate::extend::{Extended, answered};
 use crate::fan_out::Settled;
 use crate::lock::Lock;
 use crate::node::{Call, EXTEND_BATCH};
@@ -192,12 +192,22 @@ impl Redlock {
                             }
                         })
                     };
+                    let j = sent.iter().position(|&s| s == i);
+                    let nodes = settled
+                        .iter()
+                        .map(|s| {
+                            answered(s.as_ref(), |flags: &Vec<bool>| {
+                                j.and_then(|j| flags.get(j)).copied().unwrap_or(false)
+                            })
+                        })
+                        .collect();
                     let extended = Extended {
                         now,
                         ok: t.ok,
                         not_held: t.not_held,
                         validity,
                         report,
+                        nodes,
                     };
                     self.apply_extend(lock, *ttl, start, extended, *deadline)
                 });

@@ -83,6 +83,9 @@ struct Config {
     reply: DirFault,
     refuse: bool,
     shutdown: bool,
+    /// Requests of the connections numbered below this are held (set by
+    /// [`FaultProxy::hold_open_requests`]); later connections pass.
+    hold_requests_below: Option<u64>,
 }
 
 impl Config {
@@ -239,9 +242,21 @@ impl FaultProxy {
             .send_modify(|c| c.dir_mut(dir).flow = Flow::Hold);
     }
 
+    /// Holds the requests of the connections open now, until
+    /// [`FaultProxy::flush`]; connections opened later pass. A command sent on
+    /// an old connection then runs after one sent later on a new connection
+    /// (a reconnect, or another runtime's connection to the same node).
+    pub fn hold_open_requests(&self) {
+        let below = self.shared.next_conn.load(Ordering::Relaxed);
+        self.shared
+            .cfg
+            .send_modify(|c| c.hold_requests_below = Some(below));
+    }
+
     /// Delivers every held byte, in order, and stops holding.
     pub fn flush(&self) {
         self.shared.cfg.send_modify(|c| {
+            c.hold_requests_below = None;
             for d in [Direction::Request, Direction::Reply] {
                 if c.dir(d).flow == Flow::Hold {
                     c.dir_mut(d).flow = Flow::Pass;
@@ -293,6 +308,7 @@ impl FaultProxy {
             c.request = DirFault::default();
             c.reply = DirFault::default();
             c.refuse = false;
+            c.hold_requests_below = None;
         });
         self.reset_where(|e| e.poisoned.load(Ordering::Acquire));
     }
@@ -300,7 +316,7 @@ impl FaultProxy {
     /// Whether any fault is set.
     pub fn is_faulty(&self) -> bool {
         let c = self.shared.cfg.borrow();
-        c.refuse || !c.request.is_clear() || !c.reply.is_clear()
+        c.refuse || !c.request.is_clear() || !c.reply.is_clear() || c.hold_requests_below.is_some()
     }
 
     /// Open connections.
@@ -422,8 +438,8 @@ async fn run_conn(shared: Arc<Shared>, client: TcpStream, poisoned: Arc<AtomicBo
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
     tokio::join!(
-        pump(&shared, Direction::Request, cr, uw, &poisoned),
-        pump(&shared, Direction::Reply, ur, cw, &poisoned),
+        pump(&shared, (Direction::Request, id), cr, uw, &poisoned),
+        pump(&shared, (Direction::Reply, id), ur, cw, &poisoned),
     );
     shared.conns().remove(&id);
 }
@@ -435,7 +451,7 @@ enum Chunk {
 
 async fn pump(
     shared: &Shared,
-    dir: Direction,
+    (dir, conn): (Direction, u64),
     mut reader: OwnedReadHalf,
     mut writer: OwnedWriteHalf,
     poisoned: &AtomicBool,
@@ -485,7 +501,15 @@ async fn pump(
                     shared.dropped.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
-                let f = cfg.borrow_and_update().dir(dir);
+                let f = {
+                    let c = cfg.borrow_and_update();
+                    let mut f = c.dir(dir);
+                    if dir == Direction::Request && c.hold_requests_below.is_some_and(|b| conn < b)
+                    {
+                        f.flow = Flow::Hold;
+                    }
+                    f
+                };
                 match f.flow {
                     Flow::Blackhole => {
                         poisoned.store(true, Ordering::Release);
