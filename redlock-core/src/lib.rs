@@ -120,7 +120,7 @@
 )]
 
 /// The suffix of a lock key's waiters flag as a literal, for `concat!` in the
-/// release scripts, which name the flag themselves (`wake::WAITERS_SUFFIX`).
+/// release scripts, which name the flag themselves (`keys::WAITERS_SUFFIX`).
 macro_rules! waiters_suffix {
     () => {
         ":redlock-waiters"
@@ -147,6 +147,7 @@ mod lock;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub mod metrics;
 mod node;
+mod node_error;
 mod per_runtime;
 mod queue;
 mod redlock;
@@ -183,7 +184,7 @@ pub const __RELEASE_LUA: &str = node::RELEASE_LUA;
 /// The waiters flag's suffix, which the release script's second key takes,
 /// for the same scenario. Not part of the API.
 #[doc(hidden)]
-pub const __WAITERS_SUFFIX: &str = wake::WAITERS_SUFFIX;
+pub const __WAITERS_SUFFIX: &str = keys::WAITERS_SUFFIX;
 pub use url::redact_url;
 
 /// The deadpool-redis crate this one is built on, for building pools.

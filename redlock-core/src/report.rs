@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::NodeError;
+use crate::node_error::NodeError;
 
 /// What one node answered to one call.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,6 +18,7 @@ use crate::settings::RetryPolicy;
 use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 
 mod attempt;
+mod fence;
 mod many;
 use attempt::Attempt;
 

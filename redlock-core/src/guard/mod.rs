@@ -20,7 +20,7 @@ use crate::settings::LockOptions;
 use handle::Shared;
 pub use handle::{LockHandle, LostFuture};
 use renew::{LostOnExit, Renewal};
-pub(crate) use schedule::Schedule;
+use schedule::Schedule;
 use schedule::{Handback, Ticket};
 
 mod handle;
@@ -116,7 +116,15 @@ impl LockGuard {
             armed: true,
         };
         let renewal = Renewal::new(lock, Arc::clone(&shared), options, exit);
-        let ticket = redlock.inner.renewals.add(&rt, renewal);
+        // The handle's schedule, made by the first guard. Only this layer
+        // fills the slot, so the type always matches; were it not to, the
+        // renewal would be dropped here and tell its holder "lost".
+        let schedule = redlock
+            .inner
+            .renewals
+            .get_or_init(|| Box::new(Schedule::default()))
+            .downcast_ref::<Schedule>();
+        let ticket = schedule.and_then(|s| s.add(&rt, renewal));
         Ok(Self {
             handle: LockHandle { shared, keep: None },
             ticket,

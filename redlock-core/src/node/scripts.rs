@@ -366,7 +366,7 @@ const FLAG_COMMANDS: usize = 2;
 /// Sets `key`'s waiters flag for `ms`: created if absent, else lengthened if
 /// shorter, so that of several waiters the one that waits longest keeps it.
 fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64) {
-    let flag = crate::wake::waiters_flag(key);
+    let flag = crate::keys::waiters_flag(key);
     let ms = ms.max(1);
     pipeline
         .cmd("SET")
@@ -425,7 +425,7 @@ pub(super) fn release_unflagged(key: &str, token: &str, db: i64) -> (Cmd, Cmd) {
     keys_cmds(
         &RELEASE_UNFLAGGED,
         &[key],
-        &[token.to_owned(), crate::wake::channel(db, key)],
+        &[token.to_owned(), crate::keys::channel(db, key)],
     )
 }
 

@@ -26,6 +26,8 @@ use crate::settings::RetryPolicy;
 use crate::steps::{may_retry, retry_delay};
 use crate::wake::{Found, Subscription};
 
+mod many;
+
 impl Redlock {
     /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.
     /// `latest_start` is when the last attempt must start by (the deadline
