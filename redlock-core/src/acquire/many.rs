@@ -9,7 +9,6 @@
 //! overlap: each needs a quorum of nodes holding every key of its set, two
 //! quorums share a node, and on that node the shared key holds one token.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,13 +19,12 @@ use super::Ttl;
 use super::attempt::{Attempt, Round};
 use crate::error::Error;
 use crate::fencing::{FencingMode, fence_key};
-use crate::guard::{LockGuard, LockHandle};
 use crate::keys::{Keys, MAX_RESOURCES, Many, Resources};
 use crate::lock::Lock;
 use crate::metrics;
 use crate::node::{Call, parse_acquire_many};
 use crate::redlock::Redlock;
-use crate::settings::{LockOptions, RetryPolicy};
+use crate::settings::RetryPolicy;
 use crate::steps::new_token;
 use std::collections::BTreeMap;
 
@@ -141,7 +139,7 @@ impl Redlock {
 
     /// [`Redlock::lock_many_with`], with the expiry a fence gives
     /// per-request resources' Durable counters (see [`Ttl`]).
-    async fn lock_many_with_retained<I, R>(
+    pub(crate) async fn lock_many_with_retained<I, R>(
         &self,
         resources: I,
         ttl: Ttl,
@@ -171,52 +169,6 @@ impl Redlock {
         let outcome = metrics::acquire_outcome(&result);
         metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
         result
-    }
-
-    /// Locks several resources together and holds them with auto-extension
-    /// (every renewal extends every key) until the guard is released or
-    /// dropped: [`Redlock::lock_guard`] for a set.
-    ///
-    /// # Errors
-    /// See [`Redlock::lock_many`] and [`Redlock::lock_guard`].
-    pub async fn lock_guard_many<I, R>(
-        &self,
-        resources: I,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let ttl = Ttl::new(
-            options.ttl,
-            options.retained_counter_ttl(self.inner.settings.fencing),
-        );
-        let lock = self.lock_many_with_retained(resources, ttl, retry).await?;
-        LockGuard::new(lock, options)
-    }
-
-    /// Runs the future `f` makes while holding several resources together,
-    /// with auto-extension: [`Redlock::with_lock`] for a set.
-    ///
-    /// # Errors
-    /// An acquire error (see [`Redlock::lock_guard_many`]) or [`Error::Lost`].
-    pub async fn with_lock_many<I, R, F, Fut, T>(
-        &self,
-        resources: I,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.lock_guard_many(resources, options).await?;
-        crate::guard::run_guarded(guard, f).await
     }
 
     /// The attempts of a multi-resource lock until one wins or the policy

@@ -275,6 +275,52 @@ impl Redlock {
         let guard = self.lock_guard(resource, options).await?;
         run_guarded(guard, f).await
     }
+
+    /// Locks several resources together and holds them with auto-extension
+    /// (every renewal extends every key) until the guard is released or
+    /// dropped: [`Redlock::lock_guard`] for a set.
+    ///
+    /// # Errors
+    /// See [`Redlock::lock_many`] and [`Redlock::lock_guard`].
+    pub async fn lock_guard_many<I, R>(
+        &self,
+        resources: I,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        self.loss_margin_for(options)?;
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let ttl = crate::acquire::Ttl::new(
+            options.ttl,
+            options.retained_counter_ttl(self.inner.settings.fencing),
+        );
+        let lock = self.lock_many_with_retained(resources, ttl, retry).await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// Runs the future `f` makes while holding several resources together,
+    /// with auto-extension: [`Redlock::with_lock`] for a set.
+    ///
+    /// # Errors
+    /// An acquire error (see [`Redlock::lock_guard_many`]) or [`Error::Lost`].
+    pub async fn with_lock_many<I, R, F, Fut, T>(
+        &self,
+        resources: I,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock_guard_many(resources, options).await?;
+        run_guarded(guard, f).await
+    }
 }
 
 /// The work of [`Redlock::with_lock`] under `guard`: never polled once the
