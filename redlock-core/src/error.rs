@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Typed errors: what went wrong, and on which node.
 
 use std::fmt;

@@ -1,6 +1,8 @@
-//! The handle: N independent masters, the quorum, the settings, and the input
-//! and node checks. Each Redlock step lives in a file of its own: `acquire`,
-//! `extend`, `release`, `fan_out`, `stragglers`, `steps`.
+//! The handle's state, at the base of the protocol layer: N independent
+//! masters, the quorum, the settings, and the input and node checks. Each
+//! Redlock step lives in a file of its own above it (`steps`, `fan_out`,
+//! `acquire`, `extend`, `release`, `stragglers`); the layers above (holding,
+//! waiting) keep their per-handle state in its slots without being named here.
 
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
@@ -328,7 +330,7 @@ impl Redlock {
     }
 
     /// A resource this handle may lock: not empty, and its key not a
-    /// waiters flag's ([`crate::wake::WAITERS_SUFFIX`]).
+    /// waiters flag's ([`crate::keys::WAITERS_SUFFIX`]).
     pub(crate) fn check_resource(&self, resource: &str) -> Result<(), Error> {
         if resource.is_empty() {
             return Err(Error::EmptyResource);

@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Every node's outcome within one operation: what each node answered
 //! ([`NodeStatus`]), and the [`Report`] that errors and releases carry.
 

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! Spec step 2: one call sent to every node at once, each under the node
 //! timeout, and the answers collected until the outcome is decided.
 

@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Fencing tokens, the client side: a number handed out with every lock that
 //! grows from one holder of a resource to the next, so that the protected
 //! resource can refuse a write from a holder that was paused past its validity

@@ -1,3 +1,5 @@
+//! *Layer 4, holding (see `lib.rs`).*
+//!
 //! A lock held with auto-extension ([`LockGuard`]), and the ways to take one:
 //! [`Redlock::lock_guard`] and [`Redlock::with_lock`].
 

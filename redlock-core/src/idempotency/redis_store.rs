@@ -1,5 +1,5 @@
 //! The default store: records on the lock's own Redis nodes, written and read
-//! with the lock's fan-out and quorum (spec step 2, `fan_out.rs`;
+//! with the lock's fan-out and quorum (spec step 2, `fan_out/`;
 //! `steps::quorum`).
 //!
 //! - **Write** ([`IdempotencyStore::put`]): on each node, one script writes

@@ -1,3 +1,5 @@
+//! *Layer 2, one master (see `lib.rs`).*
+//!
 //! One Redis master: its pool and its connection (`connection`), the commands
 //! and scripts run on it (`scripts`), the reading of their replies (`parse`),
 //! and the bounded send of one call.

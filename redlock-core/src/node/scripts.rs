@@ -17,10 +17,10 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-/// The key's waiters flag (the key and `wake::WAITERS_SUFFIX`) goes in the
+/// The key's waiters flag (the key and `keys::WAITERS_SUFFIX`) goes in the
 /// same `DEL`: only when it was there, i.e. some waiter set it before its
 /// attempt on this node, is the delete announced on the key's channel
-/// (`wake::channel`) to wake the waiters. A release nobody waits for thus
+/// (`keys::channel`) to wake the waiters. A release nobody waits for thus
 /// runs two commands on the node, not three: each `redis.call` costs the
 /// node about 3,900 instructions, 12% of the call (BENCHMARKS.md, "Announce
 /// a release only to waiters"). The `PUBLISH` is a `pcall`, so that a user

@@ -1,3 +1,5 @@
+//! *Layer 2, local wake-up plumbing (see `lib.rs`).*
+//!
 //! Waiting by wake-up, the remote half: the release script `PUBLISH`es on the
 //! key's channel after its compare-and-delete (see `node::RELEASE_LUA`), and a
 //! waiter listens on every node for that message instead of polling. The
@@ -26,7 +28,7 @@
 //! Pub/sub is at-most-once: a message sent while a connection was down, or
 //! never sent (a key that expired), is not delivered. So a waiter is also woken
 //! when a node's subscription drops or comes back, and keeps the fallback
-//! timers of `wait.rs`.
+//! timers of `wait/`.
 
 use std::collections::HashMap;
 use std::ops::DerefMut;
