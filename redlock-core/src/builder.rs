@@ -1,3 +1,5 @@
+//! *Layer 7, the top (see `lib.rs`).*
+//!
 //! Builds a [`Redlock`]: one node per independent master, from a deadpool-redis
 //! pool or a URL, and the settings checked once.
 

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! The distlock page's extension: compare-and-pexpire on every node at once,
 //! counted only with a quorum inside the current validity.
 

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! The distlock page's extension for many locks at once: one compare-and-pexpire
 //! script per node over every key of the batch, each lock counted on its own
 //! quorum inside its own validity.

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! A held lock: what the holder knows about it, and its release on drop.
 
 use std::sync::Arc;

@@ -1,3 +1,5 @@
+//! *Layer 2, one master (see `lib.rs`).*
+//!
 //! The nodes a [`RedlockBuilder`](crate::RedlockBuilder) was given, and their
 //! checks at build: each opened into a [`Node`], no address listed twice.
 
