@@ -6,8 +6,8 @@ use std::time::Duration;
 /// Why one node's call failed.
 ///
 /// A node error never fails an operation on its own: the operation fails only when
-/// the errors make a quorum impossible. The [`Report`] inside the operation's
-/// [`Error`] then lists every node's outcome.
+/// the errors make a quorum impossible. The [`Report`](crate::Report) inside the operation's
+/// [`Error`](crate::Error) then lists every node's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NodeError {
