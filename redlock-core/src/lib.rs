@@ -147,6 +147,7 @@ mod lock;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub mod metrics;
 mod node;
+mod node_spec;
 mod per_runtime;
 mod queue;
 mod redlock;
@@ -171,7 +172,8 @@ pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use keys::MAX_RESOURCES;
 pub use lock::Lock;
-pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
+pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
+pub use node_spec::NodeSpec;
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
 pub use settings::{LockOptions, RetryPolicy};

@@ -6,6 +6,7 @@ mod connection;
 mod from_url;
 mod native;
 mod parse;
+mod replicas;
 mod scripts;
 
 use std::future::Future;
@@ -35,6 +36,8 @@ use scripts::{
 };
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
+pub use replicas::ReplicaAcks;
+pub(crate) use replicas::split_url;
 
 /// How one call went.
 pub(crate) struct Ran {
@@ -94,6 +97,9 @@ pub(crate) struct Node {
     /// Which native commands may replace the scripts on this node (the
     /// handle's setting, given by `Inner::new`).
     pub(crate) native: NativeCommands,
+    /// How many replicas each acquire and extend write must reach (`None`:
+    /// the node is taken to be an independent master, and nothing waits).
+    pub(crate) replica_acks: Option<ReplicaAcks>,
 }
 
 impl Node {
@@ -106,6 +112,7 @@ impl Node {
             pubsub: None,
             db: 0,
             native: NativeCommands::Off,
+            replica_acks: None,
         }
     }
 
@@ -216,7 +223,7 @@ impl Node {
         // command that finds no room on its connection goes onto it only when
         // polled again, after commands sent later may have found room (see
         // `Late::deleted_by_release`).
-        let mut rest = pin!(self.run_call(call, generation, conn));
+        let mut rest = pin!(self.run_call(call, generation, conn, timeout));
         std::future::poll_fn(|cx| {
             let polled = rest.as_mut().poll(cx);
             // The answer first, as `tokio::time::timeout` does.
@@ -244,6 +251,20 @@ impl Node {
     /// so that its state costs only the calls that take it (BENCHMARKS.md,
     /// "Smaller node calls").
     async fn run_call(
+        &self,
+        call: &Call,
+        generation: u64,
+        conn: MultiplexedConnection,
+        timeout: Duration,
+    ) -> Result<Value, NodeError> {
+        if let Some(acks) = self.replica_acks.filter(|_| replicas::waits(call)) {
+            return Box::pin(self.run_acked(acks, call, generation, conn, timeout)).await;
+        }
+        self.run_written(call, generation, conn).await
+    }
+
+    /// [`Node::run_call`] without replica acks.
+    async fn run_written(
         &self,
         call: &Call,
         generation: u64,
