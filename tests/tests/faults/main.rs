@@ -31,6 +31,7 @@
 
 mod fenced;
 mod proxy;
+mod replicas;
 mod suite;
 
 /// The suite alone, or the fenced workloads together: libtest runs the tests
