@@ -130,15 +130,19 @@ pub(super) fn waits(call: &Call) -> bool {
     !matches!(call, Call::Release { .. } | Call::ReleaseMany { .. })
 }
 
-/// Whether `reply` says the call wrote nothing: a refused `SET`, an extend or
-/// a script over several keys that found the key not held (`0`, or an array
-/// that starts with `0`). Those need no acks; anything else waits.
+/// Whether `reply` says the call wrote nothing: a refused `SET`, an extend
+/// that found the key not held (`0`), a batched extend that found none of
+/// its keys held (every answer `0`). Those need no acks; anything else waits,
+/// a multi-resource acquire's refusal too (`{0, i, pttl, type}` cannot be
+/// told from a batch that extended its later keys).
 fn wrote_nothing(call: &Call, reply: &Value) -> bool {
     match (call, reply) {
         (Call::Set { .. }, Value::Array(_)) => true,
         (Call::Acquire { .. }, Value::Array(items)) => items.first() == Some(&Value::Nil),
         (Call::Script { .. } | Call::Keys { .. }, Value::Int(0)) => true,
-        (Call::Keys { .. }, Value::Array(items)) => items.first() == Some(&Value::Int(0)),
+        (Call::Keys { .. }, Value::Array(items)) => {
+            !items.is_empty() && items.iter().all(|v| *v == Value::Int(0))
+        }
         _ => false,
     }
 }
@@ -208,6 +212,29 @@ mod tests {
             let e = split_url(bad).unwrap_err().to_string();
             assert!(!e.contains("pw123"), "{e}");
         }
+    }
+
+    #[test]
+    fn only_a_write_that_wrote_nothing_skips_the_wait() {
+        let key: std::sync::Arc<str> = "k".into();
+        let batch = Call::keys(&crate::node::EXTEND_BATCH, &[b"a", b"b"], &[b"t", b"1"]);
+        let zero = Value::Int(0);
+        assert!(!wrote_nothing(
+            &batch,
+            &Value::Array(vec![zero.clone(), Value::Int(1)])
+        ));
+        assert!(wrote_nothing(
+            &batch,
+            &Value::Array(vec![zero.clone(), zero.clone()])
+        ));
+        let set = Call::acquire(&key, "t", 100);
+        assert!(wrote_nothing(&set, &Value::Array(vec![Value::Nil])));
+        assert!(!wrote_nothing(&set, &Value::Okay));
+        let extend = Call::script(&crate::node::EXTEND, key.clone(), vec!["t".into()]);
+        assert!(wrote_nothing(&extend, &zero));
+        assert!(!wrote_nothing(&extend, &Value::Int(1)));
+        assert!(waits(&set) && waits(&extend) && waits(&batch));
+        assert!(!waits(&Call::release(key, "t".into())));
     }
 
     #[test]

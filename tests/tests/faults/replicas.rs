@@ -24,8 +24,8 @@ use redlock_tests::proxy::FaultProxy;
 use redlock_tests::replicas::ReplicaGroup;
 
 const TTL: Duration = Duration::from_secs(20);
-const NODE_TIMEOUT: Duration = Duration::from_millis(300);
-const ACK_TIMEOUT: Duration = Duration::from_millis(100);
+const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+const ACK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The group, the two plain nodes, and a handle per holder.
 struct Setup {
