@@ -147,6 +147,7 @@ mod url;
 // 2. One master (`node/`), the settings that name its options, the node
 // sources, and the local wake-up plumbing (`queue/`, `wake/`).
 mod node;
+mod node_spec;
 mod queue;
 mod settings;
 mod sources;
@@ -193,7 +194,8 @@ pub use guard::{LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use keys::MAX_RESOURCES;
 pub use lock::Lock;
-pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
+pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
+pub use node_spec::NodeSpec;
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
 pub use settings::{LockOptions, RetryPolicy};

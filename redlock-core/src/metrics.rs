@@ -207,6 +207,7 @@ pub(crate) fn error_kind(e: &NodeError) -> &'static str {
         NodeError::ScriptBusy => "busy_script",
         NodeError::Server { .. } => "server",
         NodeError::Protocol(_) => "protocol",
+        NodeError::ReplicaAcks { .. } => "replica_acks",
     }
 }
 

@@ -60,6 +60,19 @@ pub enum NodeError {
     /// The reply did not have the shape the script returns.
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// The node wrote, but fewer of its replicas than its
+    /// [`ReplicaAcks`](crate::ReplicaAcks) ask for acknowledged the write in
+    /// time (`WAIT`): a failover could promote a replica without it, so the
+    /// node does not count for the quorum.
+    #[error("the write reached {acked} of the {wanted} replica(s) wanted within {waited:?}")]
+    ReplicaAcks {
+        /// How many replicas acknowledged the write.
+        acked: u64,
+        /// How many the node's setting asks for.
+        wanted: u32,
+        /// How long `WAIT` waited.
+        waited: Duration,
+    },
 }
 
 impl NodeError {

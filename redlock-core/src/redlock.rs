@@ -116,6 +116,10 @@ pub struct NodeInfo {
     pub role: Option<String>,
     /// How many replicas are attached to this master (`connected_slaves`).
     pub connected_replicas: Option<u64>,
+    /// The replicas each acquire and extend write must reach on this node
+    /// (its [`NodeSpec::replica_acks`](crate::NodeSpec::replica_acks) or URL
+    /// `replica_acks`); `None`: the node is taken to be an independent master.
+    pub replica_acks: Option<crate::ReplicaAcks>,
     /// The native compare-and-delete and compare-and-set commands found on
     /// the node's current connection (`COMMAND INFO` / `COMMAND DOCS`, asked
     /// in the background once it is open); `None` with
@@ -212,6 +216,7 @@ impl Redlock {
                         eviction: None,
                         role: None,
                         connected_replicas: None,
+                        replica_acks: node.replica_acks,
                         native: None,
                     };
                     match node.query(cmd, timeout).await {

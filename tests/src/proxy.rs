@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -127,7 +127,8 @@ struct ConnEntry {
 struct Shared {
     id: usize,
     addr: SocketAddr,
-    upstream: SocketAddr,
+    /// The node's port on 127.0.0.1 ([`FaultProxy::retarget`] moves it).
+    upstream: AtomicU16,
     cfg: watch::Sender<Config>,
     conns: Mutex<HashMap<u64, ConnEntry>>,
     next_conn: AtomicU64,
@@ -159,7 +160,7 @@ impl std::fmt::Debug for FaultProxy {
         f.debug_struct("FaultProxy")
             .field("id", &self.shared.id)
             .field("port", &self.port())
-            .field("upstream", &self.shared.upstream)
+            .field("upstream", &self.upstream_port())
             .field("config", &*self.shared.cfg.borrow())
             .finish()
     }
@@ -191,7 +192,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             id,
             addr,
-            upstream: SocketAddr::from(([127, 0, 0, 1], upstream_port)),
+            upstream: AtomicU16::new(upstream_port),
             cfg,
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
@@ -218,7 +219,15 @@ impl FaultProxy {
 
     /// The node's port.
     pub fn upstream_port(&self) -> u16 {
-        self.shared.upstream.port()
+        self.shared.upstream.load(Ordering::SeqCst)
+    }
+
+    /// Points the proxy at the node on `upstream_port` (a failover endpoint
+    /// moving to the promoted replica): new connections go there, and every
+    /// open one is reset, as the old node's would be. Returns how many.
+    pub fn retarget(&self, upstream_port: u16) -> usize {
+        self.shared.upstream.store(upstream_port, Ordering::SeqCst);
+        self.reset()
     }
 
     /// Sets the fault of one direction.
@@ -421,19 +430,24 @@ fn spawn_conn(shared: &Arc<Shared>, client: TcpStream) {
 }
 
 async fn run_conn(shared: Arc<Shared>, client: TcpStream, poisoned: Arc<AtomicBool>, id: u64) {
-    let upstream =
-        match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(shared.upstream))
-            .await
-        {
-            Ok(Ok(s)) => s,
-            _ => {
-                // The node is down: the client's connection is reset.
-                shared.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                drop(client);
-                shared.conns().remove(&id);
-                return;
-            }
-        };
+    let upstream = match tokio::time::timeout(
+        Duration::from_secs(1),
+        TcpStream::connect(SocketAddr::from((
+            [127, 0, 0, 1],
+            shared.upstream.load(Ordering::SeqCst),
+        ))),
+    )
+    .await
+    {
+        Ok(Ok(s)) => s,
+        _ => {
+            // The node is down: the client's connection is reset.
+            shared.upstream_failures.fetch_add(1, Ordering::Relaxed);
+            drop(client);
+            shared.conns().remove(&id);
+            return;
+        }
+    };
     let _ = upstream.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();

@@ -3,6 +3,8 @@
 //! the busy probe, a pipeline, a script over several keys, the `EVAL`
 //! fallback) is boxed.
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
@@ -22,6 +24,20 @@ impl Node {
     /// so that its state costs only the calls that take it (BENCHMARKS.md,
     /// "Smaller node calls").
     pub(super) async fn run_call(
+        &self,
+        call: &Call,
+        generation: u64,
+        conn: MultiplexedConnection,
+        timeout: Duration,
+    ) -> Result<Value, NodeError> {
+        if let Some(acks) = self.replica_acks.filter(|_| super::replicas::waits(call)) {
+            return Box::pin(self.run_acked(acks, call, generation, conn, timeout)).await;
+        }
+        self.run_written(call, generation, conn).await
+    }
+
+    /// [`Node::run_call`] without replica acks.
+    pub(super) async fn run_written(
         &self,
         call: &Call,
         generation: u64,

@@ -10,6 +10,7 @@ mod from_url;
 mod many;
 mod native;
 mod parse;
+mod replicas;
 #[cfg(feature = "idempotency")]
 mod record;
 mod scripts;
@@ -37,6 +38,8 @@ pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
+pub use replicas::ReplicaAcks;
+pub(crate) use replicas::split_url;
 
 /// How one call went.
 pub(crate) struct Ran {
@@ -96,6 +99,9 @@ pub(crate) struct Node {
     /// Which native commands may replace the scripts on this node (the
     /// handle's setting, given by `Inner::new`).
     pub(crate) native: NativeCommands,
+    /// How many replicas each acquire and extend write must reach (`None`:
+    /// the node is taken to be an independent master, and nothing waits).
+    pub(crate) replica_acks: Option<ReplicaAcks>,
 }
 
 impl Node {
@@ -108,6 +114,7 @@ impl Node {
             pubsub: None,
             db: 0,
             native: NativeCommands::Off,
+            replica_acks: None,
         }
     }
 
@@ -218,7 +225,7 @@ impl Node {
         // command that finds no room on its connection goes onto it only when
         // polled again, after commands sent later may have found room (see
         // `Late::deleted_by_release`).
-        let mut rest = pin!(self.run_call(call, generation, conn));
+        let mut rest = pin!(self.run_call(call, generation, conn, timeout));
         std::future::poll_fn(|cx| {
             let polled = rest.as_mut().poll(cx);
             // The answer first, as `tokio::time::timeout` does.
