@@ -142,7 +142,9 @@ mod guard;
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
 mod inspect;
+mod job;
 mod keys;
+mod leader;
 mod lock;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub mod metrics;
@@ -167,9 +169,11 @@ pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
 pub use eviction::EvictionCheck;
 pub use fencing::{FencingCheck, FencingMode, FencingToken};
-pub use guard::{LockGuard, LockHandle, LostFuture};
+pub use guard::{Ended, LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
+pub use job::JobOptions;
 pub use keys::MAX_RESOURCES;
+pub use leader::{CampaignOptions, Leader, Leadership, Observer};
 pub use lock::Lock;
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use redlock::{NodeInfo, Redlock};
