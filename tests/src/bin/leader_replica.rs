@@ -33,10 +33,10 @@ fn now_us() -> u128 {
 fn arg(name: &str) -> String {
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
-        if k == name {
-            if let Some(v) = it.next() {
-                return v;
-            }
+        if k == name
+            && let Some(v) = it.next()
+        {
+            return v;
         }
     }
     eprintln!("leader_replica: {name} is missing");
