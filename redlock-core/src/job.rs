@@ -56,7 +56,8 @@ impl JobOptions {
 
     /// Holds the job's lock at most this long (ShedLock's `lockAtMostFor`):
     /// the job is dropped then and the lock released
-    /// ([`LockOptions::max_hold`]). No cap by default.
+    /// ([`LockOptions::max_hold`]). No cap by default; not shorter than
+    /// [`at_least`](Self::at_least).
     pub fn at_most(mut self, at_most: Duration) -> Self {
         self.at_most = Some(at_most);
         self
@@ -120,8 +121,9 @@ impl Redlock {
     /// ```
     ///
     /// # Errors
-    /// An acquire error other than [`Error::Busy`] (see
-    /// [`Redlock::lock_guard`]), or [`Error::Lost`].
+    /// [`Error::InvalidConfig`] when [`JobOptions::at_most`] is shorter than
+    /// [`JobOptions::at_least`]; an acquire error other than [`Error::Busy`]
+    /// (see [`Redlock::lock_guard`]); [`Error::Lost`].
     pub async fn run_job<F, Fut, T>(
         &self,
         job: &str,
@@ -132,6 +134,14 @@ impl Redlock {
         F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
+        if let Some(cap) = options.at_most
+            && cap < options.at_least
+        {
+            return Err(Error::InvalidConfig(format!(
+                "a job's at_most ({cap:?}) is shorter than its at_least ({:?})",
+                options.at_least
+            )));
+        }
         let guard = match self.lock_guard(job, &options.lock_options()).await {
             Ok(guard) => guard,
             Err(Error::Busy { .. }) => return Ok(None),
