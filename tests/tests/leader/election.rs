@@ -267,3 +267,79 @@ async fn five_processes_one_leader_at_a_time_and_takeover_bounds() {
     }
     println!("observer saw {} of {} leaderships", seen.len(), led.len());
 }
+
+fn fenced(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .fencing(FencingMode::Hybrid)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_is_woken_by_the_release_not_its_poll() {
+    let cluster = Cluster::start(3);
+    let (a, b, watcher) = (fenced(&cluster), fenced(&cluster), fenced(&cluster));
+    // Without fencing there is no term: refused before any node is asked.
+    let unfenced = Redlock::from_urls(cluster.urls()).unwrap();
+    let refused = unfenced.campaign("wake", TTL).await;
+    assert!(
+        matches!(refused, Err(redlock_core::Error::InvalidConfig(_))),
+        "{refused:?}"
+    );
+
+    let first = a
+        .campaign_with("wake", &redlock_core::CampaignOptions::new(TTL).id("a"))
+        .await
+        .unwrap();
+    // An interval far longer than the test: only a release message can make
+    // the observer read again in time.
+    let mut leaders = watcher
+        .observe_every("wake", Duration::from_secs(30))
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(5), leaders.next())
+        .await
+        .expect("the first state")
+        .flatten()
+        .expect("a leader");
+    assert_eq!((seen.id.as_str(), seen.term), ("a", first.term()));
+    assert_eq!(seen.fingerprint, first.fingerprint());
+    // Control: an observer that does not listen for releases (its handle's
+    // wake-ups are off) reads only at its interval.
+    let deaf = Redlock::builder()
+        .urls(cluster.urls())
+        .fencing(FencingMode::Hybrid)
+        .wake_on_release(false)
+        .build()
+        .unwrap();
+    let mut polling = deaf.observe_every("wake", Duration::from_secs(30)).unwrap();
+    let polled = tokio::time::timeout(Duration::from_secs(5), polling.next()).await;
+    assert!(
+        matches!(polled, Ok(Some(Some(ref l))) if l.id == "a"),
+        "{polled:?}"
+    );
+    let follower = tokio::spawn(async move {
+        b.campaign_with("wake", &redlock_core::CampaignOptions::new(TTL).id("b"))
+            .await
+    });
+    // Let the follower wait (its attempt sets the waiters flag too).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let resigned = Instant::now();
+    first.resign().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(Some(l)) = leaders.next().await {
+                return l;
+            }
+        }
+    })
+    .await
+    .expect("the observer saw the next leader within 5 s (its poll interval is 30 s)");
+    let took = resigned.elapsed();
+    let second = follower.await.unwrap().unwrap();
+    println!("observer saw the next leader {took:?} after the resignation");
+    let late = tokio::time::timeout(Duration::from_secs(1), polling.next()).await;
+    assert!(late.is_err(), "the polling observer read early: {late:?}");
+    assert_eq!((next.id.as_str(), next.term), ("b", second.term()));
+    assert!(second.term() > seen.term);
+}
