@@ -167,8 +167,11 @@ mod steps;
 mod stragglers;
 
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
-// wake-up).
+// wake-up); above them, a leader (campaign, observe) and jobs run once
+// per tick.
 mod guard;
+mod job;
+mod leader;
 mod wait;
 
 // 5. Operations, and fencing's store side.
@@ -190,9 +193,11 @@ pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
 pub use eviction::EvictionCheck;
 pub use fencing::{FencingCheck, FencingMode, FencingToken};
-pub use guard::{LockGuard, LockHandle, LostFuture};
+pub use guard::{Ended, LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
+pub use job::JobOptions;
 pub use keys::MAX_RESOURCES;
+pub use leader::{CampaignOptions, Leader, Leadership, Observer};
 pub use lock::Lock;
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;

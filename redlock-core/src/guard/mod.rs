@@ -19,12 +19,15 @@ use crate::lock::Lock;
 use crate::redlock::Redlock;
 use crate::release::Released;
 use crate::settings::LockOptions;
+pub use at_least::Ended;
+pub(crate) use at_least::run_guarded_at_least;
 use handle::Shared;
 pub use handle::{LockHandle, LostFuture};
 use renew::{LostOnExit, Renewal};
 use schedule::Schedule;
 use schedule::{Handback, Ticket};
 
+mod at_least;
 mod handle;
 mod renew;
 mod schedule;

@@ -10,9 +10,9 @@ mod from_url;
 mod many;
 mod native;
 mod parse;
-mod replicas;
 #[cfg(feature = "idempotency")]
 mod record;
+mod replicas;
 mod scripts;
 
 use std::future::Future;
