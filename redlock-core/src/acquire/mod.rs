@@ -107,11 +107,12 @@ impl Redlock {
         self.check_ttl(ttl)?;
         let resource: Arc<str> = resource.into();
         // Without a prefix the key is the resource: one allocation, not three.
-        let key: Arc<str> = if self.inner.settings.key_prefix.is_empty() {
-            Arc::clone(&resource)
-        } else {
-            self.key_for(&resource).into()
-        };
+        let key: Arc<str> =
+            if crate::node::slots::is_plain(&self.inner.settings.key_prefix, &resource) {
+                Arc::clone(&resource)
+            } else {
+                self.key_for(&resource).into()
+            };
         let begin = Instant::now();
         let latest_start = self.latest_start(retry, begin);
         if retry.max_attempts > 1 && self.inner.waiting.enabled() {

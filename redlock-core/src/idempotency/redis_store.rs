@@ -27,8 +27,8 @@
 //!   when a write failed its quorum and the next holder did not hear from its
 //!   nodes.)
 //!
-//! The record's Redis key is the lock's key followed by `:record`, the
-//! generation's by `:generation`; both expire after the record TTL (default
+//! The record's Redis key is the lock key's tag (`{tag}`, see `node::slots`)
+//! followed by `:record`, the generation's by `:generation`; both expire after the record TTL (default
 //! 24 h).
 
 use std::sync::Arc;
@@ -95,14 +95,14 @@ impl RedisStore {
 
     /// The Redis key of `key`'s record.
     pub fn record_key(&self, key: &LookupKey) -> String {
-        format!("{}:record", self.redlock.key_for(key.resource()))
+        crate::node::slots::derived(&self.redlock.key_for(key.resource()), ":record")
     }
 
     /// The Redis key of `key`'s generation counter: the order of the records
     /// written without fencing (see the module docs of
     /// [`idempotency`](crate::idempotency)), expiring with the records.
     pub fn generation_key(&self, key: &LookupKey) -> String {
-        format!("{}:generation", self.redlock.key_for(key.resource()))
+        crate::node::slots::derived(&self.redlock.key_for(key.resource()), ":generation")
     }
 
     /// The record TTL in whole milliseconds, as the nodes take it: at least
@@ -409,7 +409,7 @@ impl RedisStore {
     /// acquire's `SET`.
     pub(crate) async fn peek(&self, key: &LookupKey) -> (Option<Record>, Peeked) {
         let lock_key = self.redlock.key_for(key.resource());
-        let record_key = format!("{lock_key}:record");
+        let record_key = crate::node::slots::derived(&lock_key, ":record");
         let call = Arc::new(Call::keys(
             &RECORD_PEEK,
             &[record_key.as_bytes(), lock_key.as_bytes()],

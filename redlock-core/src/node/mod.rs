@@ -2,11 +2,14 @@
 //! and scripts run on it (`scripts`), the reading of their replies (`parse`),
 //! and the bounded send of one call.
 
+mod cluster;
 mod connection;
 mod from_url;
 mod native;
 mod parse;
+mod per_slot;
 mod scripts;
+pub(crate) mod slots;
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -15,23 +18,24 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
-use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
+use cluster::{Conn, NodePool};
 use connection::Connections;
 #[cfg(feature = "tls")]
 pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
+pub(crate) use per_slot::Shape;
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 use scripts::{
-    eval, release_eval, release_evalsha, release_many_cmds, release_many_unflagged_cmds,
-    release_unflagged,
+    eval, release_eval, release_evalsha, release_many_cmds, release_many_per_slot,
+    release_many_unflagged_cmds, release_unflagged,
 };
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
@@ -77,8 +81,9 @@ pub(crate) struct Node {
     /// redis' multiplexed connection pipelines concurrent calls over one socket, so
     /// one connection per node (and runtime) is the fastest path. The pool creates it (and creates
     /// it again after a failure); taking it out of the pool skips the `PING` that
-    /// deadpool-redis sends to recycle a connection on every checkout.
-    pool: Pool,
+    /// deadpool-redis sends to recycle a connection on every checkout. A
+    /// cluster node's connection (`cluster.rs`) is one per master, the same way.
+    pool: NodePool,
     /// The cached connection and the connection attempt under way, per Tokio
     /// runtime (see `per_runtime.rs`). Attempts run
     /// one at a time in a task of their own, so a call that gives up does not
@@ -98,6 +103,10 @@ pub(crate) struct Node {
 
 impl Node {
     pub(crate) fn new(label: Arc<str>, address: Option<String>, pool: Pool) -> Self {
+        Self::with_pool(label, address, NodePool::Single(pool))
+    }
+
+    fn with_pool(label: Arc<str>, address: Option<String>, pool: NodePool) -> Self {
         Self {
             label,
             address,
@@ -117,12 +126,7 @@ impl Node {
     }
 
     /// Sends one command on connection `generation`, noting any answer.
-    async fn send(
-        &self,
-        generation: u64,
-        conn: &mut MultiplexedConnection,
-        cmd: &Cmd,
-    ) -> redis::RedisResult<Value> {
+    async fn send(&self, generation: u64, conn: &mut Conn, cmd: &Cmd) -> redis::RedisResult<Value> {
         let reply = conn.send_packed_command(cmd).await;
         // A server error is an answer too: the connection works.
         if reply.is_ok() {
@@ -247,7 +251,7 @@ impl Node {
         &self,
         call: &Call,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
     ) -> Result<Value, NodeError> {
         if self.native_may_run(call)
             && let Some(reply) = Box::pin(self.run_native(call, generation, &mut conn)).await
@@ -303,7 +307,7 @@ impl Node {
         &self,
         call: &Call,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
     ) -> Result<Value, NodeError> {
         match call {
             Call::Acquire { pipeline, skip } => {
@@ -323,7 +327,17 @@ impl Node {
                     .map(|mut r| Value::Array(r.split_off((*skip).min(r.len()))))
                     .map_err(|e| NodeError::from_redis(&e))
             }
-            Call::Keys { evalsha, eval } => self.run_keys(generation, conn, evalsha, eval).await,
+            Call::Keys {
+                per_slot: Some(per_slot),
+                ..
+            } if self.pool.is_cluster() => self.run_per_slot(generation, conn, per_slot).await,
+            Call::Keys { evalsha, eval, .. } => {
+                self.run_keys(generation, conn, evalsha, eval).await
+            }
+            Call::ReleaseMany { many, token } if self.pool.is_cluster() => {
+                let per_slot = release_many_per_slot(many, token, self.db);
+                self.run_per_slot(generation, conn, &per_slot).await
+            }
             Call::ReleaseMany { many, token } => {
                 let (evalsha, eval) = release_many_cmds(many, token, self.db);
                 match self
@@ -374,7 +388,7 @@ impl Node {
     async fn release_unflagged(
         &self,
         generation: u64,
-        conn: MultiplexedConnection,
+        conn: Conn,
         key: &str,
         token: &str,
     ) -> Result<Value, NodeError> {
@@ -387,7 +401,7 @@ impl Node {
     async fn run_keys(
         &self,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         evalsha: &Cmd,
         eval: &Cmd,
     ) -> Result<Value, NodeError> {
@@ -403,12 +417,7 @@ impl Node {
     /// After a refused `SET`: the holder's `PTTL` and `TYPE`, in the
     /// `[SET, PTTL, TYPE]` shape `parse_acquire` reads. A probe that fails
     /// leaves the holder unknown (`[nil]`): the `SET` was refused all the same.
-    async fn probe_holder(
-        &self,
-        generation: u64,
-        conn: &mut MultiplexedConnection,
-        key: &str,
-    ) -> Value {
+    async fn probe_holder(&self, generation: u64, conn: &mut Conn, key: &str) -> Value {
         let mut probe = redis::pipe();
         probe.cmd("PTTL").arg(key).cmd("TYPE").arg(key);
         let mut items = vec![Value::Nil];
@@ -423,7 +432,7 @@ impl Node {
     async fn eval_fallback(
         &self,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         eval: &Cmd,
     ) -> Result<Value, NodeError> {
         self.send(generation, &mut conn, eval)
@@ -502,8 +511,9 @@ mod tests {
             "fan-out call {until} bytes, with a timer {whole}"
         );
         let get = redis::cmd("GET");
-        let send =
-            future_size(|conn: &'static mut MultiplexedConnection| conn.send_packed_command(&get));
+        let send = future_size(|conn: &'static mut redis::aio::MultiplexedConnection| {
+            conn.send_packed_command(&get)
+        });
         assert!(
             whole < send + 1024,
             "node call {whole} bytes, one send {send}"

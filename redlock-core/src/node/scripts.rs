@@ -6,6 +6,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{Cmd, Pipeline};
 
+use super::per_slot::{PerSlot, Shape};
 use crate::keys::{Keys, Many};
 
 /// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
@@ -17,7 +18,8 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-/// The key's waiters flag (the key and `wake::WAITERS_SUFFIX`) goes in the
+/// The key's waiters flag (the key's tag `{tag}`, see `node::slots`, and
+/// `wake::WAITERS_SUFFIX`) goes in the
 /// same `DEL`: only when it was there, i.e. some waiter set it before its
 /// attempt on this node, is the delete announced on the key's channel
 /// (`wake::channel`) to wake the waiters. A release nobody waits for thus
@@ -33,18 +35,19 @@ return 0
 /// `KEYS[2]`: one argument less cuts the node's work per release by about
 /// 1,300 instructions of 34,000 (BENCHMARKS.md, "The release script names
 /// the waiters flag"). Redis asks scripts to declare their keys for Redis
-/// Cluster's sake; every node here is a standalone master, and a cluster
-/// node would have refused the two-key form too (the key and its flag hash
-/// to different slots). A user whose ACL refuses the flag's key gets an
+/// Cluster's sake; a cluster runs an undeclared key of the declared key's
+/// slot, which the flag is by its tag. A user whose ACL refuses the flag's key gets an
 /// `ERR` from this script before anything is deleted, and the release runs
 /// again without the flag ([`RELEASE_UNFLAGGED_LUA`]).
 pub(crate) const RELEASE_LUA: &str = concat!(
     r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[1] .. '"#,
+  local t = KEYS[1]
+  if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+  if redis.call('DEL', KEYS[1], t .. '"#,
     waiters_suffix!(),
     r#"') > 1 then
-    redis.pcall('PUBLISH', 'redlock:released:0:' .. KEYS[1], '1')
+    redis.pcall('PUBLISH', 'redlock:released:0:' .. t, '1')
   end
   return 1
 end
@@ -58,10 +61,12 @@ return 0
 const RELEASE_IN_DB_LUA: &str = concat!(
     r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[1] .. '"#,
+  local t = KEYS[1]
+  if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+  if redis.call('DEL', KEYS[1], t .. '"#,
     waiters_suffix!(),
     r#"') > 1 then
-    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[1], '1')
+    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
   end
   return 1
 end
@@ -233,7 +238,13 @@ pub(crate) enum Call {
     Acquire { pipeline: Pipeline, skip: usize },
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
-    Keys { evalsha: Cmd, eval: Cmd },
+    /// Scripts over several locks' keys keep them whole (`per_slot`), so
+    /// that a cluster node runs one script per slot (`per_slot.rs`).
+    Keys {
+        evalsha: Cmd,
+        eval: Cmd,
+        per_slot: Option<Box<PerSlot>>,
+    },
     /// The release script for `key` and `token`, which announces the delete
     /// on a channel of the node's own database. `evalsha` is encoded once
     /// for database 0, what nearly every node uses; a node of another
@@ -342,7 +353,32 @@ impl Call {
     /// `EVALSHA sha <keys> keys.. args..`, and its `EVAL` fallback.
     pub(crate) fn keys(script: &'static LuaScript, keys: &[&[u8]], args: &[&[u8]]) -> Self {
         let (evalsha, eval) = keys_cmds(script, keys, args);
-        Call::Keys { evalsha, eval }
+        Call::Keys {
+            evalsha,
+            eval,
+            per_slot: None,
+        }
+    }
+
+    /// [`Call::keys`] over the keys of several locks, which a cluster node
+    /// cuts by slot as `shape` says.
+    pub(crate) fn keys_per_slot(
+        script: &'static LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        shape: Shape,
+    ) -> Self {
+        let (evalsha, eval) = keys_cmds(script, keys, args);
+        Call::Keys {
+            evalsha,
+            eval,
+            per_slot: Some(Box::new(PerSlot {
+                script,
+                shape,
+                keys: keys.iter().map(|k| k.to_vec()).collect(),
+                args: args.iter().map(|a| a.to_vec()).collect(),
+            })),
+        }
     }
 }
 
@@ -494,10 +530,12 @@ const RELEASE_MANY_LUA: &str = concat!(
 local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    if redis.call('DEL', KEYS[i], KEYS[i] .. '"#,
+    local t = KEYS[i]
+    if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+    if redis.call('DEL', KEYS[i], t .. '"#,
     waiters_suffix!(),
     r#"') > 1 then
-      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
+      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
     end
     deleted = 1
   end
@@ -513,7 +551,9 @@ local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
+    local t = KEYS[i]
+    if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
     deleted = 1
   end
 end
@@ -542,20 +582,24 @@ impl Call {
             keys.extend(fence_keys.iter().map(Vec::as_slice));
         }
         let (ttl, n) = (ttl_ms.to_string(), many.keys.len().to_string());
-        Call::keys(
+        Call::keys_per_slot(
             &ACQUIRE_MANY,
             &keys,
             &[token.as_bytes(), ttl.as_bytes(), n.as_bytes()],
+            Shape::AcquireMany {
+                fenced: fence_keys.is_some(),
+            },
         )
     }
 
     /// The extend (compare-and-pexpire) of every key of a multi-resource lock.
     pub(crate) fn extend_many(many: &Many, token: &str, ttl_ms: u128) -> Self {
         let keys: Vec<&[u8]> = many.keys.iter().map(|k| k.as_bytes()).collect();
-        Call::keys(
+        Call::keys_per_slot(
             &EXTEND_MANY,
             &keys,
             &[token.as_bytes(), ttl_ms.to_string().as_bytes()],
+            Shape::AllOf,
         )
     }
 
@@ -579,6 +623,22 @@ pub(super) fn release_many_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd)
 /// [`release_many_cmds`] without the flags, for a user whose ACL refuses them.
 pub(super) fn release_many_unflagged_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
     many_release_cmds(&RELEASE_MANY_UNFLAGGED, many, token, db)
+}
+
+/// A multi-resource release as a cluster node runs it: one script per slot.
+pub(super) fn release_many_per_slot(many: &Many, token: &str, db: i64) -> PerSlot {
+    let keys = many.keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    release_keys_per_slot(keys, token.as_bytes().to_vec(), db)
+}
+
+/// The multi-resource release of `keys` held with `token`, cut by slot.
+pub(super) fn release_keys_per_slot(keys: Vec<Vec<u8>>, token: Vec<u8>, db: i64) -> PerSlot {
+    PerSlot {
+        script: &RELEASE_MANY,
+        shape: Shape::AnyOf,
+        keys,
+        args: vec![token, db.to_string().into_bytes()],
+    }
 }
 
 fn many_release_cmds(script: &LuaScript, many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {

@@ -36,6 +36,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use crate::node::Node;
+use crate::node::slots::{derived, tagged};
 use crate::queue::Queues;
 use crate::settings::Settings;
 
@@ -58,7 +59,7 @@ fn channel_prefix(db: i64) -> String {
 
 /// The channel a release of `key` in database `db` is published on.
 pub(crate) fn channel(db: i64, key: &str) -> String {
-    format!("{CHANNEL_PREFIX}{db}:{key}")
+    format!("{CHANNEL_PREFIX}{db}:{}", tagged(key))
 }
 
 /// What a lock key's waiters flag is named by: the key, then this. A waiter
@@ -71,10 +72,7 @@ pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
 
 /// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
 pub(crate) fn waiters_flag(key: &str) -> String {
-    let mut flag = String::with_capacity(key.len() + WAITERS_SUFFIX.len());
-    flag.push_str(key);
-    flag.push_str(WAITERS_SUFFIX);
-    flag
+    derived(key, WAITERS_SUFFIX)
 }
 
 /// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without
@@ -269,7 +267,8 @@ impl Waiting {
         if self.links.iter().all(|l| l.client.is_none()) {
             return None;
         }
-        let channel = key.to_owned();
+        // Channels name the key by its tag (`node::slots`).
+        let channel = tagged(key).into_owned();
         let (rx, fresh) = {
             let mut channels = self.shared.channels();
             match channels.get_mut(&channel) {
