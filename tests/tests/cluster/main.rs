@@ -8,6 +8,7 @@ mod batches;
 mod faults;
 mod layout;
 mod reshard;
+mod scale;
 
 use std::time::Duration;
 
