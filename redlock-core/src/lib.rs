@@ -130,6 +130,7 @@ macro_rules! waiters_suffix {
 mod acquire;
 mod background;
 mod builder;
+mod cluster_builder;
 mod error;
 mod eviction;
 mod extend;

@@ -29,13 +29,14 @@ pub(crate) use connection::ensure_crypto_provider;
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
 pub(crate) use per_slot::Shape;
+use per_slot::release_many_per_slot;
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 #[cfg(feature = "idempotency")]
 pub(crate) use scripts::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 use scripts::{
-    eval, release_eval, release_evalsha, release_many_cmds, release_many_per_slot,
-    release_many_unflagged_cmds, release_unflagged,
+    eval, release_eval, release_evalsha, release_many_cmds, release_many_unflagged_cmds,
+    release_unflagged,
 };
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};

@@ -20,8 +20,9 @@ use redis::cluster_routing::Slot;
 
 use super::Node;
 use super::cluster::Conn;
-use super::scripts::{LuaScript, keys_cmds, release_keys_per_slot};
+use super::scripts::{Call, LuaScript, RELEASE_MANY, keys_cmds};
 use crate::error::NodeError;
+use crate::keys::Many;
 
 /// How a script over several locks' keys is cut by slot and put together.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +49,45 @@ pub(crate) struct PerSlot {
     pub(crate) shape: Shape,
     pub(crate) keys: Vec<Vec<u8>>,
     pub(crate) args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    /// [`Call::keys`] over the keys of several locks, which a cluster node
+    /// cuts by slot as `shape` says.
+    pub(crate) fn keys_per_slot(
+        script: &'static LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        shape: Shape,
+    ) -> Self {
+        let (evalsha, eval) = keys_cmds(script, keys, args);
+        Call::Keys {
+            evalsha,
+            eval,
+            per_slot: Some(Box::new(PerSlot {
+                script,
+                shape,
+                keys: keys.iter().map(|k| k.to_vec()).collect(),
+                args: args.iter().map(|a| a.to_vec()).collect(),
+            })),
+        }
+    }
+}
+
+/// A multi-resource release as a cluster node runs it: one script per slot.
+pub(super) fn release_many_per_slot(many: &Many, token: &str, db: i64) -> PerSlot {
+    let keys = many.keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    release_keys_per_slot(keys, token.as_bytes().to_vec(), db)
+}
+
+/// The multi-resource release of `keys` held with `token`, cut by slot.
+pub(super) fn release_keys_per_slot(keys: Vec<Vec<u8>>, token: Vec<u8>, db: i64) -> PerSlot {
+    PerSlot {
+        script: &RELEASE_MANY,
+        shape: Shape::AnyOf,
+        keys,
+        args: vec![token, db.to_string().into_bytes()],
+    }
 }
 
 impl PerSlot {

@@ -359,27 +359,6 @@ impl Call {
             per_slot: None,
         }
     }
-
-    /// [`Call::keys`] over the keys of several locks, which a cluster node
-    /// cuts by slot as `shape` says.
-    pub(crate) fn keys_per_slot(
-        script: &'static LuaScript,
-        keys: &[&[u8]],
-        args: &[&[u8]],
-        shape: Shape,
-    ) -> Self {
-        let (evalsha, eval) = keys_cmds(script, keys, args);
-        Call::Keys {
-            evalsha,
-            eval,
-            per_slot: Some(Box::new(PerSlot {
-                script,
-                shape,
-                keys: keys.iter().map(|k| k.to_vec()).collect(),
-                args: args.iter().map(|a| a.to_vec()).collect(),
-            })),
-        }
-    }
 }
 
 /// `EVALSHA sha <keys> keys.. args..` and `EVAL body <keys> keys.. args..`.
@@ -564,7 +543,8 @@ pub(crate) static ACQUIRE_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(ACQUIRE_MANY_LUA));
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_MANY_LUA));
-static RELEASE_MANY: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
+pub(super) static RELEASE_MANY: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
 static RELEASE_MANY_UNFLAGGED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RELEASE_MANY_UNFLAGGED_LUA));
 
@@ -623,22 +603,6 @@ pub(super) fn release_many_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd)
 /// [`release_many_cmds`] without the flags, for a user whose ACL refuses them.
 pub(super) fn release_many_unflagged_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
     many_release_cmds(&RELEASE_MANY_UNFLAGGED, many, token, db)
-}
-
-/// A multi-resource release as a cluster node runs it: one script per slot.
-pub(super) fn release_many_per_slot(many: &Many, token: &str, db: i64) -> PerSlot {
-    let keys = many.keys.iter().map(|k| k.as_bytes().to_vec()).collect();
-    release_keys_per_slot(keys, token.as_bytes().to_vec(), db)
-}
-
-/// The multi-resource release of `keys` held with `token`, cut by slot.
-pub(super) fn release_keys_per_slot(keys: Vec<Vec<u8>>, token: Vec<u8>, db: i64) -> PerSlot {
-    PerSlot {
-        script: &RELEASE_MANY,
-        shape: Shape::AnyOf,
-        keys,
-        args: vec![token, db.to_string().into_bytes()],
-    }
 }
 
 fn many_release_cmds(script: &LuaScript, many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
