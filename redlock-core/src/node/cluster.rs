@@ -107,6 +107,20 @@ impl NodePool {
     }
 }
 
+/// A plain command's reply as one member gave it: redis' cluster
+/// connection sends a keyless command such as `INFO` to every member and
+/// answers a map of member to reply, of which the first is taken (a
+/// single server's reply is left as it is).
+pub(super) fn one_members_reply(reply: Value) -> Value {
+    match reply {
+        Value::Map(members) => members
+            .into_iter()
+            .next()
+            .map_or(Value::Nil, |(_, reply)| reply),
+        other => other,
+    }
+}
+
 impl NodePool {
     /// Whether the node is a cluster.
     pub(super) fn is_cluster(&self) -> bool {

@@ -454,6 +454,7 @@ impl Node {
             let (generation, mut conn) = self.connection(timeout, &mut used).await?;
             self.send(generation, &mut conn, cmd)
                 .await
+                .map(cluster::one_members_reply)
                 .map_err(|e| NodeError::from_redis(&e))
         })
         .await

@@ -90,3 +90,20 @@ async fn guard_renews_and_inspect_reads_cluster_nodes() {
     let seen = rl.inspect("guarded{1}").await.unwrap();
     assert!(matches!(seen.verdict, Verdict::Free), "{:?}", seen.verdict);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_nodes_answers_for_cluster_nodes() {
+    let clusters = RedisClusters::start(3, 3, 0);
+    let rl = handle(&clusters);
+    let infos = rl.check_nodes().await.unwrap();
+    eprintln!("{infos:#?}");
+    assert_eq!(infos.len(), 3);
+    assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
+    // Read from one member of each cluster.
+    assert!(
+        infos
+            .iter()
+            .all(|i| i.run_id.is_some() && i.role.as_deref() == Some("master")),
+        "{infos:?}"
+    );
+}
