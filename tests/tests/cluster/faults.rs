@@ -121,11 +121,19 @@ async fn the_workload_on_cluster_nodes_under_faults_has_no_overlap_and_no_lost_u
     tokio::task::spawn_blocking(move || nemesis.join().unwrap())
         .await
         .unwrap();
-    let verdict = check(&log.snapshot());
+    let events = log.snapshot();
+    let verdict = check(&events);
     let mut summary = redlock_tests::history::Summary::default();
     summary.add(&verdict);
+    // The set clients' acquisitions: one `Acquire` per key of a pair.
+    summary.multi_key_acquisitions = events
+        .iter()
+        .filter(|e| matches!(e, Event::Acquire { client, .. } if client.starts_with('k')))
+        .count() as u64
+        / 2;
     eprintln!("{}", summary.line());
     assert!(verdict.passed(), "{}", verdict.describe(10));
     assert_eq!(verdict.all_lost_updates(), 0);
     assert!(verdict.acquisitions >= 10, "{}", summary.line());
+    assert!(summary.multi_key_acquisitions >= 1, "{}", summary.line());
 }
