@@ -33,7 +33,7 @@ use crate::sources::{NodeSource, open_nodes};
 /// ```
 #[must_use]
 pub struct RedlockBuilder {
-    sources: Vec<NodeSource>,
+    pub(crate) sources: Vec<NodeSource>,
     settings: Settings,
 }
 

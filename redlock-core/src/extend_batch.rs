@@ -18,7 +18,7 @@ use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::extend::{Extended, answered};
 use crate::fan_out::Settled;
 use crate::lock::Lock;
-use crate::node::{Call, EXTEND_BATCH};
+use crate::node::{Call, EXTEND_BATCH, Shape};
 use crate::redlock::Redlock;
 use crate::steps::validity;
 
@@ -124,7 +124,12 @@ impl Redlock {
                 .zip(&ttls)
                 .flat_map(|(&i, ttl)| [batch[i].0.token.as_bytes(), ttl.as_bytes()])
                 .collect();
-            let call = Arc::new(Call::keys(&EXTEND_BATCH, &keys, &args));
+            let call = Arc::new(Call::keys_per_slot(
+                &EXTEND_BATCH,
+                &keys,
+                &args,
+                Shape::ExtendBatch,
+            ));
             let span = tracing::debug_span!("redlock.extend_batch", locks = sent.len());
             let mut pending = self.fan_out(&call, parse_flags, 0..n);
             let mut undecided = sent.len();

@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+use crate::slots::{derived, tagged};
+
 /// The most resources one lock may hold together. Each one is a key the
 /// acquire script checks and sets on every node in one atomic step, so the
 /// number bounds how long one script blocks a node.
@@ -63,7 +65,7 @@ pub(crate) fn channel_prefix(db: i64) -> String {
 
 /// The channel a release of `key` in database `db` is published on.
 pub(crate) fn channel(db: i64, key: &str) -> String {
-    format!("{CHANNEL_PREFIX}{db}:{key}")
+    format!("{CHANNEL_PREFIX}{db}:{}", tagged(key))
 }
 
 /// What a lock key's waiters flag is named by: the key, then this. A waiter
@@ -76,10 +78,7 @@ pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
 
 /// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
 pub(crate) fn waiters_flag(key: &str) -> String {
-    let mut flag = String::with_capacity(key.len() + WAITERS_SUFFIX.len());
-    flag.push_str(key);
-    flag.push_str(WAITERS_SUFFIX);
-    flag
+    derived(key, WAITERS_SUFFIX)
 }
 
 /// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without

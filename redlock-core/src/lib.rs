@@ -142,6 +142,7 @@ pub mod metrics;
 mod node_error;
 mod per_runtime;
 mod report;
+mod slots;
 mod url;
 
 // 2. One master (`node/`), the settings that name its options, the node
@@ -186,8 +187,9 @@ pub mod idempotency;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod request;
 
-// 7. The builder, on top.
+// 7. The builder, on top (`cluster_builder`: its Redis Cluster nodes).
 mod builder;
+mod cluster_builder;
 
 pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};

@@ -169,9 +169,13 @@ impl Redlock {
         &self.inner.settings.retry
     }
 
-    /// The Redis key used for `resource`: the key prefix, then the resource.
+    /// The Redis key used for `resource`: the key prefix, then the
+    /// resource, when neither holds `{`, `}` or `%`; else `{` and both with
+    /// those three `%`-escaped, then `}`. Every other key of the resource
+    /// (waiters flag, fencing counter, idempotency record) hashes to the
+    /// same Redis Cluster slot as this one, whatever the resource holds.
     pub fn key_for(&self, resource: &str) -> String {
-        format!("{}{}", self.inner.settings.key_prefix, resource)
+        crate::slots::lock_key(&self.inner.settings.key_prefix, resource)
     }
 
     /// Connects to every node, reads `INFO server`, and refuses the same server

@@ -23,6 +23,13 @@ pub(crate) enum NodeSource {
         source: Box<NodeSource>,
         acks: Option<crate::ReplicaAcks>,
     },
+    /// A Redis Cluster by its seed URLs.
+    Seeds(Vec<String>),
+    /// A Redis Cluster by a deadpool-redis cluster pool.
+    ClusterPool {
+        label: Option<String>,
+        pool: deadpool_redis::cluster::Pool,
+    },
 }
 
 impl NodeSource {
@@ -33,6 +40,13 @@ impl NodeSource {
             NodeSource::Pool { label, .. } => label.clone().unwrap_or_else(|| "<pool>".into()),
             NodeSource::Url(u) => redact_url(u),
             NodeSource::Acked { source, .. } => source.shown(),
+            NodeSource::Seeds(seeds) => {
+                let seeds: Vec<String> = seeds.iter().map(|s| redact_url(s)).collect();
+                format!("cluster[{}]", seeds.join(", "))
+            }
+            NodeSource::ClusterPool { label, .. } => {
+                label.clone().unwrap_or_else(|| "<cluster pool>".into())
+            }
         }
     }
 
@@ -50,6 +64,12 @@ impl NodeSource {
                 let mut node = source.open(i)?;
                 node.replica_acks = acks;
                 node
+            }
+            NodeSource::Seeds(seeds) => Node::from_seeds(&seeds)?,
+            NodeSource::ClusterPool { label, pool } => {
+                let address = label.clone();
+                let label: Arc<str> = label.unwrap_or_else(|| format!("cluster{i}")).into();
+                Node::from_cluster_pool(label, address, pool)
             }
         })
     }

@@ -13,6 +13,7 @@ pub mod http;
 pub mod monitor;
 pub mod nemesis;
 pub mod proxy;
+pub mod redis_cluster;
 pub mod replicas;
 pub mod servers;
 pub mod slow;
@@ -22,6 +23,7 @@ pub mod workload;
 
 pub use cluster::{Cluster, RedisNode, redis_server_binary};
 pub(crate) use cluster::{read_line, write_command};
+pub use redis_cluster::{RedisCluster, RedisClusters};
 pub use tls::{TestCa, TlsRedisNode};
 
 /// The README's Rust examples, compiled as doctests so they stay true.

@@ -110,7 +110,7 @@ impl Redlock {
         self.check_ttl(ttl)?;
         let resource: Arc<str> = resource.into();
         // Without a prefix the key is the resource: one allocation, not three.
-        let key: Arc<str> = if self.inner.settings.key_prefix.is_empty() {
+        let key: Arc<str> = if crate::slots::is_plain(&self.inner.settings.key_prefix, &resource) {
             Arc::clone(&resource)
         } else {
             self.key_for(&resource).into()

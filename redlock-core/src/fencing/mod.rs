@@ -147,7 +147,8 @@ pub(crate) struct FenceRead {
     pub(crate) time_us: u64,
 }
 
-/// The counter key of lock key `key`: the byte `0xFF`, `fence:`, then `key`.
+/// The counter key of lock key `key`: the byte `0xFF`, `fence:`, then the
+/// key's tag (`{tag}`, see `slots`).
 ///
 /// `0xFF` never occurs in UTF-8, and every key this library locks is a Rust
 /// string, so no lock key can ever be a counter key, whatever the resource
@@ -158,6 +159,7 @@ pub(crate) struct FenceRead {
 /// safe).
 pub(crate) fn fence_key(key: &str) -> Vec<u8> {
     const PREFIX: &[u8] = b"\xfffence:";
+    let key = crate::slots::tagged(key);
     let mut k = Vec::with_capacity(PREFIX.len() + key.len());
     k.extend_from_slice(PREFIX);
     k.extend_from_slice(key.as_bytes());

@@ -155,7 +155,7 @@ impl RedisStore {
     /// acquire's `SET`.
     pub(crate) async fn peek(&self, key: &LookupKey) -> (Option<Record>, Peeked) {
         let lock_key = self.redlock.key_for(key.resource());
-        let record_key = format!("{lock_key}:record");
+        let record_key = crate::slots::derived(&lock_key, ":record");
         let call = Arc::new(Call::keys(
             &RECORD_PEEK,
             &[record_key.as_bytes(), lock_key.as_bytes()],

@@ -27,8 +27,8 @@
 //!   when a write failed its quorum and the next holder did not hear from its
 //!   nodes.)
 //!
-//! The record's Redis key is the lock's key followed by `:record`, the
-//! generation's by `:generation`; both expire after the record TTL (default
+//! The record's Redis key is the lock key's tag (`{tag}`, see `slots`)
+//! followed by `:record`, the generation's by `:generation`; both expire after the record TTL (default
 //! 24 h).
 
 use std::sync::Arc;
@@ -96,14 +96,14 @@ impl RedisStore {
 
     /// The Redis key of `key`'s record.
     pub fn record_key(&self, key: &LookupKey) -> String {
-        format!("{}:record", self.redlock.key_for(key.resource()))
+        crate::slots::derived(&self.redlock.key_for(key.resource()), ":record")
     }
 
     /// The Redis key of `key`'s generation counter: the order of the records
     /// written without fencing (see the module docs of
     /// [`idempotency`](crate::idempotency)), expiring with the records.
     pub fn generation_key(&self, key: &LookupKey) -> String {
-        format!("{}:generation", self.redlock.key_for(key.resource()))
+        crate::slots::derived(&self.redlock.key_for(key.resource()), ":generation")
     }
 
     /// The record TTL in whole milliseconds, as the nodes take it: at least

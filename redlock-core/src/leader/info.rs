@@ -22,10 +22,12 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 return 1
 ";
 
-/// The info key of lock key `key`: the byte `0xFF`, `leader:`, then `key`
-/// (never valid UTF-8, so never a lock key; see `fencing::fence_key`).
+/// The info key of lock key `key`: the byte `0xFF`, `leader:`, then the
+/// key's tag (never valid UTF-8, so never a lock key; in the lock key's
+/// slot; see `fencing::fence_key` and `slots`).
 pub(super) fn info_key(key: &str) -> Vec<u8> {
     const PREFIX: &[u8] = b"\xffleader:";
+    let key = crate::slots::tagged(key);
     let mut k = Vec::with_capacity(PREFIX.len() + key.len());
     k.extend_from_slice(PREFIX);
     k.extend_from_slice(key.as_bytes());

@@ -8,7 +8,7 @@
 //! the id the caller chose (`hostname:pid`, say; never a secret), so that
 //! observers can tell who leads and in which term ([`Redlock::observe`]).
 //!
-//! The info key is `0xFF`, `leader:`, then the lock key (like the fence
+//! The info key is `0xFF`, `leader:`, then the lock key's tag (like the fence
 //! counter's, no UTF-8 lock key can be it). It is written only where the lock
 //! key still holds the leader's token, with a TTL of ten lock TTLs, and
 //! written again every five, while the leadership lasts. It is not deleted

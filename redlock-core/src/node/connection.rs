@@ -6,11 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::Pool;
-use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
 use super::Node;
+use super::cluster::Conn;
 use super::native::{NativeCommands, NativeSupport, detect};
 use crate::error::NodeError;
 use crate::per_runtime::PerRuntime;
@@ -38,12 +37,12 @@ const STAMP_STEP_NS: u64 = STAMP_STEP.as_nanos() as u64;
 
 /// A connection attempt's outcome, as its waiters see it: the connection and its
 /// generation, or why it could not be made. `None` while it runs.
-type Attempt = Option<Result<(u64, MultiplexedConnection), NodeError>>;
+type Attempt = Option<Result<(u64, Conn), NodeError>>;
 
 /// The connection calls use.
 struct Cached {
     generation: u64,
-    conn: MultiplexedConnection,
+    conn: Conn,
     /// The native commands found on this connection, asked right after it
     /// was opened (`None`: not known yet, or not looked for with
     /// [`NativeCommands::Off`]).
@@ -62,7 +61,7 @@ struct Slot {
 
 impl Slot {
     /// The cached connection and its generation, also put in `used`.
-    fn cached(&self, used: &mut Option<u64>) -> Option<(u64, MultiplexedConnection)> {
+    fn cached(&self, used: &mut Option<u64>) -> Option<(u64, Conn)> {
         let c = self.cached.as_ref()?;
         *used = Some(c.generation);
         Some((c.generation, c.conn.clone()))
@@ -155,10 +154,7 @@ impl Shared {
 impl Node {
     /// The cached connection, if there is one, without waiting (see
     /// [`Node::connection`]).
-    pub(super) fn cached_connection(
-        &self,
-        used: &mut Option<u64>,
-    ) -> Option<(u64, MultiplexedConnection)> {
+    pub(super) fn cached_connection(&self, used: &mut Option<u64>) -> Option<(u64, Conn)> {
         self.shared.here()?.slot().cached(used)
     }
 
@@ -169,7 +165,7 @@ impl Node {
         &self,
         timeout: Duration,
         used: &mut Option<u64>,
-    ) -> Result<(u64, MultiplexedConnection), NodeError> {
+    ) -> Result<(u64, Conn), NodeError> {
         let shared = self.shared.here().ok_or_else(|| {
             NodeError::Connect("no Tokio runtime to run the connection attempt on".into())
         })?;
@@ -225,7 +221,7 @@ impl Node {
         let limit = connect_timeout(timeout);
         let look = self.native != NativeCommands::Off;
         runtime.spawn(async move {
-            let result = match tokio::time::timeout(limit, connect(&pool)).await {
+            let result = match tokio::time::timeout(limit, pool.connect()).await {
                 Ok(r) => r,
                 Err(_) => Err(NodeError::Connect(format!(
                     "no connection within {limit:?}"
@@ -359,16 +355,4 @@ pub(crate) fn ensure_crypto_provider() {
         // Another thread may install one first; any installed provider will do.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-}
-
-/// Takes a new connection out of the pool.
-async fn connect(pool: &Pool) -> Result<MultiplexedConnection, NodeError> {
-    let conn = pool.get().await.map_err(|e| match e {
-        deadpool_redis::PoolError::Backend(err) => match NodeError::from_redis(&err) {
-            NodeError::Io(m) | NodeError::Protocol(m) => NodeError::Connect(m),
-            other => other,
-        },
-        other => NodeError::Connect(other.to_string()),
-    })?;
-    Ok(deadpool_redis::Connection::take(conn))
 }

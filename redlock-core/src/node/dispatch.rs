@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use super::cluster::Conn;
 use redis::{Cmd, Value};
 
 use super::many::{release_many_cmds, release_many_unflagged_cmds};
@@ -27,7 +27,7 @@ impl Node {
         &self,
         call: &Call,
         generation: u64,
-        conn: MultiplexedConnection,
+        conn: Conn,
         timeout: Duration,
     ) -> Result<Value, NodeError> {
         if let Some(acks) = self.replica_acks.filter(|_| super::replicas::waits(call)) {
@@ -41,7 +41,7 @@ impl Node {
         &self,
         call: &Call,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
     ) -> Result<Value, NodeError> {
         if self.native_may_run(call)
             && let Some(reply) = Box::pin(self.run_native(call, generation, &mut conn)).await
@@ -97,7 +97,7 @@ impl Node {
         &self,
         call: &Call,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
     ) -> Result<Value, NodeError> {
         match call {
             Call::Acquire { pipeline, skip } => {
@@ -117,7 +117,17 @@ impl Node {
                     .map(|mut r| Value::Array(r.split_off((*skip).min(r.len()))))
                     .map_err(|e| NodeError::from_redis(&e))
             }
-            Call::Keys { evalsha, eval } => self.run_keys(generation, conn, evalsha, eval).await,
+            Call::Keys {
+                per_slot: Some(per_slot),
+                ..
+            } if self.pool.is_cluster() => self.run_per_slot(generation, conn, per_slot).await,
+            Call::Keys { evalsha, eval, .. } => {
+                self.run_keys(generation, conn, evalsha, eval).await
+            }
+            Call::ReleaseMany { many, token } if self.pool.is_cluster() => {
+                let per_slot = super::per_slot::release_many_per_slot(many, token, self.db);
+                self.run_per_slot(generation, conn, &per_slot).await
+            }
             Call::ReleaseMany { many, token } => {
                 let (evalsha, eval) = release_many_cmds(many, token, self.db);
                 match self
@@ -168,7 +178,7 @@ impl Node {
     async fn release_unflagged(
         &self,
         generation: u64,
-        conn: MultiplexedConnection,
+        conn: Conn,
         key: &str,
         token: &str,
     ) -> Result<Value, NodeError> {
@@ -178,10 +188,10 @@ impl Node {
     }
 
     /// A script over several keys by `EVALSHA`, then `EVAL` on `NOSCRIPT`.
-    async fn run_keys(
+    pub(super) async fn run_keys(
         &self,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         evalsha: &Cmd,
         eval: &Cmd,
     ) -> Result<Value, NodeError> {
@@ -197,12 +207,7 @@ impl Node {
     /// After a refused `SET`: the holder's `PTTL` and `TYPE`, in the
     /// `[SET, PTTL, TYPE]` shape `parse_acquire` reads. A probe that fails
     /// leaves the holder unknown (`[nil]`): the `SET` was refused all the same.
-    async fn probe_holder(
-        &self,
-        generation: u64,
-        conn: &mut MultiplexedConnection,
-        key: &str,
-    ) -> Value {
+    async fn probe_holder(&self, generation: u64, conn: &mut Conn, key: &str) -> Value {
         let mut probe = redis::pipe();
         probe.cmd("PTTL").arg(key).cmd("TYPE").arg(key);
         let mut items = vec![Value::Nil];
@@ -217,7 +222,7 @@ impl Node {
     async fn eval_fallback(
         &self,
         generation: u64,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         eval: &Cmd,
     ) -> Result<Value, NodeError> {
         self.send(generation, &mut conn, eval)

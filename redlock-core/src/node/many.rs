@@ -5,6 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::Cmd;
 
+use super::per_slot::Shape;
 use super::scripts::{Call, LuaScript, keys_cmds};
 use crate::keys::{Keys, Many};
 
@@ -65,10 +66,12 @@ const RELEASE_MANY_LUA: &str = concat!(
 local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    if redis.call('DEL', KEYS[i], KEYS[i] .. '"#,
+    local t = KEYS[i]
+    if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+    if redis.call('DEL', KEYS[i], t .. '"#,
     waiters_suffix!(),
     r#"') > 1 then
-      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
+      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
     end
     deleted = 1
   end
@@ -84,7 +87,9 @@ local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
-    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
+    local t = KEYS[i]
+    if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
     deleted = 1
   end
 end
@@ -95,7 +100,8 @@ pub(crate) static ACQUIRE_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(ACQUIRE_MANY_LUA));
 pub(crate) static EXTEND_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_MANY_LUA));
-static RELEASE_MANY: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
+pub(super) static RELEASE_MANY: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
 static RELEASE_MANY_UNFLAGGED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RELEASE_MANY_UNFLAGGED_LUA));
 
@@ -113,20 +119,24 @@ impl Call {
             keys.extend(fence_keys.iter().map(Vec::as_slice));
         }
         let (ttl, n) = (ttl_ms.to_string(), many.keys.len().to_string());
-        Call::keys(
+        Call::keys_per_slot(
             &ACQUIRE_MANY,
             &keys,
             &[token.as_bytes(), ttl.as_bytes(), n.as_bytes()],
+            Shape::AcquireMany {
+                fenced: fence_keys.is_some(),
+            },
         )
     }
 
     /// The extend (compare-and-pexpire) of every key of a multi-resource lock.
     pub(crate) fn extend_many(many: &Many, token: &str, ttl_ms: u128) -> Self {
         let keys: Vec<&[u8]> = many.keys.iter().map(|k| k.as_bytes()).collect();
-        Call::keys(
+        Call::keys_per_slot(
             &EXTEND_MANY,
             &keys,
             &[token.as_bytes(), ttl_ms.to_string().as_bytes()],
+            Shape::AllOf,
         )
     }
 

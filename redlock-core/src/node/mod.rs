@@ -4,12 +4,14 @@
 //! and scripts run on it (`scripts`), the reading of their replies (`parse`),
 //! and the bounded send of one call.
 
+mod cluster;
 mod connection;
 mod dispatch;
 mod from_url;
 mod many;
 mod native;
 mod parse;
+mod per_slot;
 #[cfg(feature = "idempotency")]
 mod record;
 mod replicas;
@@ -22,18 +24,20 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
-use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use crate::error::NodeError;
+use cluster::{Conn, NodePool};
 use connection::Connections;
 #[cfg(feature = "tls")]
 pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
+pub(crate) use per_slot::Shape;
 #[cfg(feature = "idempotency")]
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
+
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 
@@ -82,8 +86,9 @@ pub(crate) struct Node {
     /// redis' multiplexed connection pipelines concurrent calls over one socket, so
     /// one connection per node (and runtime) is the fastest path. The pool creates it (and creates
     /// it again after a failure); taking it out of the pool skips the `PING` that
-    /// deadpool-redis sends to recycle a connection on every checkout.
-    pool: Pool,
+    /// deadpool-redis sends to recycle a connection on every checkout. A
+    /// cluster node's connection (`cluster.rs`) is one per master, the same way.
+    pool: NodePool,
     /// The cached connection and the connection attempt under way, per Tokio
     /// runtime (see `per_runtime.rs`). Attempts run
     /// one at a time in a task of their own, so a call that gives up does not
@@ -106,6 +111,10 @@ pub(crate) struct Node {
 
 impl Node {
     pub(crate) fn new(label: Arc<str>, address: Option<String>, pool: Pool) -> Self {
+        Self::with_pool(label, address, NodePool::Single(pool))
+    }
+
+    fn with_pool(label: Arc<str>, address: Option<String>, pool: NodePool) -> Self {
         Self {
             label,
             address,
@@ -126,12 +135,7 @@ impl Node {
     }
 
     /// Sends one command on connection `generation`, noting any answer.
-    async fn send(
-        &self,
-        generation: u64,
-        conn: &mut MultiplexedConnection,
-        cmd: &Cmd,
-    ) -> redis::RedisResult<Value> {
+    async fn send(&self, generation: u64, conn: &mut Conn, cmd: &Cmd) -> redis::RedisResult<Value> {
         let reply = conn.send_packed_command(cmd).await;
         // A server error is an answer too: the connection works.
         if reply.is_ok() {
@@ -251,6 +255,7 @@ impl Node {
             let (generation, mut conn) = self.connection(timeout, &mut used).await?;
             self.send(generation, &mut conn, cmd)
                 .await
+                .map(cluster::one_members_reply)
                 .map_err(|e| NodeError::from_redis(&e))
         })
         .await
@@ -294,8 +299,9 @@ mod tests {
             "fan-out call {until} bytes, with a timer {whole}"
         );
         let get = redis::cmd("GET");
-        let send =
-            future_size(|conn: &'static mut MultiplexedConnection| conn.send_packed_command(&get));
+        let send = future_size(|conn: &'static mut redis::aio::MultiplexedConnection| {
+            conn.send_packed_command(&get)
+        });
         assert!(
             whole < send + 1024,
             "node call {whole} bytes, one send {send}"

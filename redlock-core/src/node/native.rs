@@ -16,7 +16,7 @@
 //! arguments). A reconnect may land on another server (a failover, an
 //! upgrade), so what was found belongs to the connection it was found on.
 
-use redis::aio::MultiplexedConnection;
+use super::cluster::Conn;
 use redis::{Cmd, Value};
 
 use super::Node;
@@ -94,7 +94,7 @@ impl NativeSupport {
 /// Asks the node on `conn` which commands it has, in one round trip. A
 /// refused or unreadable answer (an ACL without `COMMAND`, a proxy) means
 /// none: the scripts always work.
-pub(super) async fn detect(conn: &mut MultiplexedConnection) -> NativeSupport {
+pub(super) async fn detect(conn: &mut Conn) -> NativeSupport {
     let mut pipe = redis::pipe();
     pipe.cmd("COMMAND")
         .arg("INFO")
@@ -202,7 +202,7 @@ impl Node {
         &self,
         call: &Call,
         generation: u64,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
     ) -> Option<Result<Value, NodeError>> {
         if !self.native_may_run(call) {
             return None;
@@ -272,7 +272,7 @@ impl Node {
     async fn send_native(
         &self,
         generation: u64,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         cmd: &Cmd,
     ) -> Option<Result<Value, NodeError>> {
         match self.send(generation, conn, cmd).await {
@@ -292,7 +292,7 @@ impl Node {
     /// as with the script's `pcall`, a user not allowed to publish still
     /// releases. Sent after every native delete, waiters flag or not: the
     /// flag could be read only by one more command.
-    async fn announce(&self, conn: &mut MultiplexedConnection, key: &str) {
+    async fn announce(&self, conn: &mut Conn, key: &str) {
         let mut publish = redis::cmd("PUBLISH");
         publish
             .arg(crate::keys::channel(self.db, key))

@@ -12,8 +12,8 @@
 
 use std::time::{Duration, Instant};
 
+use super::cluster::Conn;
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 
 use super::Node;
 use super::from_url::invalid_url;
@@ -157,7 +157,7 @@ impl Node {
         acks: ReplicaAcks,
         call: &Call,
         generation: u64,
-        conn: MultiplexedConnection,
+        conn: Conn,
         timeout: Duration,
     ) -> Result<Value, NodeError> {
         let start = Instant::now();

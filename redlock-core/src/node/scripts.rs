@@ -6,6 +6,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{Cmd, Pipeline};
 
+use super::per_slot::PerSlot;
 use crate::keys::Many;
 
 /// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
@@ -17,7 +18,8 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-/// The key's waiters flag (the key and `keys::WAITERS_SUFFIX`) goes in the
+/// The key's waiters flag (the key's tag `{tag}`, see `slots`, and
+/// `keys::WAITERS_SUFFIX`) goes in the
 /// same `DEL`: only when it was there, i.e. some waiter set it before its
 /// attempt on this node, is the delete announced on the key's channel
 /// (`keys::channel`) to wake the waiters. A release nobody waits for thus
@@ -33,18 +35,19 @@ return 0
 /// `KEYS[2]`: one argument less cuts the node's work per release by about
 /// 1,300 instructions of 34,000 (BENCHMARKS.md, "The release script names
 /// the waiters flag"). Redis asks scripts to declare their keys for Redis
-/// Cluster's sake; every node here is a standalone master, and a cluster
-/// node would have refused the two-key form too (the key and its flag hash
-/// to different slots). A user whose ACL refuses the flag's key gets an
+/// Cluster's sake; a cluster runs an undeclared key of the declared key's
+/// slot, which the flag is by its tag. A user whose ACL refuses the flag's key gets an
 /// `ERR` from this script before anything is deleted, and the release runs
 /// again without the flag ([`RELEASE_UNFLAGGED_LUA`]).
 pub(crate) const RELEASE_LUA: &str = concat!(
     r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[1] .. '"#,
+  local t = KEYS[1]
+  if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+  if redis.call('DEL', KEYS[1], t .. '"#,
     waiters_suffix!(),
     r#"') > 1 then
-    redis.pcall('PUBLISH', 'redlock:released:0:' .. KEYS[1], '1')
+    redis.pcall('PUBLISH', 'redlock:released:0:' .. t, '1')
   end
   return 1
 end
@@ -58,10 +61,12 @@ return 0
 const RELEASE_IN_DB_LUA: &str = concat!(
     r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[1] .. '"#,
+  local t = KEYS[1]
+  if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+  if redis.call('DEL', KEYS[1], t .. '"#,
     waiters_suffix!(),
     r#"') > 1 then
-    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[1], '1')
+    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
   end
   return 1
 end
@@ -172,7 +177,13 @@ pub(crate) enum Call {
     Acquire { pipeline: Pipeline, skip: usize },
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
-    Keys { evalsha: Cmd, eval: Cmd },
+    /// Scripts over several locks' keys keep them whole (`per_slot`), so
+    /// that a cluster node runs one script per slot (`per_slot.rs`).
+    Keys {
+        evalsha: Cmd,
+        eval: Cmd,
+        per_slot: Option<Box<PerSlot>>,
+    },
     /// The release script for `key` and `token`, which announces the delete
     /// on a channel of the node's own database. `evalsha` is encoded once
     /// for database 0, what nearly every node uses; a node of another
@@ -281,7 +292,11 @@ impl Call {
     /// `EVALSHA sha <keys> keys.. args..`, and its `EVAL` fallback.
     pub(crate) fn keys(script: &'static LuaScript, keys: &[&[u8]], args: &[&[u8]]) -> Self {
         let (evalsha, eval) = keys_cmds(script, keys, args);
-        Call::Keys { evalsha, eval }
+        Call::Keys {
+            evalsha,
+            eval,
+            per_slot: None,
+        }
     }
 }
 

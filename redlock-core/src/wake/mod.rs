@@ -227,7 +227,8 @@ impl Waiting {
         if self.links.iter().all(|l| l.client.is_none()) {
             return None;
         }
-        let channel = key.to_owned();
+        // Channels name the key by its tag (`slots`).
+        let channel = crate::slots::tagged(key).into_owned();
         let (rx, fresh) = {
             let mut channels = self.shared.channels();
             match channels.get_mut(&channel) {

@@ -59,8 +59,10 @@ fn counters(node: &RedisNode) -> Vec<(String, i64)> {
 
 /// The counter of lock key `key` on `node`: its value and `PTTL`.
 fn counter_of(node: &RedisNode, key: &str) -> (Option<u64>, i64) {
-    let mut k = b"\xfffence:".to_vec();
+    // The counter is named by the key's tag: `{key}` for a plain key.
+    let mut k = b"\xfffence:{".to_vec();
     k.extend_from_slice(key.as_bytes());
+    k.push(b'}');
     let v: Option<String> = node.raw_bytes(&[b"GET", &k]).unwrap();
     let pttl: i64 = node.raw_bytes(&[b"PTTL", &k]).unwrap();
     (v.map(|s| s.parse().unwrap()), pttl)

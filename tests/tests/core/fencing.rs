@@ -33,8 +33,10 @@ fn fenced(urls: Vec<String>, mode: FencingMode) -> Redlock {
 fn counter(node: &RedisNode, key: &str) -> Option<u64> {
     let client = redis::Client::open(node.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
-    let mut k = b"\xfffence:".to_vec();
+    // The counter is named by the key's tag: `{key}` for a plain key.
+    let mut k = b"\xfffence:{".to_vec();
     k.extend_from_slice(key.as_bytes());
+    k.push(b'}');
     let v: Option<String> = redis::cmd("GET").arg(k).query(&mut conn).unwrap();
     v.map(|s| s.parse().unwrap())
 }
@@ -44,8 +46,10 @@ fn counter(node: &RedisNode, key: &str) -> Option<u64> {
 fn counter_pttl(node: &RedisNode, key: &str) -> i64 {
     let client = redis::Client::open(node.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
-    let mut k = b"\xfffence:".to_vec();
+    // The counter is named by the key's tag: `{key}` for a plain key.
+    let mut k = b"\xfffence:{".to_vec();
     k.extend_from_slice(key.as_bytes());
+    k.push(b'}');
     redis::cmd("PTTL").arg(k).query(&mut conn).unwrap()
 }
 

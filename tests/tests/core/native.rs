@@ -227,7 +227,7 @@ async fn a_native_release_wakes_a_waiter_of_another_handle() {
         eventually(Duration::from_secs(5), || {
             let subs: Vec<redis::Value> = cluster
                 .node(0)
-                .raw(&["PUBSUB", "NUMSUB", "redlock:released:0:nat-w"])
+                .raw(&["PUBSUB", "NUMSUB", "redlock:released:0:{nat-w}"])
                 .unwrap();
             matches!(subs.get(1), Some(redis::Value::Int(n)) if *n > 0)
         })

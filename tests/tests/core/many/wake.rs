@@ -44,7 +44,7 @@ pub(super) async fn release_wakes_the_waiters_of_every_key() {
     let subscribed = |key: &str| {
         cluster.nodes().iter().all(|n| {
             let v: Vec<redlock_core::deadpool_redis::redis::Value> = n
-                .raw(&["PUBSUB", "NUMSUB", &format!("redlock:released:0:{key}")])
+                .raw(&["PUBSUB", "NUMSUB", &format!("redlock:released:0:{{{key}}}")])
                 .unwrap();
             matches!(
                 v.get(1),
@@ -95,7 +95,7 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     // Subscribed, and its keys flagged on every node.
     assert!(
         cluster.wait_until(Duration::from_secs(10), |c| c.nodes().iter().all(|n| {
-            n.pttl("fb:redlock-waiters") > 0 && n.pttl("fc:redlock-waiters") > 0
+            n.pttl("{fb}:redlock-waiters") > 0 && n.pttl("{fc}:redlock-waiters") > 0
         })),
         "the waiter never flagged its keys"
     );
@@ -121,7 +121,7 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     waiter.unlock(s).await.unwrap();
     // Only the flag of `fc` may stay, and only on a node where the set was not
     // taken (with its TTL, so it goes by itself).
-    let may_stay = |i: usize, k: &str| !held[i] && k == "fc:redlock-waiters";
+    let may_stay = |i: usize, k: &str| !held[i] && k == "{fc}:redlock-waiters";
     assert!(
         cluster.wait_until(Duration::from_secs(5), |c| c
             .nodes()

@@ -223,7 +223,7 @@ pub(super) fn publishes(cluster: &Cluster, node: usize) -> u64 {
 
 /// The key of `key`'s waiters flag.
 pub(super) fn flag(key: &str) -> String {
-    format!("{key}:redlock-waiters")
+    format!("{{{key}}}:redlock-waiters")
 }
 
 /// A release that nobody waits for announces nothing: the node runs no

@@ -58,7 +58,7 @@ fn patient(cluster: &Cluster) -> Redlock {
 
 /// The channel of `key`'s releases in database 0.
 fn channel(key: &str) -> String {
-    format!("redlock:released:0:{key}")
+    format!("redlock:released:0:{{{key}}}")
 }
 
 /// How many connections of `node` are subscribed to `key`'s channel.

@@ -1,0 +1,45 @@
+//! Every key the library writes for one resource lands in one slot on a real
+//! cluster, whatever the resource's characters: a fenced lock (its counter is
+//! set by a script beside the lock key) and a waiter's flag, for resources
+//! with braces in them.
+
+use std::time::Duration;
+
+use redlock_core::{FencingMode, Redlock};
+use redlock_tests::RedisClusters;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_locks_keep_their_counter_in_the_lock_keys_slot() {
+    let clusters = RedisClusters::start(3, 3, 0);
+    let rl = clusters
+        .clusters()
+        .iter()
+        .fold(Redlock::builder(), |b, c| b.cluster(c.seeds()))
+        .node_timeout(Duration::from_millis(500))
+        .fencing(FencingMode::Hybrid)
+        .build()
+        .unwrap();
+    let mut last = None;
+    for resource in ["plain", "a{b}", "{b}", "}{", "50%", "{"] {
+        for _ in 0..2 {
+            let lock = rl.try_lock(resource, Duration::from_secs(3)).await.unwrap();
+            let token = lock.fencing_token().expect("a fencing token");
+            assert!(last.is_none_or(|l| token > l), "{resource}: {token:?}");
+            last = Some(token);
+            rl.unlock(lock).await.unwrap();
+        }
+        // The lock key and its counter are on the same master of each cluster.
+        let key = rl.key_for(resource);
+        let c = clusters.cluster(0);
+        let slot = c.slot_of(key.as_bytes());
+        let counter: Vec<Vec<u8>> = c
+            .owner(slot)
+            .unwrap()
+            .raw_bytes(&[b"KEYS", b"\xfffence:*"])
+            .unwrap();
+        assert!(
+            counter.iter().any(|k| c.slot_of(k) == slot),
+            "{resource}: no counter in slot {slot}: {counter:?}"
+        );
+    }
+}
