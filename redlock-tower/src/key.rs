@@ -1,5 +1,6 @@
 //! Key extractors: which requests share a lock.
 
+#[cfg(feature = "axum")]
 use std::sync::Arc;
 
 use http::HeaderName;
