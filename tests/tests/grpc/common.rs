@@ -14,9 +14,9 @@ use redlock_tests::Cluster;
 use redlock_tower::Held;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
-use tower::{Layer, Service};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};
+use tower::{Layer, Service};
 
 use crate::pb::jobs_client::JobsClient;
 use crate::pb::jobs_server::{Jobs, JobsServer};

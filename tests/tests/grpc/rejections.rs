@@ -87,7 +87,11 @@ async fn a_busy_tenant_is_aborted_with_the_holders_ttl_as_pushback() {
     // A streaming call of the busy tenant gets the same answer.
     let status = failed(client.follow(request(Some("acme"), 0, 1)).await);
     assert_code(&status, Code::Aborted);
-    assert_eq!(service.runs.load(Ordering::SeqCst), 1, "only the holder ran");
+    assert_eq!(
+        service.runs.load(Ordering::SeqCst),
+        1,
+        "only the holder ran"
+    );
 
     let reply = within(ms(10_000), "the holder's call", first).await;
     assert_eq!(
@@ -103,13 +107,7 @@ async fn a_busy_tenant_can_be_resource_exhausted() {
     let server = GrpcServer::start(layer, JobsService::default()).await;
     let first = hold(&server, &cluster, "acme", 2000).await;
 
-    let status = failed(
-        server
-            .client()
-            .await
-            .run(request(Some("acme"), 0, 0))
-            .await,
-    );
+    let status = failed(server.client().await.run(request(Some("acme"), 0, 0)).await);
     show("busy (ResourceExhausted)", &status);
     assert_code(&status, Code::ResourceExhausted);
     assert!(pushback_ms(&status).is_some_and(|ms| ms > 0));

@@ -32,16 +32,14 @@ async fn a_stream_holds_its_lock_until_it_ends_cleanly() {
         .into_inner();
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!((first.step, first.locked.as_str()), (1, KEY));
-    assert_eq!(cluster.count_with_key(KEY), cluster.len(), "held mid-stream");
+    assert_eq!(
+        cluster.count_with_key(KEY),
+        cluster.len(),
+        "held mid-stream"
+    );
 
     // The tenant is busy while its stream runs.
-    let status = failed(
-        server
-            .client()
-            .await
-            .run(request(Some("acme"), 0, 0))
-            .await,
-    );
+    let status = failed(server.client().await.run(request(Some("acme"), 0, 0)).await);
     assert_code(&status, Code::Aborted);
 
     let mut steps = vec![first.step];
