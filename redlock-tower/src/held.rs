@@ -11,7 +11,7 @@ use redlock_core::LockHandle;
 ///
 /// A request that runs unlocked (no key under the pass-through policy, or no
 /// quorum under fail-open) has no lock: take `Option<Held>` in handlers that
-/// serve such requests. `Held` alone then answers 500 ([`NotLocked`]).
+/// serve such requests. `Held` alone then answers 500 ([`NotLocked`](crate::NotLocked)).
 ///
 /// ```no_run
 /// use axum::{Router, routing::post};

@@ -146,9 +146,9 @@ fn describe(status: &Status) -> String {
         .metadata()
         .get("grpc-retry-pushback-ms")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("none");
+        .map_or("no pushback".to_owned(), |ms| format!("pushback {ms} ms"));
     format!(
-        "{:?} ({}) {:?}, pushback {pushback} ms",
+        "{:?} ({}) {:?}, {pushback}",
         status.code(),
         status.code() as i32,
         status.message()
