@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! The calls still on their way after an operation was decided (a release's
 //! or an acquire's answers after the quorum) are driven to their end by one
 //! task per handle and runtime (`per_runtime.rs`), instead of a task spawned

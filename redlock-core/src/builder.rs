@@ -1,3 +1,5 @@
+//! *Layer 7, the top (see `lib.rs`).*
+//!
 //! Builds a [`Redlock`]: one node per independent master, from a deadpool-redis
 //! pool or a URL, and the settings checked once.
 
@@ -7,6 +9,7 @@ use deadpool_redis::Pool;
 
 use crate::error::Error;
 use crate::fencing::FencingMode;
+use crate::node_spec::NodeSpec;
 use crate::redlock::{Inner, Redlock};
 use crate::settings::{RetryPolicy, Settings};
 use crate::sources::{NodeSource, open_nodes};
@@ -95,6 +98,13 @@ impl RedlockBuilder {
     /// CA instead, as above.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.sources.push(NodeSource::Url(url.into()));
+        self
+    }
+
+    /// Adds a node with options of its own: a URL or a pool, and the
+    /// replicas each of its writes must reach ([`NodeSpec::replica_acks`]).
+    pub fn node(mut self, spec: NodeSpec) -> Self {
+        self.sources.push(spec.into_source());
         self
     }
 

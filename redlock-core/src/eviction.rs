@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Whether a node keeps the keys the algorithm relies on when it runs out of
 //! memory: the promise "a lock key lives until its TTL or its release" (and
 //! a fencing counter until it expires, or for ever), judged by

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! The distlock page's extension: compare-and-pexpire on every node at once,
 //! counted only with a quorum inside the current validity.
 
@@ -27,6 +29,21 @@ pub(crate) struct Extended {
     pub(crate) validity: Option<Duration>,
     /// Every node's outcome.
     pub(crate) report: Report,
+    /// Per node: `Some(true)` extended, `Some(false)` answered without
+    /// extending, `None` no answer (its `PEXPIRE` may still land).
+    pub(crate) nodes: Vec<Option<bool>>,
+}
+
+/// What one node's settled answer says of an extend: see [`Extended::nodes`].
+pub(crate) fn answered<T>(
+    settled: Option<&Settled<T>>,
+    extended: impl FnOnce(&T) -> bool,
+) -> Option<bool> {
+    match &settled?.result {
+        Ok(reply) => Some(extended(reply)),
+        Err(NodeError::WrongType { .. }) => Some(false),
+        Err(_) => None,
+    }
 }
 
 impl Redlock {
@@ -85,12 +102,16 @@ impl Redlock {
                     decided,
                 )
             }
-            None => (
-                Err(Error::Expired {
-                    resource: Arc::clone(&lock.resource),
-                }),
-                Instant::now(),
-            ),
+            None => {
+                // Given up at the deadline: any node's `PEXPIRE` may still land.
+                lock.note_unanswered(ttl, &vec![None; self.inner.nodes.len()]);
+                (
+                    Err(Error::Expired {
+                        resource: Arc::clone(&lock.resource),
+                    }),
+                    Instant::now(),
+                )
+            }
         };
         self.extended(lock, &result);
         (result, decided)
@@ -188,6 +209,10 @@ impl Redlock {
             }
         });
         let validity = validity(ttl, elapsed, &self.inner.settings);
+        let nodes = settled
+            .iter()
+            .map(|s| answered(s.as_ref(), |&b| b))
+            .collect();
         span.in_scope(|| tracing::debug!(ok, elapsed_us = elapsed.as_micros() as u64, validity_ms = validity.map(|v| v.as_millis() as u64), report = %report, "extend"));
         Extended {
             now,
@@ -195,6 +220,7 @@ impl Redlock {
             not_held,
             validity,
             report,
+            nodes,
         }
     }
 
@@ -246,8 +272,23 @@ impl Redlock {
             not_held,
             validity,
             report,
+            nodes,
         } = extended;
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
+        // An earlier, shorter extend still unanswered on some of the nodes
+        // that extended now may land after this one there: the validity is
+        // what a quorum keeps even then.
+        let kept = lock.quorum_ttl(ttl, &nodes, q);
+        let validity = if kept < ttl {
+            crate::steps::validity(
+                kept,
+                now.saturating_duration_since(start),
+                &self.inner.settings,
+            )
+        } else {
+            validity
+        };
+        lock.note_unanswered(ttl, &nodes);
         match validity {
             Some(v) if ok >= q && now < lock.valid_until.min(until) => {
                 lock.started = start;

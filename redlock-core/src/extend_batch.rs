@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! The distlock page's extension for many locks at once: one compare-and-pexpire
 //! script per node over every key of the batch, each lock counted on its own
 //! quorum inside its own validity.
@@ -13,7 +15,7 @@ use futures_util::StreamExt;
 use redis::Value;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::extend::Extended;
+use crate::extend::{Extended, answered};
 use crate::fan_out::Settled;
 use crate::lock::Lock;
 use crate::node::{Call, EXTEND_BATCH};
@@ -192,12 +194,22 @@ impl Redlock {
                             }
                         })
                     };
+                    let j = sent.iter().position(|&s| s == i);
+                    let nodes = settled
+                        .iter()
+                        .map(|s| {
+                            answered(s.as_ref(), |flags: &Vec<bool>| {
+                                j.and_then(|j| flags.get(j)).copied().unwrap_or(false)
+                            })
+                        })
+                        .collect();
                     let extended = Extended {
                         now,
                         ok: t.ok,
                         not_held: t.not_held,
                         validity,
                         report,
+                        nodes,
                     };
                     self.apply_extend(lock, *ttl, start, extended, *deadline)
                 });

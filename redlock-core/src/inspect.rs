@@ -1,3 +1,5 @@
+//! *Layer 5, operations (see `lib.rs`).*
+//!
 //! An operator's look at one lock: who holds it on each node, and for how long
 //! ([`Redlock::inspect`]), and the escape hatch for a holder that is gone
 //! ([`Redlock::release_token`]).

@@ -1,13 +1,11 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Which keys a lock holds: one resource's, or several resources taken
 //! together under one token ([`Redlock::lock_many`](crate::Redlock::lock_many)).
 //! Every step that sends a lock's keys (release, extend, the release of late
 //! answers) takes a [`Keys`], so one path serves both.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-
-use crate::error::Error;
-use crate::redlock::Redlock;
 
 /// The most resources one lock may hold together. Each one is a key the
 /// acquire script checks and sets on every node in one atomic step, so the
@@ -52,39 +50,48 @@ pub(crate) enum Resources {
     Many(Arc<Many>),
 }
 
-impl Redlock {
-    /// Checks, deduplicates and orders the resources of a multi-resource lock.
-    ///
-    /// # Errors
-    /// [`Error::NoResources`] for an empty set, [`Error::EmptyResource`] for an
-    /// empty name, [`Error::TooManyResources`] past [`MAX_RESOURCES`].
-    pub(crate) fn resources<I, R>(&self, resources: I) -> Result<Resources, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        let mut by_key: BTreeMap<String, Arc<str>> = BTreeMap::new();
-        for r in resources {
-            let r = r.as_ref();
-            self.check_resource(r)?;
-            by_key.entry(self.key_for(r)).or_insert_with(|| r.into());
-            if by_key.len() > MAX_RESOURCES {
-                return Err(Error::TooManyResources { max: MAX_RESOURCES });
-            }
-        }
-        if by_key.len() <= 1 {
-            return match by_key.into_values().next() {
-                Some(r) => Ok(Resources::One(r.to_string())),
-                None => Err(Error::NoResources),
-            };
-        }
-        let (keys, resources): (Vec<Arc<str>>, Vec<Arc<str>>) =
-            by_key.into_iter().map(|(k, r)| (Arc::from(k), r)).unzip();
-        let label = format!("{{{}}}", resources.join(", "));
-        Ok(Resources::Many(Arc::new(Many {
-            resources: resources.into(),
-            keys: keys.into(),
-            label: label.into(),
-        })))
+/// What the release script's channel names start with; the database, a colon
+/// and the key follow. Keys are unique within a database, so channels of
+/// different keys never collide, and the prefix keeps them apart from the
+/// application's own channels.
+pub(crate) const CHANNEL_PREFIX: &str = "redlock:released:";
+
+/// What the channels of database `db`'s releases start with; the key follows.
+pub(crate) fn channel_prefix(db: i64) -> String {
+    format!("{CHANNEL_PREFIX}{db}:")
+}
+
+/// The channel a release of `key` in database `db` is published on.
+pub(crate) fn channel(db: i64, key: &str) -> String {
+    format!("{CHANNEL_PREFIX}{db}:{key}")
+}
+
+/// What a lock key's waiters flag is named by: the key, then this. A waiter
+/// sets the flag on a node before each of its attempts there, and the release
+/// script announces a delete only when it deletes the flag with the key, so a
+/// release that nobody waits for costs the node no `PUBLISH`
+/// (BENCHMARKS.md, "Announce a release only to waiters"). No lock key may end
+/// with it ([`crate::Error::ReservedResource`]), so a flag is never a lock.
+pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
+
+/// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
+pub(crate) fn waiters_flag(key: &str) -> String {
+    let mut flag = String::with_capacity(key.len() + WAITERS_SUFFIX.len());
+    flag.push_str(key);
+    flag.push_str(WAITERS_SUFFIX);
+    flag
+}
+
+/// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without
+/// building it.
+pub(crate) fn is_reserved(prefix: &str, resource: &str) -> bool {
+    let n = WAITERS_SUFFIX.len();
+    if resource.len() >= n {
+        return resource.ends_with(WAITERS_SUFFIX);
     }
+    // The resource is a tail of the suffix, and the prefix ends with the rest.
+    WAITERS_SUFFIX.ends_with(resource)
+        && WAITERS_SUFFIX
+            .get(..n - resource.len())
+            .is_some_and(|head| prefix.ends_with(head))
 }

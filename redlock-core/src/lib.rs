@@ -120,58 +120,87 @@
 )]
 
 /// The suffix of a lock key's waiters flag as a literal, for `concat!` in the
-/// release scripts, which name the flag themselves (`wake::WAITERS_SUFFIX`).
+/// release scripts, which name the flag themselves (`keys::WAITERS_SUFFIX`).
 macro_rules! waiters_suffix {
     () => {
         ":redlock-waiters"
     };
 }
 
-mod acquire;
+// The floor plan: each group uses only the groups above it (README, "How
+// the algorithm is implemented"; `module-cycles` checks it in `.ci/run`).
+
+// 1. Values: errors and per-node reports, fencing modes and tokens, key
+// names, metrics hooks, eviction checks, URL handling, per-runtime slots.
 mod background;
-mod builder;
 mod error;
 mod eviction;
+mod fencing;
+mod keys;
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub mod metrics;
+mod node_error;
+mod per_runtime;
+mod report;
+mod url;
+
+// 2. One master (`node/`), the settings that name its options, the node
+// sources, and the local wake-up plumbing (`queue/`, `wake/`).
+mod node;
+mod node_spec;
+mod queue;
+mod settings;
+mod sources;
+mod wake;
+
+// 3. The handle's state (`redlock`) and the Redlock steps in the spec's
+// order: token, quorum, validity and retry (`steps`), fan-out, acquire (with
+// the fence round), the held lock, extend, release, late answers.
+mod acquire;
 mod extend;
 mod extend_batch;
 mod fan_out;
-pub mod fence;
-mod fencing;
+mod lock;
+mod redlock;
+mod release;
+mod steps;
+mod stragglers;
+
+// 4. Holding (guard, handle, renewal schedule) and waiting (retry by
+// wake-up); above them, a leader (campaign, observe) and jobs run once
+// per tick.
 mod guard;
+mod job;
+mod leader;
+mod wait;
+
+// 5. Operations, and fencing's store side.
+pub mod fence;
+mod inspect;
+
+// 6. The framework-free HTTP parts.
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
-mod inspect;
-mod keys;
-mod lock;
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-pub mod metrics;
-mod node;
-mod per_runtime;
-mod queue;
-mod redlock;
-mod release;
-mod report;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod request;
-mod settings;
-mod sources;
-mod steps;
-mod stragglers;
-mod url;
-mod wait;
-mod wake;
+
+// 7. The builder, on top.
+mod builder;
 
 pub use builder::RedlockBuilder;
 pub use error::{Error, NodeError, NodeOutcome, NodeStatus, Report};
 pub use eviction::EvictionCheck;
 pub use fencing::{FencingCheck, FencingMode, FencingToken};
-pub use guard::{LockGuard, LockHandle, LostFuture};
+pub use guard::{Ended, LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
+pub use job::JobOptions;
 pub use keys::MAX_RESOURCES;
+pub use leader::{CampaignOptions, Leader, Leadership, Observer};
 pub use lock::Lock;
-pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
+pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
+pub use node_spec::NodeSpec;
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
 pub use settings::{LockOptions, RetryPolicy};
@@ -183,7 +212,7 @@ pub const __RELEASE_LUA: &str = node::RELEASE_LUA;
 /// The waiters flag's suffix, which the release script's second key takes,
 /// for the same scenario. Not part of the API.
 #[doc(hidden)]
-pub const __WAITERS_SUFFIX: &str = wake::WAITERS_SUFFIX;
+pub const __WAITERS_SUFFIX: &str = keys::WAITERS_SUFFIX;
 pub use url::redact_url;
 
 /// The deadpool-redis crate this one is built on, for building pools.

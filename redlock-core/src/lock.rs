@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! A held lock: what the holder knows about it, and its release on drop.
 
 use std::sync::Arc;
@@ -33,6 +35,57 @@ pub struct Lock {
     pub(crate) many: Option<Arc<Many>>,
     /// A fenced multi-resource lock's tokens, one per resource in key order.
     pub(crate) fencing_tokens: Vec<FencingToken>,
+    /// Per node, the shortest TTL of an extend sent to it whose answer never
+    /// came: its `PEXPIRE` may still land, after a later and longer one sent
+    /// on another connection (a reconnect, another runtime's). Empty while
+    /// every extend was answered.
+    pub(crate) unanswered: Vec<Option<Duration>>,
+}
+
+impl Lock {
+    /// The TTL that a quorum of the nodes which extended the key to `ttl`
+    /// (`nodes[i] == Some(true)`) is sure to keep: a node where an earlier,
+    /// shorter extend is unanswered counts with that shorter TTL, since it
+    /// may land after this one.
+    pub(crate) fn quorum_ttl(
+        &self,
+        ttl: Duration,
+        nodes: &[Option<bool>],
+        quorum: usize,
+    ) -> Duration {
+        if self.unanswered.iter().all(|p| p.is_none_or(|p| p >= ttl)) {
+            return ttl;
+        }
+        let mut ttls: Vec<Duration> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, extended)| **extended == Some(true))
+            .map(|(i, _)| match self.unanswered.get(i).copied().flatten() {
+                Some(pending) => pending.min(ttl),
+                None => ttl,
+            })
+            .collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        ttls.get(quorum.saturating_sub(1))
+            .copied()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Notes the nodes that did not answer an extend to `ttl`
+    /// (`nodes[i] == None`).
+    pub(crate) fn note_unanswered(&mut self, ttl: Duration, nodes: &[Option<bool>]) {
+        if nodes.iter().all(Option::is_some) {
+            return;
+        }
+        if self.unanswered.len() < nodes.len() {
+            self.unanswered.resize(nodes.len(), None);
+        }
+        for (slot, answer) in self.unanswered.iter_mut().zip(nodes) {
+            if answer.is_none() {
+                *slot = Some(slot.map_or(ttl, |pending| pending.min(ttl)));
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Lock {

@@ -163,21 +163,6 @@ impl std::fmt::Debug for KeyLabel {
     }
 }
 
-impl crate::redlock::Redlock {
-    /// The opt-in `key` label for `key` (a Redis key), if the application
-    /// asked for one.
-    pub(crate) fn metrics_key(&self, key: &str) -> Option<&'static str> {
-        self.inner.settings.metrics_key.as_ref().map(|f| (f.0)(key))
-    }
-
-    /// Whether the application asked for the `key` label (so a key is worth
-    /// building for it).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn has_metrics_key(&self) -> bool {
-        self.inner.settings.metrics_key.is_some()
-    }
-}
-
 /// Counts a waiting call in [`WAITERS`] while it lives (a cancelled call too).
 pub(crate) struct Waiting(());
 
@@ -222,6 +207,7 @@ pub(crate) fn error_kind(e: &NodeError) -> &'static str {
         NodeError::ScriptBusy => "busy_script",
         NodeError::Server { .. } => "server",
         NodeError::Protocol(_) => "protocol",
+        NodeError::ReplicaAcks { .. } => "replica_acks",
     }
 }
 

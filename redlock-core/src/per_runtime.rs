@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! What a handle keeps once per Tokio runtime that uses it: each node's
 //! connection, the renewal schedule and the background task.
 //!

@@ -1,8 +1,11 @@
-//! The handle: N independent masters, the quorum, the settings, and the input
-//! and node checks. Each Redlock step lives in a file of its own: `acquire`,
-//! `extend`, `release`, `fan_out`, `stragglers`, `steps`.
+//! The handle's state, at the base of the protocol layer: N independent
+//! masters, the quorum, the settings, and the input and node checks. Each
+//! Redlock step lives in a file of its own above it (`steps`, `fan_out`,
+//! `acquire`, `extend`, `release`, `stragglers`); the layers above (holding,
+//! waiting) keep their per-handle state in its slots without being named here.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::Value;
@@ -20,8 +23,11 @@ pub(crate) struct Inner {
     pub(crate) quorum: usize,
     pub(crate) settings: Settings,
     pub(crate) waiting: Waiting,
-    /// The auto-extension of this handle's guarded locks, batched.
-    pub(crate) renewals: crate::guard::Schedule,
+    /// The auto-extension of this handle's guarded locks, batched: the
+    /// holding layer's `guard::Schedule`, made there on first use. This
+    /// layer sits below that one, so it keeps the schedule without naming
+    /// its type.
+    pub(crate) renewals: OnceLock<Box<dyn Any + Send + Sync>>,
     /// The task that drives calls still on their way after their operation
     /// was decided.
     pub(crate) background: crate::background::Background,
@@ -37,7 +43,7 @@ impl Inner {
             waiting: Waiting::new(&nodes, &settings),
             nodes,
             settings,
-            renewals: crate::guard::Schedule::default(),
+            renewals: OnceLock::new(),
             background: crate::background::Background::default(),
         }
     }
@@ -110,6 +116,10 @@ pub struct NodeInfo {
     pub role: Option<String>,
     /// How many replicas are attached to this master (`connected_slaves`).
     pub connected_replicas: Option<u64>,
+    /// The replicas each acquire and extend write must reach on this node
+    /// (its [`NodeSpec::replica_acks`](crate::NodeSpec::replica_acks) or URL
+    /// `replica_acks`); `None`: the node is taken to be an independent master.
+    pub replica_acks: Option<crate::ReplicaAcks>,
     /// The native compare-and-delete and compare-and-set commands found on
     /// the node's current connection (`COMMAND INFO` / `COMMAND DOCS`, asked
     /// in the background once it is open); `None` with
@@ -206,6 +216,7 @@ impl Redlock {
                         eviction: None,
                         role: None,
                         connected_replicas: None,
+                        replica_acks: node.replica_acks,
                         native: None,
                     };
                     match node.query(cmd, timeout).await {
@@ -324,12 +335,12 @@ impl Redlock {
     }
 
     /// A resource this handle may lock: not empty, and its key not a
-    /// waiters flag's ([`crate::wake::WAITERS_SUFFIX`]).
+    /// waiters flag's ([`crate::keys::WAITERS_SUFFIX`]).
     pub(crate) fn check_resource(&self, resource: &str) -> Result<(), Error> {
         if resource.is_empty() {
             return Err(Error::EmptyResource);
         }
-        if crate::wake::is_reserved(&self.inner.settings.key_prefix, resource) {
+        if crate::keys::is_reserved(&self.inner.settings.key_prefix, resource) {
             return Err(Error::ReservedResource {
                 resource: resource.into(),
             });
@@ -401,5 +412,21 @@ async fn read_role(node: &Node, timeout: Duration, info: &mut NodeInfo) {
         if info.role.as_deref() != Some("master") {
             tracing::warn!(node = %node.label, role = ?info.role, "a Redlock node must be an independent master");
         }
+    }
+}
+
+/// The metrics hooks' view of the settings.
+impl Redlock {
+    /// The opt-in `key` label for `key` (a Redis key), if the application
+    /// asked for one.
+    pub(crate) fn metrics_key(&self, key: &str) -> Option<&'static str> {
+        self.inner.settings.metrics_key.as_ref().map(|f| (f.0)(key))
+    }
+
+    /// Whether the application asked for the `key` label (so a key is worth
+    /// building for it).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn has_metrics_key(&self) -> bool {
+        self.inner.settings.metrics_key.is_some()
     }
 }

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! Spec step 5, the release: compare-and-delete on every node, never a bare
 //! `DEL`. A release is decided at quorum, as acquire and extend are: it returns
 //! once a majority has answered, and the other nodes are driven to the end in

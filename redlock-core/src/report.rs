@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Every node's outcome within one operation: what each node answered
 //! ([`NodeStatus`]), and the [`Report`] that errors and releases carry.
 
@@ -5,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::NodeError;
+use crate::node_error::NodeError;
 
 /// What one node answered to one call.
 #[derive(Debug, Clone, PartialEq, Eq)]

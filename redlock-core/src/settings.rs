@@ -1,3 +1,5 @@
+//! *Layer 2, one master and its options (see `lib.rs`).*
+//!
 //! The settings of a handle, the retry policy (spec step 5's "retry after a
 //! random delay") and the per-lock options. A leaf module: plain data.
 

@@ -1,3 +1,5 @@
+//! *Layer 2, one master (see `lib.rs`).*
+//!
 //! The nodes a [`RedlockBuilder`](crate::RedlockBuilder) was given, and their
 //! checks at build: each opened into a [`Node`], no address listed twice.
 
@@ -15,6 +17,12 @@ pub(crate) enum NodeSource {
     Pool { label: Option<String>, pool: Pool },
     /// A URL, opened at build.
     Url(String),
+    /// A node with its replica acks set by a
+    /// [`NodeSpec`](crate::NodeSpec) (`None`: off, whatever its URL says).
+    Acked {
+        source: Box<NodeSource>,
+        acks: Option<crate::ReplicaAcks>,
+    },
 }
 
 impl NodeSource {
@@ -24,6 +32,7 @@ impl NodeSource {
         match self {
             NodeSource::Pool { label, .. } => label.clone().unwrap_or_else(|| "<pool>".into()),
             NodeSource::Url(u) => redact_url(u),
+            NodeSource::Acked { source, .. } => source.shown(),
         }
     }
 
@@ -37,6 +46,11 @@ impl NodeSource {
                 Node::new(label, address, pool)
             }
             NodeSource::Url(url) => Node::from_url(&url)?,
+            NodeSource::Acked { source, acks } => {
+                let mut node = source.open(i)?;
+                node.replica_acks = acks;
+                node
+            }
         })
     }
 }

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! The pure steps of the distlock page, with no I/O: the quorum, the token, the
 //! validity, the retry delay, and the arithmetic around them. Each is one
 //! function a reader can find, and each is unit-tested here.

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! Late answers: acquire calls still on their way when an attempt was decided.
 //! A late `OK` joins the lock and is released with it; once the lock is released
 //! (or the attempt failed), a late `OK` is released again.

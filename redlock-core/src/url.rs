@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Node URLs: passwords kept out of every message, and the host check.
 //!
 //! Redaction has to hold for what a user meant as well as for what redis-rs

@@ -13,6 +13,7 @@ pub mod http;
 pub mod monitor;
 pub mod nemesis;
 pub mod proxy;
+pub mod replicas;
 pub mod servers;
 pub mod slow;
 pub mod tls;

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,9 @@ struct Config {
     reply: DirFault,
     refuse: bool,
     shutdown: bool,
+    /// Requests of the connections numbered below this are held (set by
+    /// [`FaultProxy::hold_open_requests`]); later connections pass.
+    hold_requests_below: Option<u64>,
 }
 
 impl Config {
@@ -124,7 +127,8 @@ struct ConnEntry {
 struct Shared {
     id: usize,
     addr: SocketAddr,
-    upstream: SocketAddr,
+    /// The node's port on 127.0.0.1 ([`FaultProxy::retarget`] moves it).
+    upstream: AtomicU16,
     cfg: watch::Sender<Config>,
     conns: Mutex<HashMap<u64, ConnEntry>>,
     next_conn: AtomicU64,
@@ -156,7 +160,7 @@ impl std::fmt::Debug for FaultProxy {
         f.debug_struct("FaultProxy")
             .field("id", &self.shared.id)
             .field("port", &self.port())
-            .field("upstream", &self.shared.upstream)
+            .field("upstream", &self.upstream_port())
             .field("config", &*self.shared.cfg.borrow())
             .finish()
     }
@@ -188,7 +192,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             id,
             addr,
-            upstream: SocketAddr::from(([127, 0, 0, 1], upstream_port)),
+            upstream: AtomicU16::new(upstream_port),
             cfg,
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
@@ -215,7 +219,15 @@ impl FaultProxy {
 
     /// The node's port.
     pub fn upstream_port(&self) -> u16 {
-        self.shared.upstream.port()
+        self.shared.upstream.load(Ordering::SeqCst)
+    }
+
+    /// Points the proxy at the node on `upstream_port` (a failover endpoint
+    /// moving to the promoted replica): new connections go there, and every
+    /// open one is reset, as the old node's would be. Returns how many.
+    pub fn retarget(&self, upstream_port: u16) -> usize {
+        self.shared.upstream.store(upstream_port, Ordering::SeqCst);
+        self.reset()
     }
 
     /// Sets the fault of one direction.
@@ -239,9 +251,21 @@ impl FaultProxy {
             .send_modify(|c| c.dir_mut(dir).flow = Flow::Hold);
     }
 
+    /// Holds the requests of the connections open now, until
+    /// [`FaultProxy::flush`]; connections opened later pass. A command sent on
+    /// an old connection then runs after one sent later on a new connection
+    /// (a reconnect, or another runtime's connection to the same node).
+    pub fn hold_open_requests(&self) {
+        let below = self.shared.next_conn.load(Ordering::Relaxed);
+        self.shared
+            .cfg
+            .send_modify(|c| c.hold_requests_below = Some(below));
+    }
+
     /// Delivers every held byte, in order, and stops holding.
     pub fn flush(&self) {
         self.shared.cfg.send_modify(|c| {
+            c.hold_requests_below = None;
             for d in [Direction::Request, Direction::Reply] {
                 if c.dir(d).flow == Flow::Hold {
                     c.dir_mut(d).flow = Flow::Pass;
@@ -293,6 +317,7 @@ impl FaultProxy {
             c.request = DirFault::default();
             c.reply = DirFault::default();
             c.refuse = false;
+            c.hold_requests_below = None;
         });
         self.reset_where(|e| e.poisoned.load(Ordering::Acquire));
     }
@@ -300,7 +325,7 @@ impl FaultProxy {
     /// Whether any fault is set.
     pub fn is_faulty(&self) -> bool {
         let c = self.shared.cfg.borrow();
-        c.refuse || !c.request.is_clear() || !c.reply.is_clear()
+        c.refuse || !c.request.is_clear() || !c.reply.is_clear() || c.hold_requests_below.is_some()
     }
 
     /// Open connections.
@@ -405,25 +430,30 @@ fn spawn_conn(shared: &Arc<Shared>, client: TcpStream) {
 }
 
 async fn run_conn(shared: Arc<Shared>, client: TcpStream, poisoned: Arc<AtomicBool>, id: u64) {
-    let upstream =
-        match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(shared.upstream))
-            .await
-        {
-            Ok(Ok(s)) => s,
-            _ => {
-                // The node is down: the client's connection is reset.
-                shared.upstream_failures.fetch_add(1, Ordering::Relaxed);
-                drop(client);
-                shared.conns().remove(&id);
-                return;
-            }
-        };
+    let upstream = match tokio::time::timeout(
+        Duration::from_secs(1),
+        TcpStream::connect(SocketAddr::from((
+            [127, 0, 0, 1],
+            shared.upstream.load(Ordering::SeqCst),
+        ))),
+    )
+    .await
+    {
+        Ok(Ok(s)) => s,
+        _ => {
+            // The node is down: the client's connection is reset.
+            shared.upstream_failures.fetch_add(1, Ordering::Relaxed);
+            drop(client);
+            shared.conns().remove(&id);
+            return;
+        }
+    };
     let _ = upstream.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
     tokio::join!(
-        pump(&shared, Direction::Request, cr, uw, &poisoned),
-        pump(&shared, Direction::Reply, ur, cw, &poisoned),
+        pump(&shared, (Direction::Request, id), cr, uw, &poisoned),
+        pump(&shared, (Direction::Reply, id), ur, cw, &poisoned),
     );
     shared.conns().remove(&id);
 }
@@ -435,7 +465,7 @@ enum Chunk {
 
 async fn pump(
     shared: &Shared,
-    dir: Direction,
+    (dir, conn): (Direction, u64),
     mut reader: OwnedReadHalf,
     mut writer: OwnedWriteHalf,
     poisoned: &AtomicBool,
@@ -485,7 +515,15 @@ async fn pump(
                     shared.dropped.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
-                let f = cfg.borrow_and_update().dir(dir);
+                let f = {
+                    let c = cfg.borrow_and_update();
+                    let mut f = c.dir(dir);
+                    if dir == Direction::Request && c.hold_requests_below.is_some_and(|b| conn < b)
+                    {
+                        f.flow = Flow::Hold;
+                    }
+                    f
+                };
                 match f.flow {
                     Flow::Blackhole => {
                         poisoned.store(true, Ordering::Release);

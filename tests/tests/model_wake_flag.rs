@@ -10,7 +10,7 @@
 //! The wake-up is per node (a waiter listens on every node and wakes on news
 //! from any), so one node shows it. Clients share the node's lock key and the
 //! key's flag. A waiter is subscribed to the key's channel before its first
-//! flagged attempt (`wait.rs` subscribes and waits for the confirmation
+//! flagged attempt (`wait/mod.rs` subscribes and waits for the confirmation
 //! before the attempt after its first refusal), so a message published from
 //! then on reaches it.
 //!

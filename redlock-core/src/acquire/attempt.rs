@@ -238,6 +238,7 @@ impl Attempt<'_> {
                 Keys::One(_) => None,
             },
             fencing_tokens: round.fencing_all.clone(),
+            unanswered: Vec::new(),
         }
     }
 

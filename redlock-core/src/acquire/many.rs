@@ -9,27 +9,61 @@
 //! overlap: each needs a quorum of nodes holding every key of its set, two
 //! quorums share a node, and on that node the shared key holds one token.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::{join_all, select_all};
+use futures_util::future::join_all;
 use tracing::Instrument;
 
 use super::Ttl;
 use super::attempt::{Attempt, Round};
-use crate::error::{Error, NodeError};
+use crate::error::Error;
 use crate::fencing::{FencingMode, fence_key};
-use crate::guard::{LockGuard, LockHandle};
-use crate::keys::{Keys, Many, Resources};
+use crate::keys::{Keys, MAX_RESOURCES, Many, Resources};
 use crate::lock::Lock;
 use crate::metrics;
 use crate::node::{Call, parse_acquire_many};
 use crate::redlock::Redlock;
-use crate::settings::{LockOptions, RetryPolicy};
-use crate::steps::{may_retry, new_token};
-use crate::wait::{fallback, flag_ttl};
-use crate::wake::{Found, Subscription};
+use crate::settings::RetryPolicy;
+use crate::steps::new_token;
+use std::collections::BTreeMap;
+
+impl Redlock {
+    /// Checks, deduplicates and orders the resources of a multi-resource lock.
+    ///
+    /// # Errors
+    /// [`Error::NoResources`] for an empty set, [`Error::EmptyResource`] for an
+    /// empty name, [`Error::TooManyResources`] past [`MAX_RESOURCES`].
+    pub(crate) fn resources<I, R>(&self, resources: I) -> Result<Resources, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        let mut by_key: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        for r in resources {
+            let r = r.as_ref();
+            self.check_resource(r)?;
+            by_key.entry(self.key_for(r)).or_insert_with(|| r.into());
+            if by_key.len() > MAX_RESOURCES {
+                return Err(Error::TooManyResources { max: MAX_RESOURCES });
+            }
+        }
+        if by_key.len() <= 1 {
+            return match by_key.into_values().next() {
+                Some(r) => Ok(Resources::One(r.to_string())),
+                None => Err(Error::NoResources),
+            };
+        }
+        let (keys, resources): (Vec<Arc<str>>, Vec<Arc<str>>) =
+            by_key.into_iter().map(|(k, r)| (Arc::from(k), r)).unzip();
+        let label = format!("{{{}}}", resources.join(", "));
+        Ok(Resources::Many(Arc::new(Many {
+            resources: resources.into(),
+            keys: keys.into(),
+            label: label.into(),
+        })))
+    }
+}
 
 impl Redlock {
     /// One attempt to lock several resources together (no retry): one token
@@ -105,7 +139,7 @@ impl Redlock {
 
     /// [`Redlock::lock_many_with`], with the expiry a fence gives
     /// per-request resources' Durable counters (see [`Ttl`]).
-    async fn lock_many_with_retained<I, R>(
+    pub(crate) async fn lock_many_with_retained<I, R>(
         &self,
         resources: I,
         ttl: Ttl,
@@ -137,52 +171,6 @@ impl Redlock {
         result
     }
 
-    /// Locks several resources together and holds them with auto-extension
-    /// (every renewal extends every key) until the guard is released or
-    /// dropped: [`Redlock::lock_guard`] for a set.
-    ///
-    /// # Errors
-    /// See [`Redlock::lock_many`] and [`Redlock::lock_guard`].
-    pub async fn lock_guard_many<I, R>(
-        &self,
-        resources: I,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let ttl = Ttl::new(
-            options.ttl,
-            options.retained_counter_ttl(self.inner.settings.fencing),
-        );
-        let lock = self.lock_many_with_retained(resources, ttl, retry).await?;
-        LockGuard::new(lock, options)
-    }
-
-    /// Runs the future `f` makes while holding several resources together,
-    /// with auto-extension: [`Redlock::with_lock`] for a set.
-    ///
-    /// # Errors
-    /// An acquire error (see [`Redlock::lock_guard_many`]) or [`Error::Lost`].
-    pub async fn with_lock_many<I, R, F, Fut, T>(
-        &self,
-        resources: I,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.lock_guard_many(resources, options).await?;
-        crate::guard::run_guarded(guard, f).await
-    }
-
     /// The attempts of a multi-resource lock until one wins or the policy
     /// gives up: by wake-up when it retries and wake-ups are on, else by
     /// polling.
@@ -205,90 +193,14 @@ impl Redlock {
         .await
     }
 
-    /// Spec step 4's retry for a set, by wake-up: after a failed attempt the
-    /// waiter subscribes to every key's release channel, tries once more (a
-    /// release between the two is not missed), then sleeps until a release
-    /// of any key is heard on enough of the nodes it found busy, or a
-    /// fallback timer (the holder's expiry, the policy's delay) fires.
-    async fn lock_many_by_wake_up(
+    /// One acquire attempt on a set: spec steps 1 to 4, with the
+    /// all-or-none script as step 2.
+    pub(crate) async fn attempt_many(
         &self,
         many: &Arc<Many>,
         ttl: Ttl,
-        retry: &RetryPolicy,
-        latest_start: Option<Instant>,
+        attempt: u32,
     ) -> Result<Lock, Error> {
-        let waiting = &self.inner.waiting;
-        let mut subscriptions: Option<Vec<Subscription<'_>>> = None;
-        let mut attempt = 1;
-        loop {
-            for s in subscriptions.iter_mut().flatten() {
-                s.mark_seen();
-            }
-            if subscriptions.is_some() {
-                // Subscribed: the keys' waiters flags first, answered before
-                // the attempt, so that a release after it announces itself
-                // (one round trip more per attempt of a waiting set: the
-                // all-or-none script cannot take them, or a user refused
-                // the flags' keys could not lock).
-                let node_timeout = self.inner.settings.node_timeout;
-                let flag = flag_ttl(ttl.key, retry, node_timeout, Instant::now(), latest_start);
-                self.set_waiters_flags(many, flag).await;
-            }
-            let err = match self.attempt_many(many, ttl, attempt).await {
-                Ok(lock) => return Ok(lock),
-                Err(e) if !e.is_retryable() => return Err(e),
-                Err(e) => e,
-            };
-            let now = Instant::now();
-            if !may_retry(attempt, retry, latest_start, now) {
-                return Err(err);
-            }
-            attempt += 1;
-            let Some(subs) = subscriptions.as_mut() else {
-                let mut subs: Vec<Subscription<'_>> = many
-                    .keys
-                    .iter()
-                    .filter_map(|k| waiting.subscribe(k))
-                    .collect();
-                let limit = latest_start.map_or(self.inner.settings.node_timeout, |l| {
-                    l.saturating_duration_since(now)
-                        .min(self.inner.settings.node_timeout)
-                });
-                join_all(subs.iter_mut().map(|s| s.ready(limit))).await;
-                subscriptions = Some(subs);
-                continue;
-            };
-            let Some(wake) = fallback(&err, now, retry, latest_start) else {
-                return Err(err);
-            };
-            let found = Found::from_report(err.report());
-            let any_release = async {
-                if subs.is_empty() {
-                    return std::future::pending().await;
-                }
-                select_all(subs.iter_mut().map(|s| Box::pin(s.woken(&found)))).await;
-            };
-            tokio::select! {
-                () = tokio::time::sleep_until(wake.into()) => {}
-                () = any_release => {}
-            }
-        }
-    }
-
-    /// Sets the waiters flags of every key of `many` on every node, for
-    /// `flag`, and waits for the answers (at most a node timeout). A node
-    /// that refuses them or does not answer only loses the wake-up there.
-    async fn set_waiters_flags(&self, many: &Many, flag: Duration) {
-        let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
-        let call = Arc::new(Call::waiters_flags(&many.keys, flag_ms));
-        let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
-        let mut pending = self.fan_out(&call, ignore, 0..self.inner.nodes.len());
-        self.settle(&mut pending, |_| false).await;
-    }
-
-    /// One acquire attempt on a set: spec steps 1 to 4, with the
-    /// all-or-none script as step 2.
-    async fn attempt_many(&self, many: &Arc<Many>, ttl: Ttl, attempt: u32) -> Result<Lock, Error> {
         let span = tracing::debug_span!(
             "redlock.acquire",
             resource = %many.label,

@@ -1,3 +1,5 @@
+//! *Layer 3, the Redlock steps (see `lib.rs`).*
+//!
 //! Spec steps 1 to 4, the acquire: a fresh token, `SET NX PX` on every node at
 //! once, the quorum and validity check, the release of a failed attempt, and
 //! retries after a random delay.
@@ -18,6 +20,7 @@ use crate::settings::RetryPolicy;
 use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 
 mod attempt;
+mod fence;
 mod many;
 use attempt::Attempt;
 

@@ -1,3 +1,5 @@
+//! *Layer 1, values (see `lib.rs`).*
+//!
 //! Fencing tokens, the client side: a number handed out with every lock that
 //! grows from one holder of a resource to the next, so that the protected
 //! resource can refuse a write from a holder that was paused past its validity
@@ -11,7 +13,7 @@
 //! 3. **fence** (one more round trip): on every node that may hold the key, a
 //!    script raises the counter to `max(counter, T)`, only while the key still
 //!    holds this attempt's token. The lock is handed out, with `T`, only once a
-//!    quorum applied it within the validity (`Redlock::fence_phase`).
+//!    quorum applied it within the validity (`Redlock::fence_phase`, in `acquire/fence.rs`).
 //!
 //! Why it is monotone: a later holder's acquire quorum and an earlier holder's
 //! fence quorum share a node. There the earlier fence ran while the earlier key
@@ -23,8 +25,6 @@
 use crate::error::NodeError;
 use std::fmt;
 use std::time::Duration;
-
-mod phase;
 
 /// How fencing tokens stay monotone when a node loses its counters.
 ///

@@ -1,3 +1,5 @@
+//! *Layer 4, holding (see `lib.rs`).*
+//!
 //! A lock held with auto-extension ([`LockGuard`]), and the ways to take one:
 //! [`Redlock::lock_guard`] and [`Redlock::with_lock`].
 
@@ -17,12 +19,15 @@ use crate::lock::Lock;
 use crate::redlock::Redlock;
 use crate::release::Released;
 use crate::settings::LockOptions;
+pub use at_least::Ended;
+pub(crate) use at_least::run_guarded_at_least;
 use handle::Shared;
 pub use handle::{LockHandle, LostFuture};
 use renew::{LostOnExit, Renewal};
-pub(crate) use schedule::Schedule;
+use schedule::Schedule;
 use schedule::{Handback, Ticket};
 
+mod at_least;
 mod handle;
 mod renew;
 mod schedule;
@@ -116,7 +121,15 @@ impl LockGuard {
             armed: true,
         };
         let renewal = Renewal::new(lock, Arc::clone(&shared), options, exit);
-        let ticket = redlock.inner.renewals.add(&rt, renewal);
+        // The handle's schedule, made by the first guard. Only this layer
+        // fills the slot, so the type always matches; were it not to, the
+        // renewal would be dropped here and tell its holder "lost".
+        let schedule = redlock
+            .inner
+            .renewals
+            .get_or_init(|| Box::new(Schedule::default()))
+            .downcast_ref::<Schedule>();
+        let ticket = schedule.and_then(|s| s.add(&rt, renewal));
         Ok(Self {
             handle: LockHandle { shared, keep: None },
             ticket,
@@ -265,6 +278,52 @@ impl Redlock {
         Fut: Future<Output = T>,
     {
         let guard = self.lock_guard(resource, options).await?;
+        run_guarded(guard, f).await
+    }
+
+    /// Locks several resources together and holds them with auto-extension
+    /// (every renewal extends every key) until the guard is released or
+    /// dropped: [`Redlock::lock_guard`] for a set.
+    ///
+    /// # Errors
+    /// See [`Redlock::lock_many`] and [`Redlock::lock_guard`].
+    pub async fn lock_guard_many<I, R>(
+        &self,
+        resources: I,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+    {
+        self.loss_margin_for(options)?;
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let ttl = crate::acquire::Ttl::new(
+            options.ttl,
+            options.retained_counter_ttl(self.inner.settings.fencing),
+        );
+        let lock = self.lock_many_with_retained(resources, ttl, retry).await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// Runs the future `f` makes while holding several resources together,
+    /// with auto-extension: [`Redlock::with_lock`] for a set.
+    ///
+    /// # Errors
+    /// An acquire error (see [`Redlock::lock_guard_many`]) or [`Error::Lost`].
+    pub async fn with_lock_many<I, R, F, Fut, T>(
+        &self,
+        resources: I,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<str>,
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock_guard_many(resources, options).await?;
         run_guarded(guard, f).await
     }
 }

@@ -32,10 +32,12 @@
 //! 3 days).
 
 mod fingerprint;
+mod finish;
 mod flow;
 mod key;
 mod policy;
 mod record;
+mod redis_read;
 mod redis_store;
 mod rejection;
 mod setters;

@@ -12,6 +12,8 @@ use crate::url::{redact_url, scrub_password, valid_host};
 impl Node {
     /// Parses a node URL into a pool, its label and its address (no password kept).
     pub(crate) fn from_url(url: &str) -> Result<Node, Error> {
+        let (url, acks) = super::split_url(url)?;
+        let url = url.as_str();
         if url.starts_with("rediss://") && !cfg!(feature = "tls") {
             return Err(invalid_url(
                 url,
@@ -36,7 +38,9 @@ impl Node {
             .into_connection_info()
             .map_err(|e| invalid_url(url, e.to_string()))?;
         let (label, address, pool) = pool_from_info(url, info.clone())?;
-        Ok(Node::new(label.into(), Some(address), pool).with_pubsub(info))
+        let mut node = Node::new(label.into(), Some(address), pool).with_pubsub(info);
+        node.replica_acks = acks;
+        Ok(node)
     }
 }
 

@@ -1,11 +1,18 @@
+//! *Layer 2, one master (see `lib.rs`).*
+//!
 //! One Redis master: its pool and its connection (`connection`), the commands
 //! and scripts run on it (`scripts`), the reading of their replies (`parse`),
 //! and the bounded send of one call.
 
 mod connection;
+mod dispatch;
 mod from_url;
+mod many;
 mod native;
 mod parse;
+#[cfg(feature = "idempotency")]
+mod record;
+mod replicas;
 mod scripts;
 
 use std::future::Future;
@@ -25,16 +32,14 @@ pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
+#[cfg(feature = "idempotency")]
+pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
-#[cfg(feature = "idempotency")]
-pub(crate) use scripts::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
-use scripts::{
-    eval, release_eval, release_evalsha, release_many_cmds, release_many_unflagged_cmds,
-    release_unflagged,
-};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
+pub use replicas::ReplicaAcks;
+pub(crate) use replicas::split_url;
 
 /// How one call went.
 pub(crate) struct Ran {
@@ -94,6 +99,9 @@ pub(crate) struct Node {
     /// Which native commands may replace the scripts on this node (the
     /// handle's setting, given by `Inner::new`).
     pub(crate) native: NativeCommands,
+    /// How many replicas each acquire and extend write must reach (`None`:
+    /// the node is taken to be an independent master, and nothing waits).
+    pub(crate) replica_acks: Option<ReplicaAcks>,
 }
 
 impl Node {
@@ -106,6 +114,7 @@ impl Node {
             pubsub: None,
             db: 0,
             native: NativeCommands::Off,
+            replica_acks: None,
         }
     }
 
@@ -216,7 +225,7 @@ impl Node {
         // command that finds no room on its connection goes onto it only when
         // polled again, after commands sent later may have found room (see
         // `Late::deleted_by_release`).
-        let mut rest = pin!(self.run_call(call, generation, conn));
+        let mut rest = pin!(self.run_call(call, generation, conn, timeout));
         std::future::poll_fn(|cx| {
             let polled = rest.as_mut().poll(cx);
             // The answer first, as `tokio::time::timeout` does.
@@ -232,208 +241,6 @@ impl Node {
             }
         })
         .await
-    }
-
-    /// [`Node::run_inner`] once the connection is there.
-    ///
-    /// Every node call's future lives in its fan-out's set, so its size is
-    /// copied into that allocation on every call: the common shapes (the
-    /// acquire's `SET`, the release's and the extend's scripts) share one
-    /// `send`, and every rarer shape (a native command, the busy probe, a
-    /// pipeline, a script over several keys, the `EVAL` fallback) is boxed,
-    /// so that its state costs only the calls that take it (BENCHMARKS.md,
-    /// "Smaller node calls").
-    async fn run_call(
-        &self,
-        call: &Call,
-        generation: u64,
-        mut conn: MultiplexedConnection,
-    ) -> Result<Value, NodeError> {
-        if self.native_may_run(call)
-            && let Some(reply) = Box::pin(self.run_native(call, generation, &mut conn)).await
-        {
-            return reply;
-        }
-        let cmd = match call {
-            Call::Set { set, .. } => set,
-            Call::Release { evalsha, .. } if self.db == 0 => evalsha,
-            Call::Script { evalsha, .. } => evalsha,
-            _ => return Box::pin(self.run_rare(call, generation, conn)).await,
-        };
-        // Error replies are made errors (by `send`) so they are classified.
-        match (self.send(generation, &mut conn, cmd).await, call) {
-            // A refused `SET`: who holds the key, one more round trip.
-            (Ok(Value::Nil), Call::Set { key, .. }) => {
-                Ok(Box::pin(self.probe_holder(generation, &mut conn, key)).await)
-            }
-            (Ok(v), _) => Ok(v),
-            // Rare (a restarted or flushed node).
-            (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOSCRIPT") => {
-                let eval = release_eval(key, token, self.db);
-                match Box::pin(self.eval_fallback(generation, conn.clone(), &eval)).await {
-                    Err(e) if refused_flag(&e) => {
-                        Box::pin(self.release_unflagged(generation, conn, key, token)).await
-                    }
-                    other => other,
-                }
-            }
-            // An ACL that refuses the waiters flag's key.
-            (Err(e), Call::Release { key, token, .. })
-                if refused_flag(&NodeError::from_redis(&e)) =>
-            {
-                Box::pin(self.release_unflagged(generation, conn, key, token)).await
-            }
-            (
-                Err(e),
-                Call::Script {
-                    script, key, args, ..
-                },
-            ) if e.code() == Some("NOSCRIPT") => {
-                Box::pin(self.eval_fallback(generation, conn, &eval(script, key, args))).await
-            }
-            (Err(e), _) => Err(NodeError::from_redis(&e)),
-        }
-    }
-
-    /// Any call, the way [`Node::run_call`] runs it; boxed there, and used
-    /// for the shapes it does not send itself: a fencing lock's acquire
-    /// pipeline, scripts over several keys, and a release on a node of
-    /// another database than 0.
-    async fn run_rare(
-        &self,
-        call: &Call,
-        generation: u64,
-        mut conn: MultiplexedConnection,
-    ) -> Result<Value, NodeError> {
-        match call {
-            Call::Acquire { pipeline, skip } => {
-                // Error replies stay in the array: `parse_acquire` judges by the
-                // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
-                // a `SET` that ran. A refused waiters flag (an ACL, OOM) is
-                // dropped with the flag's other reply: the waiter then wakes by
-                // its timers alone.
-                let replies = conn.send_packed_commands(pipeline, 0, pipeline.len()).await;
-                if replies
-                    .as_ref()
-                    .map_or_else(|e| e.code().is_some(), |_| true)
-                {
-                    self.answered(generation);
-                }
-                replies
-                    .map(|mut r| Value::Array(r.split_off((*skip).min(r.len()))))
-                    .map_err(|e| NodeError::from_redis(&e))
-            }
-            Call::Keys { evalsha, eval } => self.run_keys(generation, conn, evalsha, eval).await,
-            Call::ReleaseMany { many, token } => {
-                let (evalsha, eval) = release_many_cmds(many, token, self.db);
-                match self
-                    .run_keys(generation, conn.clone(), &evalsha, &eval)
-                    .await
-                {
-                    // An ACL that refuses the waiters flags' keys.
-                    Err(e) if refused_flag(&e) => {
-                        let (evalsha, eval) = release_many_unflagged_cmds(many, token, self.db);
-                        self.run_keys(generation, conn, &evalsha, &eval).await
-                    }
-                    other => other,
-                }
-            }
-            Call::Release { key, token, .. } => {
-                let evalsha = release_evalsha(key, token, self.db);
-                let eval = release_eval(key, token, self.db);
-                match self
-                    .run_keys(generation, conn.clone(), &evalsha, &eval)
-                    .await
-                {
-                    Err(e) if refused_flag(&e) => {
-                        self.release_unflagged(generation, conn, key, token).await
-                    }
-                    other => other,
-                }
-            }
-            // `run_call` sends these two itself; the same here.
-            Call::Set { set, key } => match self.send(generation, &mut conn, set).await {
-                Ok(Value::Nil) => Ok(self.probe_holder(generation, &mut conn, key).await),
-                Ok(v) => Ok(v),
-                Err(e) => Err(NodeError::from_redis(&e)),
-            },
-            Call::Script {
-                script,
-                evalsha,
-                key,
-                args,
-            } => {
-                self.run_keys(generation, conn, evalsha, &eval(script, key, args))
-                    .await
-            }
-        }
-    }
-
-    /// The release without the waiters flag, for a user whose ACL refused
-    /// the flag's key: every delete announced, as before flags.
-    async fn release_unflagged(
-        &self,
-        generation: u64,
-        conn: MultiplexedConnection,
-        key: &str,
-        token: &str,
-    ) -> Result<Value, NodeError> {
-        tracing::debug!(node = %self.label, "release refused: releasing without the waiters flag");
-        let (evalsha, eval) = release_unflagged(key, token, self.db);
-        self.run_keys(generation, conn, &evalsha, &eval).await
-    }
-
-    /// A script over several keys by `EVALSHA`, then `EVAL` on `NOSCRIPT`.
-    async fn run_keys(
-        &self,
-        generation: u64,
-        mut conn: MultiplexedConnection,
-        evalsha: &Cmd,
-        eval: &Cmd,
-    ) -> Result<Value, NodeError> {
-        match self.send(generation, &mut conn, evalsha).await {
-            Ok(v) => Ok(v),
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                Box::pin(self.eval_fallback(generation, conn, eval)).await
-            }
-            Err(e) => Err(NodeError::from_redis(&e)),
-        }
-    }
-
-    /// After a refused `SET`: the holder's `PTTL` and `TYPE`, in the
-    /// `[SET, PTTL, TYPE]` shape `parse_acquire` reads. A probe that fails
-    /// leaves the holder unknown (`[nil]`): the `SET` was refused all the same.
-    async fn probe_holder(
-        &self,
-        generation: u64,
-        conn: &mut MultiplexedConnection,
-        key: &str,
-    ) -> Value {
-        let mut probe = redis::pipe();
-        probe.cmd("PTTL").arg(key).cmd("TYPE").arg(key);
-        let mut items = vec![Value::Nil];
-        if let Ok(replies) = conn.send_packed_commands(&probe, 0, 2).await {
-            self.answered(generation);
-            items.extend(replies);
-        }
-        Value::Array(items)
-    }
-
-    /// `EVAL` after `NOSCRIPT`. A failure here means the node cannot run scripts.
-    async fn eval_fallback(
-        &self,
-        generation: u64,
-        mut conn: MultiplexedConnection,
-        eval: &Cmd,
-    ) -> Result<Value, NodeError> {
-        self.send(generation, &mut conn, eval)
-            .await
-            .map_err(|e| match NodeError::from_redis(&e) {
-                NodeError::Server { code, message } => NodeError::NoScript(format!(
-                    "EVALSHA said NOSCRIPT and the EVAL fallback failed: {code} {message}"
-                )),
-                other => other,
-            })
     }
 
     /// Runs a plain command (used for `INFO server`) under `timeout`.
@@ -455,21 +262,6 @@ impl Node {
             self.forget_connection(e, used, start);
         }
         result
-    }
-}
-
-/// Whether a release's refusal may be an ACL's refusal of the waiters flag's
-/// key: `NOPERM`, the `ERR` a script gets for a key it names itself (the
-/// release scripts build the flag's name; Redis and Valkey word that error
-/// differently), or either of them from the `EVAL` after `NOSCRIPT`
-/// (`NoScript`). The release then runs again without the flag, which fails
-/// the same way when the flag was not the cause.
-fn refused_flag(e: &NodeError) -> bool {
-    match e {
-        NodeError::Auth(m) => m.starts_with("NOPERM"),
-        NodeError::Server { code, .. } => code == "ERR",
-        NodeError::NoScript(_) => true,
-        _ => false,
     }
 }
 

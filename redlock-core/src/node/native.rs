@@ -287,7 +287,7 @@ impl Node {
     }
 
     /// The wake-up the release script sends after its delete, on the same
-    /// channel (`wake::CHANNEL_PREFIX`, the node's database, the key). Its
+    /// channel (`keys::CHANNEL_PREFIX`, the node's database, the key). Its
     /// answer is not waited for: the release is decided by the delete, and,
     /// as with the script's `pcall`, a user not allowed to publish still
     /// releases. Sent after every native delete, waiters flag or not: the
@@ -295,7 +295,7 @@ impl Node {
     async fn announce(&self, conn: &mut MultiplexedConnection, key: &str) {
         let mut publish = redis::cmd("PUBLISH");
         publish
-            .arg(crate::wake::channel(self.db, key))
+            .arg(crate::keys::channel(self.db, key))
             .arg("1")
             .set_no_response(true);
         let _ = conn.send_packed_command(&publish).await;

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{Cmd, Pipeline};
 
-use crate::keys::{Keys, Many};
+use crate::keys::Many;
 
 /// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
 const EXTEND_LUA: &str = r#"
@@ -17,10 +17,10 @@ return 0
 "#;
 
 /// Release: compare-and-delete (spec "Releasing the lock"). Never a bare `DEL`.
-/// The key's waiters flag (the key and `wake::WAITERS_SUFFIX`) goes in the
+/// The key's waiters flag (the key and `keys::WAITERS_SUFFIX`) goes in the
 /// same `DEL`: only when it was there, i.e. some waiter set it before its
 /// attempt on this node, is the delete announced on the key's channel
-/// (`wake::channel`) to wake the waiters. A release nobody waits for thus
+/// (`keys::channel`) to wake the waiters. A release nobody waits for thus
 /// runs two commands on the node, not three: each `redis.call` costs the
 /// node about 3,900 instructions, 12% of the call (BENCHMARKS.md, "Announce
 /// a release only to waiters"). The `PUBLISH` is a `pcall`, so that a user
@@ -104,7 +104,7 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(body: &'static str) -> Self {
+    pub(super) fn new(body: &'static str) -> Self {
         let sha = redis::Script::new(body).get_hash().to_owned();
         Self { body, sha }
     }
@@ -139,67 +139,6 @@ end
 return 1
 "#;
 
-/// The idempotency record's write: sets the record (`KEYS[2]`) to `ARGV[2]`
-/// for `ARGV[3]` ms, only while the lock key (`KEYS[1]`) still holds the
-/// writer's token `ARGV[1]`. A holder whose key expired here, and perhaps
-/// went to another holder, writes nothing on this node.
-#[cfg(feature = "idempotency")]
-const RECORD_PUT_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-return 1
-"#;
-
-/// The idempotency record's read.
-#[cfg(feature = "idempotency")]
-const RECORD_GET_LUA: &str = "return redis.call('GET', KEYS[1])";
-
-/// The idempotency record's fast read, with the lock key's value read in the
-/// same step: `{record, lock value}`. A node whose lock key already holds the
-/// reader's token answered under the reader's lock (see `RedisStore::peek`).
-/// A lock key of another type reads as no holder.
-#[cfg(feature = "idempotency")]
-const RECORD_PEEK_LUA: &str = r#"
-local holder = redis.pcall('GET', KEYS[2])
-if type(holder) ~= 'string' then holder = false end
-return {redis.call('GET', KEYS[1]), holder}
-"#;
-
-/// The idempotency key's generation, taken by a holder before it runs the
-/// work: only while the lock key (`KEYS[1]`) still holds the holder's token
-/// `ARGV[1]`, the counter `KEYS[2]` goes up by one, and to at least `ARGV[3]`
-/// (the holder's generation, when it raises a node that lagged behind), and
-/// expires with the records (`ARGV[2]` ms). Returns the counter, or `false`
-/// where the lock is not the holder's. See `RedisStore::generation`.
-#[cfg(feature = "idempotency")]
-const RECORD_GENERATION_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return false
-end
-local g = redis.call('INCR', KEYS[2])
-local floor = tonumber(ARGV[3])
-if g < floor then
-  redis.call('SET', KEYS[2], ARGV[3])
-  g = floor
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return g
-"#;
-
-#[cfg(feature = "idempotency")]
-pub(crate) static RECORD_GENERATION: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(RECORD_GENERATION_LUA));
-#[cfg(feature = "idempotency")]
-pub(crate) static RECORD_PUT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(RECORD_PUT_LUA));
-#[cfg(feature = "idempotency")]
-pub(crate) static RECORD_GET: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(RECORD_GET_LUA));
-#[cfg(feature = "idempotency")]
-pub(crate) static RECORD_PEEK: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(RECORD_PEEK_LUA));
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
@@ -366,7 +305,7 @@ const FLAG_COMMANDS: usize = 2;
 /// Sets `key`'s waiters flag for `ms`: created if absent, else lengthened if
 /// shorter, so that of several waiters the one that waits longest keeps it.
 fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64) {
-    let flag = crate::wake::waiters_flag(key);
+    let flag = crate::keys::waiters_flag(key);
     let ms = ms.max(1);
     pipeline
         .cmd("SET")
@@ -425,7 +364,7 @@ pub(super) fn release_unflagged(key: &str, token: &str, db: i64) -> (Cmd, Cmd) {
     keys_cmds(
         &RELEASE_UNFLAGGED,
         &[key],
-        &[token.to_owned(), crate::wake::channel(db, key)],
+        &[token.to_owned(), crate::keys::channel(db, key)],
     )
 }
 
@@ -435,155 +374,6 @@ pub(super) fn eval(script: &LuaScript, key: &str, args: &[String]) -> Cmd {
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(script.body).arg(1).arg(key).arg(args);
     cmd
-}
-
-/// Acquire of a multi-resource lock (spec step 2 over several keys): every
-/// lock key (`KEYS[1..n]`, `n = ARGV[3]`) is set to the token `ARGV[1]` for
-/// `ARGV[2]` ms, only if none of them exists: all or none on this node, so a
-/// node counts for the quorum only with every key. A refusal names the first
-/// key found (1-based), its `PTTL` and its `TYPE`, as the single-key pipeline
-/// does: `{0, i, pttl, type}`. A fenced acquire passes the keys' fence
-/// counters as `KEYS[n+1..2n]` and reads them, and the node's `TIME`, after
-/// the `SET`s (fencing step 1): `{1, time, counter_1, ..}`; unfenced, `{1}`.
-/// Checked first and set after, inside one script, so nothing runs between.
-const ACQUIRE_MANY_LUA: &str = r#"
-local n = tonumber(ARGV[3])
-for i = 1, n do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' then
-    return {0, i, redis.call('PTTL', KEYS[i]), t}
-  end
-end
-for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-end
-if #KEYS == n then
-  return {1}
-end
-local r = {1, redis.call('TIME')}
-for i = n + 1, #KEYS do
-  r[#r + 1] = redis.call('GET', KEYS[i]) or false
-end
-return r
-"#;
-
-/// Extend of a multi-resource lock: compare-and-pexpire, where the node
-/// agrees only if every key still holds the token; then all of them get the
-/// new expiry, else none.
-const EXTEND_MANY_LUA: &str = r#"
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= ARGV[1] then
-    return 0
-  end
-end
-for i = 1, #KEYS do
-  redis.call('PEXPIRE', KEYS[i], ARGV[2])
-end
-return 1
-"#;
-
-/// Release of a multi-resource lock: compare-and-delete of every key that
-/// still holds the token (`KEYS[i]`), each with its waiters flag (named here,
-/// as in [`RELEASE_LUA`]), each delete announced on its key's channel as
-/// `RELEASE_LUA` does, only where the flag was there (the database as
-/// `ARGV[2]`). A key that no longer holds the token (expired, taken, a
-/// foreign type: `pcall`) is left alone and the others are still released.
-/// Answers 1 if it deleted any.
-const RELEASE_MANY_LUA: &str = concat!(
-    r#"
-local deleted = 0
-for i = 1, #KEYS do
-  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    if redis.call('DEL', KEYS[i], KEYS[i] .. '"#,
-    waiters_suffix!(),
-    r#"') > 1 then
-      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
-    end
-    deleted = 1
-  end
-end
-return deleted
-"#
-);
-
-/// [`RELEASE_MANY_LUA`] without the flags, every delete announced: for a user
-/// whose ACL refuses the flags' keys (as [`RELEASE_UNFLAGGED_LUA`]).
-const RELEASE_MANY_UNFLAGGED_LUA: &str = r#"
-local deleted = 0
-for i = 1, #KEYS do
-  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. KEYS[i], '1')
-    deleted = 1
-  end
-end
-return deleted
-"#;
-
-pub(crate) static ACQUIRE_MANY: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(ACQUIRE_MANY_LUA));
-pub(crate) static EXTEND_MANY: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(EXTEND_MANY_LUA));
-static RELEASE_MANY: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
-static RELEASE_MANY_UNFLAGGED: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(RELEASE_MANY_UNFLAGGED_LUA));
-
-impl Call {
-    /// The acquire of a multi-resource lock: `ACQUIRE_MANY_LUA` over its
-    /// keys, and with `fence_keys` (a fencing lock) their counters.
-    pub(crate) fn acquire_many(
-        many: &Many,
-        token: &str,
-        ttl_ms: u128,
-        fence_keys: Option<Vec<Vec<u8>>>,
-    ) -> Self {
-        let mut keys: Vec<&[u8]> = many.keys.iter().map(|k| k.as_bytes()).collect();
-        if let Some(fence_keys) = &fence_keys {
-            keys.extend(fence_keys.iter().map(Vec::as_slice));
-        }
-        let (ttl, n) = (ttl_ms.to_string(), many.keys.len().to_string());
-        Call::keys(
-            &ACQUIRE_MANY,
-            &keys,
-            &[token.as_bytes(), ttl.as_bytes(), n.as_bytes()],
-        )
-    }
-
-    /// The extend (compare-and-pexpire) of every key of a multi-resource lock.
-    pub(crate) fn extend_many(many: &Many, token: &str, ttl_ms: u128) -> Self {
-        let keys: Vec<&[u8]> = many.keys.iter().map(|k| k.as_bytes()).collect();
-        Call::keys(
-            &EXTEND_MANY,
-            &keys,
-            &[token.as_bytes(), ttl_ms.to_string().as_bytes()],
-        )
-    }
-
-    /// The release (compare-and-delete) of the lock's keys held with `token`.
-    pub(crate) fn release_keys(keys: Keys, token: Arc<str>) -> Self {
-        match keys {
-            Keys::One(key) => Call::release(key, token),
-            Keys::Many(many) => Call::ReleaseMany {
-                many,
-                token: token.to_string(),
-            },
-        }
-    }
-}
-
-/// A multi-resource release's `EVALSHA` and `EVAL` as node `db` runs them.
-pub(super) fn release_many_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
-    many_release_cmds(&RELEASE_MANY, many, token, db)
-}
-
-/// [`release_many_cmds`] without the flags, for a user whose ACL refuses them.
-pub(super) fn release_many_unflagged_cmds(many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
-    many_release_cmds(&RELEASE_MANY_UNFLAGGED, many, token, db)
-}
-
-fn many_release_cmds(script: &LuaScript, many: &Many, token: &str, db: i64) -> (Cmd, Cmd) {
-    let keys: Vec<&str> = many.keys.iter().map(|k| &**k).collect();
-    keys_cmds(script, &keys, &[token.to_owned(), db.to_string()])
 }
 
 #[cfg(test)]

@@ -1,3 +1,5 @@
+//! *Layer 2, local wake-up plumbing (see `lib.rs`).*
+//!
 //! First come, first served within a process: a FIFO of the local waiters of
 //! each key, in front of the remote acquire.
 //!

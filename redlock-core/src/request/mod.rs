@@ -41,7 +41,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use pin_project_lite::pin_project;
 use tracing::Instrument;
 
 use crate::error::Error;
@@ -49,6 +48,7 @@ use crate::guard::{LockGuard, LockHandle};
 use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
+mod guarded;
 pub(crate) mod keys;
 mod path;
 mod policy;
@@ -56,6 +56,7 @@ mod rejection;
 mod setters;
 mod upgrade;
 
+pub use guarded::{Guarded, guard};
 pub use http::StatusCode;
 pub use keys::{KeyFamily, MAX_KEY_BYTES, RequestKey, bound_key, escape_value};
 pub use path::{decode_param, normalize_path};
@@ -417,66 +418,4 @@ fn refused(
     span.record("outcome", rejection.title());
     span.in_scope(|| rejection.log());
     Err(rejection)
-}
-
-pin_project! {
-    /// The handler's future, raced against the loss of the lock (see [`guard`]).
-    pub struct Guarded<F> {
-        #[pin]
-        inner: F,
-        #[pin]
-        lost: Option<LostFuture>,
-        key: Option<Arc<str>>,
-    }
-}
-
-impl<F: Future> Future for Guarded<F> {
-    type Output = Result<F::Output, Rejection>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        // Checked before the handler runs again, and again when it finishes: a
-        // handler that blocked its thread past the deadline in its last poll did
-        // not run under the lock, and must not answer as if it had.
-        let Poll::Ready(out) = ({
-            if let Some(lost) = this.lost.as_mut().as_pin_mut()
-                && lost.poll(cx).is_ready()
-            {
-                return Poll::Ready(Err(lost_rejection(this.key)));
-            }
-            this.inner.poll(cx)
-        }) else {
-            return Poll::Pending;
-        };
-        if let Some(lost) = this.lost.as_pin_mut()
-            && lost.poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(lost_rejection(this.key)));
-        }
-        Poll::Ready(Ok(out))
-    }
-}
-
-fn lost_rejection(key: &mut Option<Arc<str>>) -> Rejection {
-    let rejection = Rejection::Lost {
-        key: key.take().unwrap_or_else(|| "".into()),
-    };
-    rejection.log();
-    rejection
-}
-
-/// Runs the handler future `inner` under `lock`: with [`LostPolicy::Abort`] it
-/// resolves to [`Rejection::Lost`] as soon as the lock is lost (checked against
-/// the clock before every poll of `inner`, and once more when `inner` finishes),
-/// and the caller
-/// drops `inner`. With no lock or [`LostPolicy::Signal`], it is `inner` as is.
-pub fn guard<F: Future>(inner: F, lock: Option<&RequestLock>, policy: &LockPolicy) -> Guarded<F> {
-    let watch = lock.filter(|_| policy.lost == LostPolicy::Abort);
-    Guarded {
-        inner,
-        lost: watch.map(RequestLock::lost),
-        // The resource, as busy and unavailable name it: the handle's key
-        // prefix is the operator's, not the client's business.
-        key: watch.map(|l| Arc::from(l.handle.resource())),
-    }
 }

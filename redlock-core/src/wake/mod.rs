@@ -1,8 +1,10 @@
+//! *Layer 2, local wake-up plumbing (see `lib.rs`).*
+//!
 //! Waiting by wake-up, the remote half: the release script `PUBLISH`es on the
 //! key's channel after its compare-and-delete (see `node::RELEASE_LUA`), and a
 //! waiter listens on every node for that message instead of polling. The
 //! release publishes only when it also deleted the key's waiters flag
-//! ([`WAITERS_SUFFIX`]), which every attempt of a subscribed waiter sets on
+//! ([`WAITERS_SUFFIX`](crate::keys::WAITERS_SUFFIX)), which every attempt of a subscribed waiter sets on
 //! each node just before its `SET NX`: a release that runs on a node after a
 //! waiter's refused `SET` there finds the flag (or a release between the two
 //! found it and published), so no waiter sleeps through a release
@@ -26,7 +28,7 @@
 //! Pub/sub is at-most-once: a message sent while a connection was down, or
 //! never sent (a key that expired), is not delivered. So a waiter is also woken
 //! when a node's subscription drops or comes back, and keeps the fallback
-//! timers of `wait.rs`.
+//! timers of `wait/`.
 
 use std::collections::HashMap;
 use std::ops::DerefMut;
@@ -45,51 +47,7 @@ pub(crate) use news::Found;
 use news::{Chan, NodeSub};
 use node_task::node_task;
 
-/// What the release script's channel names start with; the database, a colon
-/// and the key follow. Keys are unique within a database, so channels of
-/// different keys never collide, and the prefix keeps them apart from the
-/// application's own channels.
-pub(crate) const CHANNEL_PREFIX: &str = "redlock:released:";
-
-/// What the channels of database `db`'s releases start with; the key follows.
-fn channel_prefix(db: i64) -> String {
-    format!("{CHANNEL_PREFIX}{db}:")
-}
-
-/// The channel a release of `key` in database `db` is published on.
-pub(crate) fn channel(db: i64, key: &str) -> String {
-    format!("{CHANNEL_PREFIX}{db}:{key}")
-}
-
-/// What a lock key's waiters flag is named by: the key, then this. A waiter
-/// sets the flag on a node before each of its attempts there, and the release
-/// script announces a delete only when it deletes the flag with the key, so a
-/// release that nobody waits for costs the node no `PUBLISH`
-/// (BENCHMARKS.md, "Announce a release only to waiters"). No lock key may end
-/// with it ([`crate::Error::ReservedResource`]), so a flag is never a lock.
-pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
-
-/// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
-pub(crate) fn waiters_flag(key: &str) -> String {
-    let mut flag = String::with_capacity(key.len() + WAITERS_SUFFIX.len());
-    flag.push_str(key);
-    flag.push_str(WAITERS_SUFFIX);
-    flag
-}
-
-/// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without
-/// building it.
-pub(crate) fn is_reserved(prefix: &str, resource: &str) -> bool {
-    let n = WAITERS_SUFFIX.len();
-    if resource.len() >= n {
-        return resource.ends_with(WAITERS_SUFFIX);
-    }
-    // The resource is a tail of the suffix, and the prefix ends with the rest.
-    WAITERS_SUFFIX.ends_with(resource)
-        && WAITERS_SUFFIX
-            .get(..n - resource.len())
-            .is_some_and(|head| prefix.ends_with(head))
-}
+use crate::keys::channel_prefix;
 
 /// How long a subscribed connection may stay silent before it is asked a
 /// `PING`; without an answer within the subscription limit it is replaced.
@@ -420,40 +378,4 @@ impl Drop for Subscription<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_channel_names_the_database_and_the_key() {
-        assert_eq!(channel(0, "invoice:42"), "redlock:released:0:invoice:42");
-        assert_eq!(channel(3, "a:b"), "redlock:released:3:a:b");
-    }
-
-    #[test]
-    fn only_a_new_confirmation_wakes_the_waiters() {
-        let shared = Shared {
-            channels: Mutex::new(HashMap::new()),
-            links: Mutex::new(vec![Link::Up; 2]),
-        };
-        let (tx, rx) = watch::channel(Chan {
-            changes: 0,
-            released: vec![0; 2],
-            nodes: vec![NodeSub::Pending; 2],
-        });
-        shared
-            .channels()
-            .insert("k".into(), Entry { refs: 1, state: tx });
-        let keys = ["k".to_owned()];
-        shared.confirm(0, &keys);
-        assert_eq!(rx.borrow().changes, 1);
-        assert_eq!(rx.borrow().nodes, [NodeSub::Subscribed, NodeSub::Pending]);
-        // The same node confirming again (a key unsubscribed and wanted again
-        // before its task caught up sends two requests) is no news.
-        shared.confirm(0, &keys);
-        assert_eq!(rx.borrow().changes, 1);
-        // A subscription regained after it was lost is.
-        shared.node_down(0);
-        shared.confirm(0, &keys);
-        assert_eq!(rx.borrow().changes, 3);
-    }
-}
+mod tests;

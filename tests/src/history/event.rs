@@ -89,14 +89,14 @@ pub struct Meta {
     pub expect_violation: bool,
 }
 
-/// One event of a history. Times are [`now_ns`] nanoseconds.
+/// One event of a history. Times are [`now_ns`](super::now_ns) nanoseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Event {
     /// The run's parameters.
     Meta(Meta),
-    /// A process's [`calibration_error_ns`]: comparisons between a converted
-    /// [`Instant`] and a raw clock reading allow the two largest, added up.
+    /// A process's [`calibration_error_ns`](super::calibration_error_ns): comparisons between a converted
+    /// [`Instant`](std::time::Instant) and a raw clock reading allow the two largest, added up.
     Clock {
         /// The process (`"parent"` or a client's name).
         process: String,

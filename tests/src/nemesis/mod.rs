@@ -1,12 +1,12 @@
 //! The nemesis: a seeded random schedule of faults against a [`Rig`] of Redis
-//! nodes behind [`FaultProxy`]s.
+//! nodes behind [`FaultProxy`](crate::proxy::FaultProxy)s.
 //!
 //! Every choice (which fault, which node, how long) comes from one `StdRng`
 //! seeded with the run's seed, which the suite prints first, so the schedule of a
 //! failing run can be replayed with `REDLOCK_SEED` (timing and the library's own
 //! randomness still vary). Every fault is logged as
-//! [`Event::Fault`], every heal as
-//! [`Event::Heal`].
+//! [`Event::Fault`](crate::history::Event::Fault), every heal as
+//! [`Event::Heal`](crate::history::Event::Heal).
 //!
 //! # The faults, and the model they stay in
 //!
@@ -41,7 +41,7 @@
 //!   and its write (no client-side check can help: counted as
 //!   `stalled_after_check`). Decided here, from a second seeded stream, so the
 //!   schedule of the other faults is the same as without it; taken by the
-//!   clients through [`HolderStalls`];
+//!   clients through [`HolderStalls`](crate::workload::HolderStalls);
 //! * **max_hold** (the path, not this scheduler): [`Rig::start_slow_path`] puts a
 //!   second proxy in front of every node, with 20–40 ms of latency each way, for
 //!   guards with `max_hold < ttl` whose renewals near `max_hold` shorten the keys

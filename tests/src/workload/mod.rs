@@ -5,7 +5,7 @@
 //! # Exact counting
 //!
 //! The store ([`Store`]) runs the holder's validity check and the write as one
-//! step under its own lock: it reads [`Instant::now`] and compares it with the
+//! step under its own lock: it reads [`Instant::now`](std::time::Instant::now) and compares it with the
 //! library's `valid_until` *inside* that lock, and writes only if the validity has
 //! not run out. A write therefore happens at an instant that is inside its lock's
 //! validity, or not at all, and a holder that stalled past its validity skips the

@@ -7,10 +7,12 @@
 //! --features cli --bin redlock` (it lives in redlock-core behind a feature, so
 //! this package cannot name it with `CARGO_BIN_EXE_*`).
 
+mod at_least;
 mod exit_codes;
 #[cfg(target_os = "linux")]
 mod group;
 mod passwords;
+mod replicas;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

@@ -203,3 +203,85 @@ async fn a_loss_margin_that_cannot_hold_is_refused_before_any_node_is_asked() {
     assert!(matches!(result, Err(Error::InvalidConfig(_))));
     assert_eq!(sets(&cluster) - before, 0);
 }
+
+/// Issue 38 item 7: a shorter manual extend whose `PEXPIRE` is still on the
+/// wire when a longer one lands. Nodes 1 and 2 hold the requests of their open
+/// connections, so the 4 s extend reaches only node 0 (no quorum); a 20 s
+/// extend from another runtime goes out on that runtime's own connections and
+/// reaches all three; then the held 4 s extends land on nodes 1 and 2. What
+/// the holder is told must still hold on a quorum of nodes. Before the fix,
+/// `remaining()` said about 20 s while two nodes of three expired in 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_shorter_extend_caps_what_a_later_longer_one_reports() {
+    let cluster = Cluster::start(3);
+    let mut proxies = Vec::new();
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        proxies.push(FaultProxy::start(i, node.port(), None).await.unwrap());
+    }
+    let rl = redlock(proxies.iter().map(FaultProxy::url).collect(), ms(300));
+    let key = "view-late-short";
+    let mut lock = rl.try_lock(key, ms(10_000)).await.unwrap();
+    // Loads the extend script on every node (a held `EVALSHA` that answered
+    // `NOSCRIPT` later would never land). It is decided at quorum: wait until
+    // it landed on every node, or the held straggler could land last.
+    rl.extend(&mut lock, ms(12_000)).await.unwrap();
+    let end = Instant::now() + ms(5_000);
+    while !cluster.nodes().iter().all(|n| n.pttl(key) > 10_000) {
+        assert!(
+            Instant::now() < end,
+            "the 12 s extend did not land everywhere"
+        );
+        tokio::time::sleep(ms(5)).await;
+    }
+    proxies[1].hold_open_requests();
+    proxies[2].hold_open_requests();
+    let short = rl.extend(&mut lock, ms(4_000)).await;
+    assert!(
+        short.is_err(),
+        "the 4 s extend reached only node 0, yet it succeeded"
+    );
+    let other_runtime = rl.clone();
+    let lock = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            other_runtime
+                .extend(&mut lock, ms(20_000))
+                .await
+                .map(|()| lock)
+        })
+    })
+    .join()
+    .unwrap()
+    .expect("the 20 s extend, on new connections, reaches every node");
+    for p in &proxies {
+        p.flush();
+    }
+    // The held 4 s extends land on nodes 1 and 2 (polled here, not with the
+    // blocking `Cluster::wait_until`: the proxies run on this runtime).
+    let end = Instant::now() + ms(5_000);
+    while !(1..3).all(|i| (0..=4_000).contains(&cluster.node(i).pttl(key))) {
+        assert!(
+            Instant::now() < end,
+            "the held extends did not land: {:?}",
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| n.pttl(key))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(ms(5)).await;
+    }
+    let remaining = lock.remaining();
+    let mut pttls: Vec<i64> = cluster.nodes().iter().map(|n| n.pttl(key)).collect();
+    pttls.sort_unstable_by(|a, b| b.cmp(a));
+    let quorum_left = Duration::from_millis(pttls[1].max(0) as u64);
+    assert!(
+        remaining <= quorum_left,
+        "the holder is told {remaining:?} is left, but a quorum of nodes expires \
+         the key in {quorum_left:?} (PTTLs {pttls:?})"
+    );
+    rl.unlock(lock).await.unwrap();
+}

@@ -1,5 +1,5 @@
 //! The fault-injection suites on real `redis-server` processes: one test binary,
-//! three parts.
+//! four parts.
 //!
 //! * [`suite`]: the safety suite. One test, `fault_suite`, runs the negative
 //!   controls (which the checkers must catch), ghost keys, then an in-process and
@@ -13,6 +13,9 @@
 //!   and their write: the `Durable` and `Hybrid` (clock skew, empty restarts,
 //!   proxy faults) workloads and a deliberate break of the `Hybrid` assumption,
 //!   each printing one `fault-fenced mode=…` summary line.
+//! * [`replicas`]: a primary killed while it holds a lock key, behind a
+//!   failover endpoint, with replica acks (the lock survives) and without
+//!   (the negative control: two holders).
 //!
 //! The suite and the fenced tests are heavy and timing-sensitive: the suite
 //! runs alone, the fenced tests beside each other (as when they were a binary
@@ -31,6 +34,7 @@
 
 mod fenced;
 mod proxy;
+mod replicas;
 mod suite;
 
 /// The suite alone, or the fenced workloads together: libtest runs the tests

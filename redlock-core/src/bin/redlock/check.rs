@@ -1,7 +1,7 @@
 //! `redlock check`: each node's version, run_id, role, persistence and
 //! latency, and what would make the set unfit for Redlock: two URLs that reach
-//! one server (same `run_id`), a node down, a replica or a master with
-//! replicas, an eviction policy that can evict lock keys, and with
+//! one server (same `run_id`), a node down, a replica, a master with
+//! replicas whose writes do not wait for them (`replicas.rs`), an eviction policy that can evict lock keys, and with
 //! `--fencing`, nodes where the mode is unsound.
 
 use std::process::ExitCode;
@@ -83,10 +83,8 @@ async fn check_one(url: &str, node_timeout: Duration, fencing: Option<FencingMod
                 .problems
                 .push(format!("role {role}: Redlock needs independent masters")),
         }
-        if let Some(n) = info.connected_replicas.filter(|n| *n > 0) {
-            row.problems.push(format!(
-                "{n} replica(s) attached: a failover can lose a held lock"
-            ));
+        if let Some(problem) = crate::replicas::problem(info) {
+            row.problems.push(problem);
         }
         if let Some(EvictionCheck::Unsound { reason }) = &info.eviction {
             row.problems.push(format!("eviction: {reason}"));
@@ -135,6 +133,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                     "version": info.and_then(|i| i.version.clone()),
                     "run_id": info.and_then(|i| i.run_id.clone()),
                     "role": info.and_then(|i| i.role.clone()),
+                    "connected_replicas": info.and_then(|i| i.connected_replicas),
+                    "replica_acks": info.and_then(|i| i.replica_acks).map(|a| a.replicas()),
                     "maxmemory_policy": info.and_then(|i| i.maxmemory_policy.clone()),
                     "aof_enabled": info.and_then(|i| i.aof_enabled),
                     "appendfsync": info.and_then(|i| i.appendfsync.clone()),
@@ -176,7 +176,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                 r.latency
                     .map_or_else(|| "-".into(), |l| format!("{} us", l.as_micros())),
                 if r.problems.is_empty() {
-                    "ok".to_owned()
+                    info.and_then(crate::replicas::fit_note)
+                        .unwrap_or_else(|| "ok".to_owned())
                 } else {
                     r.problems.join("; ")
                 },

@@ -14,6 +14,7 @@ mod check;
 mod group;
 mod nodes;
 mod release;
+mod replicas;
 mod run;
 mod status;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::sys::wait::WaitStatus;
-use redlock_core::{FencingMode, LockOptions, RetryPolicy, token_fingerprint};
+use redlock_core::{Ended, FencingMode, LockOptions, RetryPolicy, token_fingerprint};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
@@ -52,6 +52,13 @@ pub(crate) struct Args {
     /// Stop renewing after this long: the command is then stopped as on loss.
     #[arg(long, value_parser = parse_duration)]
     max_hold: Option<Duration>,
+    /// Keep the lock at least this long from the start of the acquire, even
+    /// when the command ends sooner: its keys are then set to expire at the
+    /// end of the minimum instead of being released, so that a replica whose
+    /// timer fires a little later skips the same tick (75). Make it longer
+    /// than the timer skew between replicas, shorter than the period.
+    #[arg(long, value_parser = parse_duration)]
+    at_least: Option<Duration>,
     /// Hand the command a fencing token (REDLOCK_FENCING_TOKEN).
     #[arg(long, value_enum)]
     fencing: Option<Fencing>,
@@ -282,14 +289,25 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
         );
     }
     group.disarm();
-    let released = guard.release().await;
+    // `--at-least`: before the minimum the keys are kept (set to expire at
+    // its end, on every node, waited for), never deleted.
+    let (released, deleted) = match args.at_least {
+        Some(min) if lost_at.is_none() => match guard.release_at_least(min).await {
+            Ok(Ended::Released(_)) => (Ok(()), true),
+            Ok(_) => (Ok(()), false),
+            Err(e) => (Err(e), false),
+        },
+        _ => (guard.release().await.map(|_| ()), true),
+    };
     // The release returns at a quorum and finishes the other nodes in the
     // background, which ends with this process: one more compare-and-delete,
     // which each node runs after the first, waits for every node (or its
     // timeout), so no key outlives the command but on a node that failed.
-    let _ = redlock
-        .release_token(handle.resource(), handle.token())
-        .await;
+    if deleted {
+        let _ = redlock
+            .release_token(handle.resource(), handle.token())
+            .await;
+    }
     if lost_at.is_some() {
         return ExitCode::from(code::LOST);
     }

@@ -1,4 +1,4 @@
-//! Fencing steps 2 and 3, the round trip a fencing lock adds to its acquire:
+//! Fencing steps 2 and 3 (protocol layer, part of the acquire), the round trip a fencing lock adds to its acquire:
 //! pick the token, raise the counters to it, decided at quorum within the
 //! validity.
 
@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::{FencingMode, FencingToken, counter_ttl, fence_key, pick_token};
 use crate::error::{Error, NodeStatus};
 use crate::fan_out::Settled;
+use crate::fencing::{FencingMode, FencingToken, counter_ttl, fence_key, pick_token};
 use crate::node::{AcquireReply, Call, FENCE, parse_flag};
 use crate::redlock::Redlock;
 use crate::steps::validity;

@@ -1,3 +1,5 @@
+//! *Layer 4, waiting (see `lib.rs`).*
+//!
 //! Spec step 4's "retry", by wake-up instead of polling: a waiter queues
 //! behind the other waiters of its process for the key (`queue/`); at the
 //! head it contends on the nodes, and between attempts it sleeps until
@@ -25,6 +27,8 @@ use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 use crate::steps::{may_retry, retry_delay};
 use crate::wake::{Found, Subscription};
+
+mod many;
 
 impl Redlock {
     /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.

@@ -1,0 +1,250 @@
+//! Replica acks: a node that is one primary with replicas behind a failover
+//! endpoint counts for an acquire or an extend only once its write reached
+//! `n` replicas ([`ReplicaAcks`]).
+//!
+//! `WAIT` is refused inside a script, so it follows the write as a command of
+//! its own on the same connection: `WAIT` counts the replicas that acknowledged
+//! this client's last write, and on a multiplexed connection that write is
+//! this call's or a later one's, never an earlier one's. It blocks the
+//! connection while it waits (Redis runs one client's commands in order), so
+//! every call on the node waits behind it: the README's "Replica acks" says
+//! what that costs.
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+
+use super::Node;
+use super::from_url::invalid_url;
+use super::scripts::Call;
+use crate::error::{Error, NodeError};
+
+/// How many replicas a node's acquire and extend writes must reach, and how
+/// long to wait for them (`WAIT replicas timeout` after each write).
+///
+/// Give it to a node that is one primary with replicas behind an address
+/// that moves to the promoted replica on failover (a managed service, a
+/// Sentinel group behind a proxy): without it, a failover that promotes a
+/// replica which had not yet received a lock key hands the key out again.
+/// With it, a write that fewer than `replicas` replicas acknowledged within
+/// the timeout does not count for the quorum
+/// ([`NodeError::ReplicaAcks`]). Releases do not wait.
+///
+/// The timeout is cut, on each call, to three quarters of what is left of
+/// the node timeout, so that the node answers within it; `Duration::MAX`
+/// means "as long as the node timeout allows".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReplicaAcks {
+    replicas: u32,
+    timeout: Duration,
+}
+
+impl ReplicaAcks {
+    /// Wait for `replicas` replicas (at least 1) for at most `timeout`.
+    pub fn new(replicas: u32, timeout: Duration) -> Self {
+        Self {
+            replicas: replicas.max(1),
+            timeout,
+        }
+    }
+
+    /// How many replicas must acknowledge each write.
+    pub fn replicas(&self) -> u32 {
+        self.replicas
+    }
+
+    /// The longest one `WAIT` may take (before the cut to the node timeout).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The `WAIT` timeout in milliseconds for a call that has `left` of its
+    /// node timeout: at least 1 (`WAIT n 0` would block for ever).
+    fn wait_ms(&self, left: Duration) -> u64 {
+        let cut = left.saturating_sub(left / 4);
+        let ms = self.timeout.min(cut).as_millis();
+        // Redis refuses a timeout that overflows its clock; 49 days is ample.
+        u64::try_from(ms)
+            .unwrap_or(u64::MAX)
+            .clamp(1, u64::from(u32::MAX))
+    }
+}
+
+/// The URL query parameters that set a node's [`ReplicaAcks`]:
+/// `replica_acks=<n>` and, optionally, `replica_timeout_ms=<ms>` (default:
+/// as long as the node timeout allows).
+const ACKS: &str = "replica_acks";
+const TIMEOUT_MS: &str = "replica_timeout_ms";
+
+/// `url` without its replica-ack parameters, and the [`ReplicaAcks`] they
+/// set. Other query parameters stay for redis to read.
+pub(crate) fn split_url(url: &str) -> Result<(String, Option<ReplicaAcks>), Error> {
+    let (base, fragment) = match url.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (url, None),
+    };
+    let Some((path, query)) = base.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let (mut acks, mut timeout_ms, mut rest) = (None, None, Vec::new());
+    let number = |name: &str, value: &str| {
+        value
+            .parse::<u64>()
+            .map_err(|_| invalid_url(url, format!("{name}={value:?} is not a whole number")))
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some((ACKS, v)) => acks = Some(number(ACKS, v)?),
+            Some((TIMEOUT_MS, v)) => timeout_ms = Some(number(TIMEOUT_MS, v)?),
+            _ => rest.push(pair),
+        }
+    }
+    let acks = match (acks, timeout_ms) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(invalid_url(url, format!("{TIMEOUT_MS} needs {ACKS}=<n>")));
+        }
+        (Some(0), _) => {
+            return Err(invalid_url(url, format!("{ACKS} must be at least 1")));
+        }
+        (Some(n), ms) => Some(ReplicaAcks::new(
+            u32::try_from(n).unwrap_or(u32::MAX),
+            ms.map_or(Duration::MAX, Duration::from_millis),
+        )),
+    };
+    let mut out = path.to_owned();
+    if !rest.is_empty() {
+        out.push('?');
+        out.push_str(&rest.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    Ok((out, acks))
+}
+
+/// Whether `call` waits for replicas: every write but a release.
+pub(super) fn waits(call: &Call) -> bool {
+    !matches!(call, Call::Release { .. } | Call::ReleaseMany { .. })
+}
+
+/// Whether `reply` says the call wrote nothing: a refused `SET`, an extend
+/// that found the key not held (`0`), a batched extend that found none of
+/// its keys held (every answer `0`). Those need no acks; anything else waits,
+/// a multi-resource acquire's refusal too (`{0, i, pttl, type}` cannot be
+/// told from a batch that extended its later keys).
+fn wrote_nothing(call: &Call, reply: &Value) -> bool {
+    match (call, reply) {
+        (Call::Set { .. }, Value::Array(_)) => true,
+        (Call::Acquire { .. }, Value::Array(items)) => items.first() == Some(&Value::Nil),
+        (Call::Script { .. } | Call::Keys { .. }, Value::Int(0)) => true,
+        (Call::Keys { .. }, Value::Array(items)) => {
+            !items.is_empty() && items.iter().all(|v| *v == Value::Int(0))
+        }
+        _ => false,
+    }
+}
+
+impl Node {
+    /// [`Node::run_call`] for a write on a node with replica acks: the
+    /// write, then, if it wrote, `WAIT` on the same connection. Fewer acks
+    /// than wanted make it [`NodeError::ReplicaAcks`]. `timeout` is the
+    /// call's node timeout, counted from here.
+    pub(super) async fn run_acked(
+        &self,
+        acks: ReplicaAcks,
+        call: &Call,
+        generation: u64,
+        conn: MultiplexedConnection,
+        timeout: Duration,
+    ) -> Result<Value, NodeError> {
+        let start = Instant::now();
+        let mut wait_conn = conn.clone();
+        let reply = self.run_written(call, generation, conn).await?;
+        if wrote_nothing(call, &reply) {
+            return Ok(reply);
+        }
+        let wait_ms = acks.wait_ms(timeout.saturating_sub(start.elapsed()));
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(acks.replicas).arg(wait_ms);
+        let acked = match self.send(generation, &mut wait_conn, &wait).await {
+            Ok(Value::Int(n)) => u64::try_from(n).unwrap_or(0),
+            Ok(other) => {
+                return Err(NodeError::Protocol(format!(
+                    "WAIT answered {other:?}, not a count of replicas"
+                )));
+            }
+            Err(e) => return Err(NodeError::from_redis(&e)),
+        };
+        if acked < u64::from(acks.replicas) {
+            return Err(NodeError::ReplicaAcks {
+                acked,
+                wanted: acks.replicas,
+                waited: Duration::from_millis(wait_ms),
+            });
+        }
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_url_parameters_are_taken_out_and_read() {
+        let (url, acks) =
+            split_url("redis://:pw@h:6379/2?replica_acks=2&protocol=resp3&replica_timeout_ms=40")
+                .unwrap();
+        assert_eq!(url, "redis://:pw@h:6379/2?protocol=resp3");
+        assert_eq!(acks, Some(ReplicaAcks::new(2, Duration::from_millis(40))));
+        let (url, acks) = split_url("redis://h?replica_acks=1").unwrap();
+        assert_eq!(url, "redis://h");
+        assert_eq!(acks.map(|a| a.timeout()), Some(Duration::MAX));
+        assert_eq!(split_url("redis://h").unwrap(), ("redis://h".into(), None));
+        for bad in [
+            "redis://:pw123@h?replica_acks=0",
+            "redis://:pw123@h?replica_acks=x",
+            "redis://:pw123@h?replica_timeout_ms=5",
+        ] {
+            let e = split_url(bad).unwrap_err().to_string();
+            assert!(!e.contains("pw123"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_a_write_that_wrote_nothing_skips_the_wait() {
+        let key: std::sync::Arc<str> = "k".into();
+        let batch = Call::keys(&crate::node::EXTEND_BATCH, &[b"a", b"b"], &[b"t", b"1"]);
+        let zero = Value::Int(0);
+        assert!(!wrote_nothing(
+            &batch,
+            &Value::Array(vec![zero.clone(), Value::Int(1)])
+        ));
+        assert!(wrote_nothing(
+            &batch,
+            &Value::Array(vec![zero.clone(), zero.clone()])
+        ));
+        let set = Call::acquire(&key, "t", 100);
+        assert!(wrote_nothing(&set, &Value::Array(vec![Value::Nil])));
+        assert!(!wrote_nothing(&set, &Value::Okay));
+        let extend = Call::script(&crate::node::EXTEND, key.clone(), vec!["t".into()]);
+        assert!(wrote_nothing(&extend, &zero));
+        assert!(!wrote_nothing(&extend, &Value::Int(1)));
+        assert!(waits(&set) && waits(&extend) && waits(&batch));
+        assert!(!waits(&Call::release(key, "t".into())));
+    }
+
+    #[test]
+    fn the_wait_stays_within_the_node_timeout_and_never_waits_for_ever() {
+        let acks = ReplicaAcks::new(1, Duration::MAX);
+        assert_eq!(acks.wait_ms(Duration::from_millis(100)), 75);
+        assert_eq!(acks.wait_ms(Duration::ZERO), 1);
+        assert_eq!(acks.wait_ms(Duration::MAX), u64::from(u32::MAX));
+        let acks = ReplicaAcks::new(0, Duration::from_millis(10));
+        assert_eq!(acks.replicas(), 1);
+        assert_eq!(acks.wait_ms(Duration::from_secs(1)), 10);
+    }
+}

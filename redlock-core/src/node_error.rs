@@ -1,0 +1,136 @@
+//! One node's failure ([`NodeError`]): the bottom of the crate, below the
+//! node layer that produces it and the reports and errors that carry it.
+
+use std::time::Duration;
+
+/// Why one node's call failed.
+///
+/// A node error never fails an operation on its own: the operation fails only when
+/// the errors make a quorum impossible. The [`Report`](crate::Report) inside the operation's
+/// [`Error`](crate::Error) then lists every node's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The node could not be reached: connection refused, DNS failure, or the pool
+    /// could not create a connection.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The connection broke mid-call (reset, broken pipe, closed by the server).
+    #[error("connection lost: {0}")]
+    Io(String),
+    /// The node did not answer within the per-node timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The key holds a value this library did not write and cannot own: another
+    /// application uses the same key name.
+    #[error("key holds a foreign {found} value (pttl {pttl_ms} ms)")]
+    WrongType {
+        /// The Redis `TYPE` of the value found at the key (`"?"` when the node only
+        /// said `WRONGTYPE` and did not tell).
+        found: String,
+        /// The `PTTL` seen at the key: `-1` for no expiry, `-2` when unknown.
+        pttl_ms: i64,
+    },
+    /// The script cache did not have the script even after the `EVAL` fallback.
+    #[error("NOSCRIPT: {0}")]
+    NoScript(String),
+    /// The node is a read-only replica. Redlock needs independent masters.
+    #[error("READONLY: the node is a replica, not a master")]
+    ReadOnly,
+    /// The node is over `maxmemory` and refuses writes.
+    #[error("OOM: the node is over maxmemory and refuses writes")]
+    OutOfMemory,
+    /// Authentication is missing or wrong (`NOAUTH`, `WRONGPASS`, `NOPERM`).
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// The node is still loading its dataset into memory.
+    #[error("LOADING: the node is loading its dataset")]
+    Loading,
+    /// The node is busy running another script.
+    #[error("BUSY: the node is running a long script")]
+    ScriptBusy,
+    /// Any other error reply from the server.
+    #[error("server error {code}: {message}")]
+    Server {
+        /// The error code, the first word of the reply (for example `ERR`).
+        code: String,
+        /// The rest of the reply.
+        message: String,
+    },
+    /// The reply did not have the shape the script returns.
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+    /// The node wrote, but fewer of its replicas than its
+    /// [`ReplicaAcks`](crate::ReplicaAcks) ask for acknowledged the write in
+    /// time (`WAIT`): a failover could promote a replica without it, so the
+    /// node does not count for the quorum.
+    #[error("the write reached {acked} of the {wanted} replica(s) wanted within {waited:?}")]
+    ReplicaAcks {
+        /// How many replicas acknowledged the write.
+        acked: u64,
+        /// How many the node's setting asks for.
+        wanted: u32,
+        /// How long `WAIT` waited.
+        waited: Duration,
+    },
+}
+
+impl NodeError {
+    /// Maps a `redis` error to the node error that says what happened.
+    pub(crate) fn from_redis(err: &redis::RedisError) -> Self {
+        if let Some(code) = err.code() {
+            let message = err.detail().unwrap_or_default().to_owned();
+            return match code {
+                "WRONGTYPE" => NodeError::WrongType {
+                    found: "?".to_owned(),
+                    pttl_ms: -2,
+                },
+                "NOSCRIPT" => NodeError::NoScript(message),
+                "READONLY" => NodeError::ReadOnly,
+                "OOM" => NodeError::OutOfMemory,
+                "NOAUTH" | "WRONGPASS" | "NOPERM" => NodeError::Auth(format!("{code} {message}")),
+                "LOADING" => NodeError::Loading,
+                "BUSY" => NodeError::ScriptBusy,
+                _ => NodeError::Server {
+                    code: code.to_owned(),
+                    message,
+                },
+            };
+        }
+        if err.kind() == redis::ErrorKind::AuthenticationFailed {
+            return NodeError::Auth(err.to_string());
+        }
+        if err.is_connection_refusal() {
+            return NodeError::Connect(err.to_string());
+        }
+        if err.is_timeout() {
+            return NodeError::Io(format!("timed out: {err}"));
+        }
+        if err.is_io_error() || err.is_connection_dropped() {
+            return NodeError::Io(err.to_string());
+        }
+        NodeError::Protocol(err.to_string())
+    }
+
+    /// Whether the node answered and refused: every error but a connection
+    /// that could not be made or broke ([`Connect`](Self::Connect),
+    /// [`Io`](Self::Io)) and no answer in time ([`Timeout`](Self::Timeout)).
+    /// A refusing node is up: a fail-open policy does not run unlocked past it.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(
+            self,
+            NodeError::Connect(_) | NodeError::Io(_) | NodeError::Timeout(_)
+        )
+    }
+
+    /// Whether the cached connection to the node should be dropped and made anew.
+    pub(crate) fn breaks_connection(&self) -> bool {
+        matches!(
+            self,
+            NodeError::Connect(_)
+                | NodeError::Io(_)
+                | NodeError::Timeout(_)
+                | NodeError::Protocol(_)
+        )
+    }
+}

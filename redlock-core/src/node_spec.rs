@@ -1,0 +1,93 @@
+//! One node with options of its own ([`NodeSpec`]), for
+//! [`RedlockBuilder::node`](crate::RedlockBuilder::node).
+
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+
+use crate::node::ReplicaAcks;
+use crate::sources::NodeSource;
+
+/// One node and its own options: a URL or a pool, and with
+/// [`replica_acks`](Self::replica_acks) the replicas each write must reach.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_core::{NodeSpec, Redlock};
+///
+/// # fn main() -> Result<(), redlock_core::Error> {
+/// let redlock = Redlock::builder()
+///     // A managed primary with one replica behind a failover endpoint.
+///     .node(NodeSpec::url("redis://primary.example:6379").replica_acks(1, Duration::from_millis(20)))
+///     .url("redis://10.0.0.2:6379")
+///     .url("redis://10.0.0.3:6379")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct NodeSpec {
+    source: NodeSource,
+    /// `None`: as the URL says (off for a pool); `Some`: set here.
+    acks: Option<Option<ReplicaAcks>>,
+}
+
+impl std::fmt::Debug for NodeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSpec")
+            .field("node", &self.source.shown())
+            .field("replica_acks", &self.acks)
+            .finish()
+    }
+}
+
+impl NodeSpec {
+    /// A node by URL, as [`RedlockBuilder::url`](crate::RedlockBuilder::url)
+    /// takes it (its `replica_acks` query parameters included).
+    pub fn url(url: impl Into<String>) -> Self {
+        Self {
+            source: NodeSource::Url(url.into()),
+            acks: None,
+        }
+    }
+
+    /// A node given as a pool, as
+    /// [`RedlockBuilder::pool`](crate::RedlockBuilder::pool) takes it.
+    pub fn pool(pool: Pool) -> Self {
+        Self {
+            source: NodeSource::Pool { label: None, pool },
+            acks: None,
+        }
+    }
+
+    /// A labelled pool, as
+    /// [`RedlockBuilder::labeled_pool`](crate::RedlockBuilder::labeled_pool)
+    /// takes it.
+    pub fn labeled_pool(label: impl Into<String>, pool: Pool) -> Self {
+        Self {
+            source: NodeSource::Pool {
+                label: Some(label.into()),
+                pool,
+            },
+            acks: None,
+        }
+    }
+
+    /// Counts the node for an acquire or an extend only when its write
+    /// reached `replicas` replicas within `timeout` (see [`ReplicaAcks`]);
+    /// `0` turns replica acks off. Overrides a URL's `replica_acks`.
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.acks = Some((replicas > 0).then(|| ReplicaAcks::new(replicas, timeout)));
+        self
+    }
+
+    /// The node as the builder keeps it.
+    pub(crate) fn into_source(self) -> NodeSource {
+        match self.acks {
+            None => self.source,
+            Some(acks) => NodeSource::Acked {
+                source: Box::new(self.source),
+                acks,
+            },
+        }
+    }
+}
