@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use redlock_core::request::{LossWatch, LostPolicy, Rejection, ReleaseFuture, RequestLock};
 
+use crate::grpc::status::lost_trailers;
 use crate::rejection::{BoxError, RejectionBody};
 
 // `Inner` is the common case (every response of a locked request) and the
@@ -37,9 +39,11 @@ enum Kind<B: Body> {
     },
     // The lock was lost while the body streamed: the inner body is dropped, so
     // nothing more is produced without the lock, and the error (given out once)
-    // makes the server abort the response instead of ending it cleanly.
+    // makes the server abort the response instead of ending it cleanly; for a
+    // gRPC response, the `UNAVAILABLE` trailers end it instead.
     Cut {
         error: Option<redlock_core::Error>,
+        trailers: Option<HeaderMap>,
     },
 }
 
@@ -63,11 +67,16 @@ enum Kind<B: Body> {
 /// the poll in which the lock was lost (a producer that blocked its thread past
 /// the deadline) is dropped, not sent, and the body is cut off there. A loss
 /// seen before the head goes out (in the one poll the layer gives the body
-/// first) drops the body, and the answer is the loss's 503. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
+/// first) drops the body, and the answer is the loss's 503. A gRPC response
+/// (see [`grpc`](crate::grpc)) is not aborted: it ends with the trailers
+/// `grpc-status: 14` (`UNAVAILABLE`) and a message, and a loss before the head
+/// is answered `UNAVAILABLE`. Under [`LostPolicy::Signal`] the body keeps streaming: the handler chose
 /// to watch [`LockHandle::lost`](redlock_core::LockHandle::lost) itself. The error type boxes the handler
 /// body's own errors and this one.
 pub struct LockedBody<B: Body> {
     kind: Kind<B>,
+    // A gRPC response: a loss ends it with trailers.
+    grpc: bool,
 }
 
 // No field is ever pinned in place: the inner body sits in its own box.
@@ -85,12 +94,20 @@ impl<B: Body> LockedBody<B> {
                 settled: false,
                 watch,
             },
+            grpc: false,
         }
+    }
+
+    /// Marks a gRPC response: a loss ends it with `UNAVAILABLE` trailers.
+    pub(crate) fn grpc(mut self, grpc: bool) -> Self {
+        self.grpc = grpc;
+        self
     }
 
     pub(crate) fn rejection(body: RejectionBody) -> Self {
         Self {
             kind: Kind::Rejection { body },
+            grpc: false,
         }
     }
 
@@ -127,7 +144,11 @@ impl<B: Body> LockedBody<B> {
             } => Some(Arc::from(lock.handle().resource())),
             _ => None,
         };
-        self.kind = Kind::Cut { error: Some(error) };
+        let trailers = key.as_deref().filter(|_| self.grpc).map(lost_trailers);
+        self.kind = Kind::Cut {
+            error: trailers.is_none().then_some(error),
+            trailers,
+        };
         key.map(|key| Rejection::Lost { key })
     }
 }
@@ -266,8 +287,9 @@ where
                     return Poll::Ready(boxed(polled));
                 };
                 if let Some(error) = lost_in(watch, &polled) {
+                    let resource = lock_held.handle().resource().to_owned();
                     drop(lock_held);
-                    break error;
+                    break (error, resource);
                 }
                 match polled {
                     // The end: release, then report the end.
@@ -289,11 +311,23 @@ where
                 }
             },
             Kind::Rejection { body } => return Pin::new(body).poll_frame(cx),
-            Kind::Cut { error } => return Poll::Ready(error.take().map(|e| Err(e.into()))),
+            Kind::Cut { error, trailers } => {
+                if let Some(trailers) = trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                return Poll::Ready(error.take().map(|e| Err(e.into())));
+            }
         };
+        let (error, resource) = lost;
         // Drops the inner body and the frame it made after the loss.
-        this.kind = Kind::Cut { error: None };
-        Poll::Ready(Some(Err(lost.into())))
+        this.kind = Kind::Cut {
+            error: None,
+            trailers: None,
+        };
+        if this.grpc {
+            return Poll::Ready(Some(Ok(Frame::trailers(lost_trailers(&resource)))));
+        }
+        Poll::Ready(Some(Err(error.into())))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -307,7 +341,7 @@ where
                 ..
             } => lock.is_none() && releasing.is_none() && held.is_none() && body.is_end_stream(),
             Kind::Rejection { body } => body.is_end_stream(),
-            Kind::Cut { error } => error.is_none(),
+            Kind::Cut { error, trailers } => error.is_none() && trailers.is_none(),
         }
     }
 

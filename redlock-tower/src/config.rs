@@ -3,6 +3,7 @@
 use redlock_core::Redlock;
 use redlock_core::request::LockPolicy;
 
+use crate::grpc::GrpcSettings;
 use crate::rejection::RejectionHandler;
 
 /// What a [`RedlockService`](crate::RedlockService) needs besides its key extractor: shared by every
@@ -12,6 +13,7 @@ pub(crate) struct Config {
     pub(crate) redlock: Option<Redlock>,
     pub(crate) policy: LockPolicy,
     pub(crate) on_rejection: Option<RejectionHandler>,
+    pub(crate) grpc: GrpcSettings,
 }
 
 impl std::fmt::Debug for Config {
@@ -20,6 +22,7 @@ impl std::fmt::Debug for Config {
             .field("redlock", &self.redlock)
             .field("policy", &self.policy)
             .field("on_rejection", &self.on_rejection.is_some())
+            .field("grpc", &self.grpc)
             .finish()
     }
 }

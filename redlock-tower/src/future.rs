@@ -60,6 +60,8 @@ pin_project! {
         config: Arc<Config>,
         // The request is a `CONNECT`: a 2xx answer opens a tunnel.
         connect: bool,
+        // The request gets gRPC answers (see `crate::grpc`).
+        grpc: bool,
     }
 }
 
@@ -76,6 +78,7 @@ where
     ) -> Self {
         Self {
             connect: request.method() == http::Method::CONNECT,
+            grpc: config.grpc.answers_grpc(request.headers()),
             state: State::Acquiring {
                 acquire,
                 service: Some(service),
@@ -93,6 +96,7 @@ where
             },
             config,
             connect: false,
+            grpc: false,
         }
     }
 }
@@ -117,7 +121,11 @@ where
                     let (Some(mut service), Some(mut request)) = (service.take(), request.take())
                     else {
                         // Only reachable if polled after a panic inside `call`.
-                        return Poll::Ready(Ok(reject(Rejection::MissingHandle, this.config)));
+                        return Poll::Ready(Ok(reject(
+                            Rejection::MissingHandle,
+                            this.config,
+                            *this.grpc,
+                        )));
                     };
                     match acquired {
                         Ok(lock) => {
@@ -169,6 +177,7 @@ where
                             release,
                             response: Some(response.map(|body| {
                                 LockedBody::inner(body, held, this.config.policy.lost_policy())
+                                    .grpc(*this.grpc)
                             })),
                         });
                     }
@@ -179,7 +188,7 @@ where
                     Err(rejection) => {
                         // Lost: drop the handler's future first, then answer.
                         this.state.set(State::Rejected { rejection: None });
-                        return Poll::Ready(Ok(reject(rejection, this.config)));
+                        return Poll::Ready(Ok(reject(rejection, this.config, *this.grpc)));
                     }
                 },
                 StateProj::Settling { release, response } => {
@@ -188,7 +197,11 @@ where
                         *release = None;
                     }
                     let Some(mut ready) = response.take() else {
-                        return Poll::Ready(Ok(reject(Rejection::MissingHandle, this.config)));
+                        return Poll::Ready(Ok(reject(
+                            Rejection::MissingHandle,
+                            this.config,
+                            *this.grpc,
+                        )));
                     };
                     return match ready.body_mut().poll_settle(cx) {
                         Poll::Pending => {
@@ -199,14 +212,14 @@ where
                         // dropped, as a handler that finished late is.
                         Poll::Ready(Some(rejection)) => {
                             drop(ready);
-                            Poll::Ready(Ok(reject(rejection, this.config)))
+                            Poll::Ready(Ok(reject(rejection, this.config, *this.grpc)))
                         }
                         Poll::Ready(None) => Poll::Ready(Ok(ready)),
                     };
                 }
                 StateProj::Rejected { rejection } => {
                     let rejection = rejection.take().unwrap_or(Rejection::MissingHandle);
-                    return Poll::Ready(Ok(reject(rejection, this.config)));
+                    return Poll::Ready(Ok(reject(rejection, this.config, *this.grpc)));
                 }
             }
         }
@@ -232,7 +245,13 @@ fn unguarded_session(lock: RequestLock) -> RequestLock {
     lock
 }
 
-/// The response for a rejection, with the app's handler if it set one.
-fn reject<B: Body>(rejection: Rejection, config: &Config) -> Response<LockedBody<B>> {
-    crate::rejection::response(&rejection, config.on_rejection.as_ref()).map(LockedBody::rejection)
+/// The response for a rejection: a gRPC status for a gRPC request, else the
+/// app's handler if it set one, else the problem document.
+fn reject<B: Body>(rejection: Rejection, config: &Config, grpc: bool) -> Response<LockedBody<B>> {
+    let response = if grpc {
+        crate::grpc::status::response(&rejection, config.grpc.busy)
+    } else {
+        crate::rejection::response(&rejection, config.on_rejection.as_ref())
+    };
+    response.map(LockedBody::rejection)
 }

@@ -8,6 +8,7 @@ use redlock_core::request::{__private::Setting, LockPolicy, Rejection};
 use tower_layer::Layer;
 
 use crate::config::Config;
+use crate::grpc::{ByGrpcMethod, ByMetadata, GrpcBusyCode, GrpcMode, GrpcSettings};
 use crate::key::{ByHeader, ByPath, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::key::{ByMatchedPath, ByPathParam, ByPathParams};
@@ -53,6 +54,9 @@ use crate::service::RedlockService;
 /// | lock lost mid-handler | handler dropped, 503 ([`on_lost`](Self::on_lost)) |
 /// | lock held 30 s (a slow body, a client that does not read) | lost: as above, and a streamed body is cut off ([`max_hold`](Self::max_hold)) |
 /// | no key in the request | run unlocked ([`on_missing_key`](Self::on_missing_key) for 400) |
+///
+/// A gRPC request gets the gRPC form of these answers (a `grpc-status`:
+/// `ABORTED`, `UNAVAILABLE`, `INVALID_ARGUMENT`, …): see [`grpc`](crate::grpc).
 ///
 /// [`on_rejection`](Self::on_rejection) replaces these answers. The lock is
 /// renewed while the handler runs, and released when the response body has been
@@ -110,6 +114,23 @@ impl RedlockLayer<ByHeader> {
     /// share one lock per tenant.
     pub fn by_header_as(header: HeaderName, name: &str) -> Self {
         Self::with_key(ByHeader::new(header).named(name))
+    }
+}
+
+impl RedlockLayer<ByGrpcMethod> {
+    /// One lock per gRPC method (`/jobs.v1.Jobs/Run`), the request path in
+    /// canonical form; see [`ByGrpcMethod`].
+    pub fn by_grpc_method() -> Self {
+        Self::with_key(ByGrpcMethod)
+    }
+}
+
+impl RedlockLayer<ByMetadata> {
+    /// One lock per value of a gRPC metadata entry (`x-tenant`), keyed
+    /// `<name>=<value>`; binary metadata (`-bin`) by its decoded bytes. See
+    /// [`ByMetadata`].
+    pub fn by_metadata(name: HeaderName) -> Self {
+        Self::with_key(ByMetadata::new(name))
     }
 }
 
@@ -178,6 +199,7 @@ impl<K: KeyExtractor> RedlockLayer<K> {
                 redlock: None,
                 policy: LockPolicy::default(),
                 on_rejection: None,
+                grpc: GrpcSettings::default(),
             }),
         }
     }
@@ -246,6 +268,18 @@ impl<K: KeyExtractor> RedlockLayer<K> {
         let handler: RejectionHandler =
             Arc::new(move |rejection: &Rejection| crate::rejection::boxed(f(rejection)));
         self.map_config(|c| c.on_rejection = Some(handler))
+    }
+
+    /// Which requests get gRPC answers (a trailers-only `grpc-status`, and
+    /// `UNAVAILABLE` trailers for a stream whose lock is lost): by default
+    /// those with a gRPC `content-type`. See [`grpc`](crate::grpc).
+    pub fn grpc(self, mode: GrpcMode) -> Self {
+        self.map_config(|c| c.grpc.mode = mode)
+    }
+
+    /// The `grpc-status` of a busy lock: `ABORTED` by default.
+    pub fn grpc_busy_code(self, code: GrpcBusyCode) -> Self {
+        self.map_config(|c| c.grpc.busy = code)
     }
 
     fn map_config(mut self, f: impl FnOnce(&mut Config)) -> Self {

@@ -47,6 +47,11 @@
 //! The Redis key is the handle's key prefix, the policy's namespace
 //! (`redlock:`), then the extracted key (see [`LockPolicy`]).
 //!
+//! A tonic server is a tower service: behind the layer, gRPC requests get
+//! gRPC answers (a `grpc-status`, not a JSON document), a stream whose lock
+//! is lost ends with `UNAVAILABLE`, and keys come from the method or the
+//! metadata. See [`grpc`].
+//!
 //! Everything that is not tower-specific lives in [`redlock_core::request`] and is
 //! shared with `redlock-actix`: the policy and its setters, the wait, the hold,
 //! the abort on loss and the problem document.
@@ -63,6 +68,8 @@ mod config;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+pub mod grpc;
+mod held;
 #[cfg(feature = "idempotency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "idempotency")))]
 pub mod idempotency;
@@ -73,8 +80,10 @@ mod service;
 
 pub use body::LockedBody;
 #[cfg(feature = "axum")]
-pub use extract::{Held, NotLocked};
+pub use extract::NotLocked;
 pub use future::ResponseFuture;
+pub use grpc::{ByGrpcMethod, ByMetadata, GrpcBusyCode, GrpcMode};
+pub use held::Held;
 pub use key::{ByHeader, ByPath, KeyExtractor};
 #[cfg(feature = "axum")]
 pub use key::{ByMatchedPath, ByPathParam, ByPathParams};

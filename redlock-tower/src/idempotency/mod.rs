@@ -28,7 +28,10 @@
 //! (the lock is held until then). A body that fails, is cut off by the loss of
 //! the lock, or is dropped before its end (the client gone) records nothing:
 //! the next copy of the request runs the work. Trailers of a recorded
-//! response are not kept.
+//! response are not kept, so gRPC requests (`content-type:
+//! application/grpc*`), whose status is in the trailers, are refused before
+//! the handler runs: `grpc-status: 13` (`INTERNAL`) and a message that says
+//! why. Keep gRPC services outside this layer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -188,6 +191,9 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    if crate::grpc::is_grpc(req.headers()) {
+        return Ok(crate::grpc::status::idempotency_refused());
+    }
     let policy = layer.engine.current_policy();
     let (mut parts, body) = req.into_parts();
     let limit = policy.request_body_cap();
