@@ -155,6 +155,8 @@ mod report;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod request;
+mod rwlock;
+mod semaphore;
 mod settings;
 mod sources;
 mod steps;
@@ -174,6 +176,8 @@ pub use lock::Lock;
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
+pub use rwlock::Access;
+pub use semaphore::MAX_PERMITS;
 pub use settings::{LockOptions, RetryPolicy};
 
 /// The release script's text, for the bench's `publish` scenario, which

@@ -6,6 +6,7 @@ mod connection;
 mod from_url;
 mod native;
 mod parse;
+mod rwlock_scripts;
 mod scripts;
 
 use std::future::Future;
@@ -25,6 +26,7 @@ pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
+pub(crate) use rwlock_scripts::RwKeys;
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 #[cfg(feature = "idempotency")]

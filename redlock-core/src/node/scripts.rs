@@ -104,7 +104,7 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(body: &'static str) -> Self {
+    pub(super) fn new(body: &'static str) -> Self {
         let sha = redis::Script::new(body).get_hash().to_owned();
         Self { body, sha }
     }
