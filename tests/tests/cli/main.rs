@@ -11,6 +11,7 @@ mod exit_codes;
 #[cfg(target_os = "linux")]
 mod group;
 mod passwords;
+mod permits;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
