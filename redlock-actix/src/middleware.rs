@@ -341,7 +341,8 @@ where
         .redlock
         .clone()
         .or_else(|| registered_redlock(req.request()));
-    let lock = match request::acquire_keys(redlock.as_ref(), key, &config.policy).await {
+    let reads = request::is_read_method(req.method().as_str());
+    let lock = match request::acquire_keys_for(redlock.as_ref(), key, &config.policy, reads).await {
         Ok(lock) => lock,
         Err(rejection) => {
             let answer = LockRejection::from(rejection).error_response();

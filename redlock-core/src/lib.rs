@@ -168,11 +168,13 @@ mod steps;
 mod stragglers;
 
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
-// wake-up); above them, a leader (campaign, observe) and jobs run once
-// per tick.
+// wake-up); above them, a leader (campaign, observe), jobs run once per
+// tick, permits (`semaphore`) and shared locks (`rwlock`).
 mod guard;
 mod job;
 mod leader;
+mod rwlock;
+mod semaphore;
 mod wait;
 
 // 5. Operations, and fencing's store side.
@@ -205,6 +207,8 @@ pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;
 pub use redlock::{NodeInfo, Redlock};
 pub use release::Released;
+pub use rwlock::Access;
+pub use semaphore::MAX_PERMITS;
 pub use settings::{LockOptions, RetryPolicy};
 
 /// The release script's text, for the bench's `publish` scenario, which

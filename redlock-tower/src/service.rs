@@ -58,8 +58,9 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let acquire_config = Arc::clone(&config);
+        let reads = request::is_read_method(req.method().as_str());
         let acquire = Box::pin(async move {
-            request::acquire_keys(redlock.as_ref(), key, &acquire_config.policy).await
+            request::acquire_keys_for(redlock.as_ref(), key, &acquire_config.policy, reads).await
         });
         ResponseFuture::acquiring(acquire, inner, req, config)
     }

@@ -52,6 +52,8 @@ pub(super) struct Attempt<'a> {
     /// Armed until the attempt is decided, so that dropping it mid-way releases
     /// its keys.
     pub(super) cleanup: ReleaseOnDrop<'a>,
+    /// Whether a fencing handle fences this attempt (not a reader's).
+    pub(super) fenced: bool,
 }
 
 /// What an attempt's `SET`s (and the fence phase of a fencing lock) found.
@@ -108,6 +110,7 @@ impl<'a> Attempt<'a> {
                 armed: true,
             },
             token,
+            fenced: true,
         }
     }
 }
@@ -148,7 +151,8 @@ impl Attempt<'_> {
     /// left. Its elapsed time and validity then replace those of the `SET`s.
     pub(super) async fn fence(&self, round: &mut Round) {
         let settings = &self.redlock.inner.settings;
-        let (true, Some(_), Some(mode)) = (
+        let (true, true, Some(_), Some(mode)) = (
+            self.fenced,
             round.ok >= self.redlock.inner.quorum,
             round.validity,
             settings.fencing,

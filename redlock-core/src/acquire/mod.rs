@@ -22,7 +22,9 @@ use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 mod attempt;
 mod fence;
 mod many;
+mod scripted;
 use attempt::Attempt;
+pub(crate) use scripted::Scripted;
 
 /// An attempt's key TTL, and the expiry its fence gives a per-request
 /// resource's Durable counter (`None`: a named resource's, or no such
@@ -140,7 +142,7 @@ impl Redlock {
     /// round, the fence round of a fencing lock, and, if it fails, the
     /// release round of the failed attempt; each bounded by the node
     /// timeout. A deadline past the end of time is no deadline.
-    fn latest_start(&self, retry: &RetryPolicy, begin: Instant) -> Option<Instant> {
+    pub(crate) fn latest_start(&self, retry: &RetryPolicy, begin: Instant) -> Option<Instant> {
         let rounds = if self.inner.settings.fencing.is_some() {
             3
         } else {
@@ -157,7 +159,7 @@ impl Redlock {
 
     /// Spec step 4's retry by polling: attempts until one wins or the
     /// policy gives up, a jittered delay apart.
-    async fn poll_attempts<F, Fut>(
+    pub(crate) async fn poll_attempts<F, Fut>(
         &self,
         retry: &RetryPolicy,
         latest_start: Option<Instant>,

@@ -218,6 +218,7 @@ impl Idempotency {
             Some(request::RequestKey::One(hash)),
             &self.policy.lock,
             self.fence_retention(),
+            false,
         ));
         let mut acquired = None;
         let (record, peeked) = {

@@ -15,6 +15,7 @@ mod per_slot;
 #[cfg(feature = "idempotency")]
 mod record;
 mod replicas;
+mod rwlock_scripts;
 mod scripts;
 
 use std::future::Future;
@@ -38,6 +39,7 @@ pub(crate) use per_slot::Shape;
 #[cfg(feature = "idempotency")]
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 
+pub(crate) use rwlock_scripts::RwKeys;
 pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 

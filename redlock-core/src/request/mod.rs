@@ -50,6 +50,7 @@ use crate::settings::LockOptions;
 
 mod guarded;
 pub(crate) mod keys;
+mod kind;
 mod path;
 mod policy;
 mod rejection;
@@ -59,6 +60,7 @@ mod upgrade;
 pub use guarded::{Guarded, guard};
 pub use http::StatusCode;
 pub use keys::{KeyFamily, MAX_KEY_BYTES, RequestKey, bound_key, escape_value};
+pub use kind::{RequestLockKind, is_read_method};
 pub use path::{decode_param, normalize_path};
 pub use policy::{
     BusyPolicy, LockPolicy, LostPolicy, MissingKeyPolicy, ReleasePolicy, UnavailablePolicy,
@@ -237,7 +239,23 @@ pub async fn acquire_keys(
     key: Option<RequestKey>,
     policy: &LockPolicy,
 ) -> Result<Option<RequestLock>, Rejection> {
-    acquire_retained(redlock, key, policy, None).await
+    acquire_retained(redlock, key, policy, None, false).await
+}
+
+/// [`acquire_keys`] for a request whose method only reads (`reads`, see
+/// [`is_read_method`]) or not: under
+/// [`RequestLockKind::SharedForSafeMethods`] the first takes a read share,
+/// the other the write lock; other kinds take what they take for any method.
+///
+/// # Errors
+/// See [`acquire`].
+pub async fn acquire_keys_for(
+    redlock: Option<&Redlock>,
+    key: Option<RequestKey>,
+    policy: &LockPolicy,
+    reads: bool,
+) -> Result<Option<RequestLock>, Rejection> {
+    acquire_retained(redlock, key, policy, None, reads).await
 }
 
 /// [`acquire_keys`] with `keep`, when set, as the fence retention of the
@@ -248,6 +266,7 @@ pub(crate) async fn acquire_retained(
     key: Option<RequestKey>,
     policy: &LockPolicy,
     keep: Option<std::time::Duration>,
+    reads: bool,
 ) -> Result<Option<RequestLock>, Rejection> {
     let first = key.as_ref().and_then(|k| k.keys().first());
     let metrics_key = redlock.zip(first).and_then(|(r, k)| {
@@ -255,7 +274,7 @@ pub(crate) async fn acquire_retained(
             .then(|| r.metrics_key(&r.key_for(&policy.resource_for(k))))
             .flatten()
     });
-    let result = acquire_lock(redlock, key, policy, keep).await;
+    let result = acquire_lock(redlock, key, policy, keep, reads).await;
     let outcome = match &result {
         Ok(Some(_)) => "locked",
         Ok(None) => "unlocked",
@@ -278,6 +297,7 @@ async fn acquire_lock(
     key: Option<RequestKey>,
     policy: &LockPolicy,
     keep: Option<std::time::Duration>,
+    reads: bool,
 ) -> Result<Option<RequestLock>, Rejection> {
     let Some(key) = key else {
         return without_key(policy);
@@ -310,8 +330,7 @@ async fn acquire_lock(
     };
     let result = match resources.as_slice() {
         [one] => {
-            redlock
-                .lock_guard(one, &options)
+            kind::guard(redlock, one, &options, policy.kind, reads)
                 .instrument(span.clone())
                 .await
         }

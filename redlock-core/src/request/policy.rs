@@ -137,6 +137,8 @@ pub struct LockPolicy {
     pub(crate) retry_delay: Option<(Duration, Duration)>,
     /// The response header that carries the lock's fencing token, if any.
     pub(crate) fencing_header: Option<&'static str>,
+    /// Which lock a request takes.
+    pub(crate) kind: super::RequestLockKind,
 }
 
 impl Default for LockPolicy {
@@ -156,6 +158,7 @@ impl Default for LockPolicy {
             namespace: "redlock:".into(),
             retry_delay: None,
             fencing_header: None,
+            kind: super::RequestLockKind::Mutex,
         }
     }
 }
@@ -191,6 +194,11 @@ impl LockPolicy {
 
     fn apply_setting(self, setting: super::setters::Setting) -> Self {
         setting.apply(self)
+    }
+
+    /// Which lock a request takes on its key.
+    pub fn lock_kind(&self) -> super::RequestLockKind {
+        self.kind
     }
 
     /// The busy policy.

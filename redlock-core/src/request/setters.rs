@@ -36,6 +36,8 @@ pub enum Setting {
     Options(LockOptions),
     FencingHeader(&'static str),
     FenceRetention(Duration),
+    Permits(u32),
+    SharedForSafeMethods,
 }
 
 impl Setting {
@@ -60,6 +62,13 @@ impl Setting {
             Setting::LossMargin(margin) => policy.options.loss_margin = Some(margin),
             Setting::FencingHeader(name) => policy.fencing_header = Some(name),
             Setting::FenceRetention(keep) => policy.options.fence_retention = Some(keep),
+            Setting::Permits(n) => {
+                policy.kind = super::RequestLockKind::Permits(n);
+                policy.busy_status = StatusCode::TOO_MANY_REQUESTS;
+            }
+            Setting::SharedForSafeMethods => {
+                policy.kind = super::RequestLockKind::SharedForSafeMethods
+            }
             Setting::Options(mut options) => {
                 if let Some(retry) = &options.retry {
                     policy.busy = BusyPolicy::Wait(retry.deadline.unwrap_or(Duration::MAX));
@@ -225,6 +234,24 @@ macro_rules! lock_policy_setters {
         /// idempotency layer uses its records' TTL.
         pub fn fence_retention(self, keep: ::std::time::Duration) -> Self {
             self.$apply($crate::request::__private::Setting::FenceRetention(keep))
+        }
+
+        /// At most `n` requests per key at once, across every replica (a
+        /// quorum semaphore: `Redlock::permit_guard`) instead of one. A
+        /// request over the limit is answered busy: `429 Too Many Requests`
+        /// with `Retry-After` and problem+json (`busy_status` called
+        /// afterwards changes the status; `wait` waits for a permit). `n`
+        /// from 1 to `redlock_core::MAX_PERMITS`; another is a
+        /// misconfiguration, answered 500.
+        pub fn permits(self, n: u32) -> Self {
+            self.$apply($crate::request::__private::Setting::Permits(n))
+        }
+
+        /// `GET`, `HEAD` and `OPTIONS` requests take a read share of their
+        /// key, which they hold together; every other method takes the write
+        /// lock, alone (`Redlock::rw_guard`, with writer preference).
+        pub fn shared_for_safe_methods(self) -> Self {
+            self.$apply($crate::request::__private::Setting::SharedForSafeMethods)
         }
     };
 }

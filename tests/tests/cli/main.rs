@@ -12,6 +12,7 @@ mod exit_codes;
 #[cfg(target_os = "linux")]
 mod group;
 mod passwords;
+mod permits;
 mod replicas;
 
 use std::path::PathBuf;

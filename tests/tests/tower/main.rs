@@ -16,5 +16,6 @@ mod idempotency_fingerprint;
 mod loss;
 mod metrics;
 mod path_keys;
+mod permits;
 mod responses;
 mod upgrade;

@@ -59,6 +59,10 @@ pub(crate) struct Args {
     /// than the timer skew between replicas, shorter than the period.
     #[arg(long, value_parser = parse_duration)]
     at_least: Option<Duration>,
+    /// Let up to N holders of the key run at once, across every host (a
+    /// quorum semaphore, as `consul lock -n`), instead of one.
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
     /// Hand the command a fencing token (REDLOCK_FENCING_TOKEN).
     #[arg(long, value_enum)]
     fencing: Option<Fencing>,
@@ -168,7 +172,12 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
     }
-    let mut acquire = Box::pin(redlock.lock_guard(&args.key, &options));
+    let mut acquire = Box::pin(async {
+        match args.permits {
+            Some(n) => redlock.permit_guard(&args.key, n, &options).await,
+            None => redlock.lock_guard(&args.key, &options).await,
+        }
+    });
     let acquired = loop {
         tokio::select! {
             acquired = &mut acquire => break acquired,

@@ -14,6 +14,7 @@ use redlock_tests::Cluster;
 
 mod answers;
 mod handle;
+mod permits;
 use answers::*;
 
 /// The state of the critical-section handler: a counter updated without

@@ -1,0 +1,55 @@
+//! Which lock a request takes: the mutex (the default), one of a number of
+//! permits (the semaphore, `semaphore/`), or a read share for a safe method
+//! and the write lock for any other (`rwlock/`), all on the same key.
+
+use crate::error::Error;
+use crate::guard::LockGuard;
+use crate::redlock::Redlock;
+use crate::rwlock::Access;
+use crate::settings::LockOptions;
+
+/// Which lock a request takes on its key (set with the adapters' `permits`
+/// and `shared_for_safe_methods`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RequestLockKind {
+    /// One request per key at a time (the default).
+    #[default]
+    Mutex,
+    /// At most this many requests per key at once, across replicas
+    /// ([`Redlock::permit_guard`]); one over the limit is answered busy,
+    /// `429 Too Many Requests` unless `busy_status` says otherwise.
+    Permits(u32),
+    /// `GET`, `HEAD` and `OPTIONS` take a read share, every other method
+    /// the write lock, on the same key ([`Redlock::rw_guard`]).
+    SharedForSafeMethods,
+}
+
+/// Whether a request of this method only reads, for
+/// [`RequestLockKind::SharedForSafeMethods`]: `GET`, `HEAD`, `OPTIONS`
+/// (by name, so that actix-web's own `Method` type can ask too).
+pub fn is_read_method(method: &str) -> bool {
+    matches!(method, "GET" | "HEAD" | "OPTIONS")
+}
+
+/// The guard of a request's lock of `kind` on `resource`; `reads`: whether
+/// the request's method only reads.
+pub(super) async fn guard(
+    redlock: &Redlock,
+    resource: &str,
+    options: &LockOptions,
+    kind: RequestLockKind,
+    reads: bool,
+) -> Result<LockGuard, Error> {
+    match kind {
+        RequestLockKind::Mutex => redlock.lock_guard(resource, options).await,
+        RequestLockKind::Permits(n) => redlock.permit_guard(resource, n, options).await,
+        RequestLockKind::SharedForSafeMethods => {
+            let access = if reads {
+                Access::Shared
+            } else {
+                Access::Exclusive
+            };
+            redlock.rw_guard(resource, access, options).await
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! A read/write lock over N independent masters (issue 41): any number of
+//! readers, or one writer, with writer preference.
+//!
+//! On each node one script decides an acquire atomically
+//! (`node/rwlock_scripts.rs`): a reader is admitted while no writer holds
+//! or waits; a writer while no writer and no reader holds, and a writer
+//! refused leaves its *intent*, which refuses new readers until it holds or
+//! gives up. Across nodes it is the mutex's quorum: a reader's majority and a
+//! writer's meet on a node, which admitted only one of them; two writers'
+//! meet on a node whose writer key holds one token. So a writer never holds
+//! together with a reader or another writer, within their validities. Once
+//! readers refused a writer on a majority, every reader that comes later is
+//! refused on that majority and cannot hold until the writer is done: the
+//! writer waits only for the readers that were there
+//! (`tests/tests/model_rwlock.rs` checks both, with negative controls).
+//!
+//! Each reader has a key of its own holding its token with its own expiry,
+//! set by the node (`PX`), so a dead reader's share frees itself, and the
+//! mutex's release, extension, guard and renewal serve readers unchanged. A
+//! writer's key is the resource's lock key: a writer is a mutex holder, with
+//! the mutex's fencing token. Readers have no fencing token: they write
+//! nothing to fence.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::acquire::{Scripted, Ttl};
+use crate::error::Error;
+use crate::fencing::fence_key;
+use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::keys::Keys;
+use crate::lock::Lock;
+use crate::metrics;
+use crate::node::{Call, RwKeys};
+use crate::redlock::Redlock;
+use crate::settings::{LockOptions, RetryPolicy};
+use crate::steps::new_token;
+
+/// Which side of a read/write lock to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// A read share: held together with other readers, never with a writer.
+    Shared,
+    /// The write lock: held alone.
+    Exclusive,
+}
+
+/// The keys of `key`'s read/write lock besides the writer key (`key`
+/// itself): the key, then a suffix each, as the waiters flag's.
+struct Names {
+    writer: Arc<str>,
+    intent: String,
+    index: String,
+}
+
+impl Names {
+    fn new(key: String) -> Self {
+        Self {
+            // In the writer's slot (`slots`): the scripts touch them with it.
+            intent: crate::slots::derived(&key, ":redlock-intent"),
+            index: crate::slots::derived(&key, ":redlock-readers"),
+            writer: key.into(),
+        }
+    }
+
+    fn keys(&self) -> RwKeys<'_> {
+        RwKeys {
+            writer: &self.writer,
+            intent: &self.intent,
+            index: &self.index,
+        }
+    }
+
+    fn reader(&self, token: &str) -> String {
+        crate::slots::derived(&self.writer, &format!(":redlock-reader:{token}"))
+    }
+}
+
+impl Redlock {
+    /// One attempt (no retry) to take a read share of `resource`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_core::{Access, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+    /// let a = redlock.try_rw_lock("reports/7", Access::Shared, Duration::from_secs(5)).await?;
+    /// let b = redlock.try_rw_lock("reports/7", Access::Shared, Duration::from_secs(5)).await?;
+    /// // both read; a writer now waits for both
+    /// redlock.unlock(a).await?;
+    /// redlock.unlock(b).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The [`Lock`] of a reader is its own key's (`Lock::key`); a writer's
+    /// is the resource's lock key, and carries the fencing token of a
+    /// fencing handle. Do not take the mutex ([`Redlock::lock`]) on a
+    /// resource used as a read/write lock: it does not look for readers.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when a writer holds or waits (a reader), or a writer or
+    /// readers hold (a writer); otherwise as [`Redlock::try_lock`].
+    pub async fn try_rw_lock(
+        &self,
+        resource: &str,
+        access: Access,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        self.rw_lock_with(resource, access, ttl, &RetryPolicy::no_retry())
+            .await
+    }
+
+    /// Takes a read share or the write lock of `resource`, retrying per
+    /// `retry` (see [`Redlock::try_rw_lock`]). A writer that readers hold up
+    /// keeps new readers out until it holds or gives up.
+    ///
+    /// # Errors
+    /// The last attempt's error once the policy gives up.
+    pub async fn rw_lock_with(
+        &self,
+        resource: &str,
+        access: Access,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        let begin = Instant::now();
+        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
+        let result = self
+            .rw_lock_with_retries(resource, access, ttl, retry)
+            .await;
+        let key = self
+            .inner
+            .settings
+            .metrics_key
+            .as_ref()
+            .and_then(|_| self.metrics_key(&self.key_for(resource)));
+        let outcome = metrics::acquire_outcome(&result);
+        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
+        result
+    }
+
+    /// Takes a read share or the write lock (retrying per `options` or the
+    /// handle's policy) and holds it with auto-extension until the guard is
+    /// released or dropped, as [`Redlock::lock_guard`].
+    ///
+    /// # Errors
+    /// See [`Redlock::rw_lock_with`] and [`Redlock::lock_guard`].
+    pub async fn rw_guard(
+        &self,
+        resource: &str,
+        access: Access,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error> {
+        self.loss_margin_for(options)?;
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let lock = self
+            .rw_lock_with(resource, access, options.ttl, retry)
+            .await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// Runs the future `f` makes while holding a read share or the write
+    /// lock, as [`Redlock::with_lock`] does while holding the mutex.
+    ///
+    /// # Errors
+    /// An acquire error (see [`Redlock::rw_guard`]) or [`Error::Lost`].
+    pub async fn with_rw_lock<F, Fut, T>(
+        &self,
+        resource: &str,
+        access: Access,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.rw_guard(resource, access, options).await?;
+        run_guarded(guard, f).await
+    }
+
+    async fn rw_lock_with_retries(
+        &self,
+        resource: &str,
+        access: Access,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        self.check_resource(resource)?;
+        self.check_ttl(ttl)?;
+        let resource: Arc<str> = resource.into();
+        let names = Names::new(self.key_for(&resource));
+        let latest_start = self.latest_start(retry, Instant::now());
+        match access {
+            Access::Shared => {
+                self.poll_attempts(retry, latest_start, |attempt| {
+                    self.read_attempt(&resource, &names, ttl, attempt)
+                })
+                .await
+            }
+            Access::Exclusive => {
+                // The writer's id: the same in all its attempts, so that its
+                // intent is its own from one attempt to the next.
+                let writer_id = new_token()?;
+                let result = self
+                    .poll_attempts(retry, latest_start, |attempt| {
+                        self.write_attempt(&resource, &names, ttl, &writer_id, attempt)
+                    })
+                    .await;
+                // Held or given up: the intent has done its work (a holder's
+                // key keeps readers out itself). Deleted where it is still
+                // this writer's, in the background; else it expires.
+                let intent = Keys::One(names.intent.as_str().into());
+                self.spawn_release(&intent, &writer_id, None);
+                result
+            }
+        }
+    }
+
+    async fn read_attempt(
+        &self,
+        resource: &Arc<str>,
+        names: &Names,
+        ttl: Duration,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let token = new_token()?;
+        let reader: Arc<str> = names.reader(&token).into();
+        let call = Call::read_acquire(&names.keys(), &reader, &token, ttl.as_millis());
+        let target = Scripted {
+            key: reader,
+            fenced: false,
+        };
+        self.attempt_scripted(resource, target, token, Ttl::new(ttl, None), call, attempt)
+            .await
+    }
+
+    async fn write_attempt(
+        &self,
+        resource: &Arc<str>,
+        names: &Names,
+        ttl: Duration,
+        writer_id: &str,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let token = new_token()?;
+        let fence = self
+            .inner
+            .settings
+            .fencing
+            .map(|_| fence_key(&names.writer));
+        let ttl_ms = ttl.as_millis();
+        let call = Call::write_acquire(
+            &names.keys(),
+            &token,
+            ttl_ms,
+            writer_id,
+            ttl_ms,
+            fence.as_deref(),
+        );
+        let target = Scripted {
+            key: Arc::clone(&names.writer),
+            fenced: true,
+        };
+        self.attempt_scripted(resource, target, token, Ttl::new(ttl, None), call, attempt)
+            .await
+    }
+}

@@ -1,0 +1,215 @@
+//! A semaphore over N independent masters: at most `permits` holders of a
+//! resource at once (issue 41).
+//!
+//! A per-node count is not enough: with 2 permits on nodes A, B, C, holders
+//! x, y, z can each hold a majority (A admits {x, y}, B {y, z}, C {x, z}).
+//! So a permit is a *slot*, and each slot is a Redlock mutex of its own, on
+//! the resource's key followed by `:redlock-permit:<slot>`. Safety is the
+//! mutex's, slot by slot: at most one holder per slot within its validity,
+//! and `permits` slots; a holder holds exactly one slot
+//! (`tests/tests/model_semaphore.rs` checks both rules). Every step after the
+//! slot is chosen (acquire, validity, release of a failed attempt, guard and
+//! batched renewal, fencing) is the mutex's, on the slot's key.
+//!
+//! Which slot: an attempt starts at a random slot and tries the others in
+//! turn, each a whole mutex attempt. The slot is named by the client, so all
+//! nodes are asked for the same one: without contention the first try
+//! succeeds on every node; two clients that ask for one slot at once behave
+//! as two mutex contenders (one wins, or neither and both move on).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use crate::acquire::Ttl;
+use crate::error::Error;
+use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::lock::Lock;
+use crate::metrics;
+use crate::redlock::Redlock;
+use crate::settings::{LockOptions, RetryPolicy};
+
+/// The most permits one semaphore may have: each is a slot an attempt may
+/// try in turn, one round trip each.
+pub const MAX_PERMITS: u32 = 64;
+
+/// The key of slot `slot` of the semaphore whose resource key is `key`: the
+/// key, then a suffix, so that a key layout that keeps one resource's keys
+/// together (a hash tag) keeps its slots with it.
+pub(crate) fn permit_key(key: &str, slot: u32) -> String {
+    format!("{key}:redlock-permit:{slot}")
+}
+
+impl Redlock {
+    /// One attempt (no retry) to take one of `permits` permits of
+    /// `resource`: at most `permits` holders at once across all the nodes.
+    ///
+    /// The [`Lock`] is the mutex of the permit's slot: [`Lock::resource`] is
+    /// `resource`, [`Lock::key`] the slot's key; extend, release, guard and
+    /// fencing token are the mutex's.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_core::Redlock;
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+    /// // At most 3 exports of tenant 7 at once, across every replica.
+    /// let permit = redlock.try_permit("exports:7", 3, Duration::from_secs(30)).await?;
+    /// // ... export ...
+    /// redlock.unlock(permit).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when every permit is held (its `retry_after` the
+    /// soonest a slot's holder expires), [`Error::NoQuorum`] when too many
+    /// nodes failed, [`Error::InvalidConfig`] for `permits` of 0 or past
+    /// [`MAX_PERMITS`], and the mutex's input errors.
+    pub async fn try_permit(
+        &self,
+        resource: &str,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        self.permit_with(resource, permits, ttl, &RetryPolicy::no_retry())
+            .await
+    }
+
+    /// Takes one of `permits` permits of `resource`, retrying per `retry`
+    /// (see [`Redlock::try_permit`]).
+    ///
+    /// # Errors
+    /// The last attempt's error once the policy gives up.
+    pub async fn permit_with(
+        &self,
+        resource: &str,
+        permits: u32,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        let begin = Instant::now();
+        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
+        let result = self
+            .permit_with_retries(resource, permits, ttl, retry)
+            .await;
+        let key = self
+            .inner
+            .settings
+            .metrics_key
+            .as_ref()
+            .and_then(|_| self.metrics_key(&self.key_for(resource)));
+        let outcome = metrics::acquire_outcome(&result);
+        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
+        result
+    }
+
+    /// Takes a permit (retrying per `options` or the handle's policy) and
+    /// holds it with auto-extension until the guard is released or dropped,
+    /// as [`Redlock::lock_guard`] does for the mutex.
+    ///
+    /// # Errors
+    /// See [`Redlock::permit_with`] and [`Redlock::lock_guard`].
+    pub async fn permit_guard(
+        &self,
+        resource: &str,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error> {
+        self.loss_margin_for(options)?;
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let lock = self
+            .permit_with(resource, permits, options.ttl, retry)
+            .await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// Runs the future `f` makes while holding a permit, as
+    /// [`Redlock::with_lock`] does while holding the mutex.
+    ///
+    /// # Errors
+    /// An acquire error (see [`Redlock::permit_guard`]) or [`Error::Lost`].
+    pub async fn with_permit<F, Fut, T>(
+        &self,
+        resource: &str,
+        permits: u32,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.permit_guard(resource, permits, options).await?;
+        run_guarded(guard, f).await
+    }
+
+    async fn permit_with_retries(
+        &self,
+        resource: &str,
+        permits: u32,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        self.check_resource(resource)?;
+        self.check_ttl(ttl)?;
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(Error::InvalidConfig(format!(
+                "permits must be 1 to {MAX_PERMITS}, not {permits}"
+            )));
+        }
+        let resource: Arc<str> = resource.into();
+        let key = self.key_for(&resource);
+        let latest_start = self.latest_start(retry, Instant::now());
+        self.poll_attempts(retry, latest_start, |attempt| {
+            self.permit_attempt(&resource, &key, permits, ttl, attempt)
+        })
+        .await
+    }
+
+    /// One attempt: the slots in turn from a random one, each a whole mutex
+    /// attempt, until one is held. Fails with the soonest `Busy` if any slot
+    /// was busy, else with the last error.
+    async fn permit_attempt(
+        &self,
+        resource: &Arc<str>,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let first = rand::rng().random_range(0..permits);
+        let mut busy: Option<Error> = None;
+        let mut last = None;
+        for i in 0..permits {
+            let slot = (first + i) % permits;
+            let slot_key: Arc<str> = permit_key(key, slot).into();
+            match self
+                .attempt(resource, &slot_key, Ttl::new(ttl, None), attempt)
+                .await
+            {
+                Ok(lock) => return Ok(lock),
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e @ Error::Busy { .. }) => busy = Some(sooner(busy, e)),
+                Err(e) => last = Some(e),
+            }
+        }
+        match (busy, last) {
+            (Some(e), _) | (None, Some(e)) => Err(e),
+            (None, None) => Err(Error::InvalidConfig("no permit slot".into())),
+        }
+    }
+}
+
+/// Of two `Busy` errors, the one whose slot frees first (a known time wins
+/// over an unknown one).
+fn sooner(a: Option<Error>, b: Error) -> Error {
+    match a {
+        Some(a) => match (a.retry_after(), b.retry_after()) {
+            (Some(x), Some(y)) if y < x => b,
+            (None, Some(_)) => b,
+            _ => a,
+        },
+        None => b,
+    }
+}

@@ -1,0 +1,68 @@
+//! `RedlockMiddleware::permits(n)` and `shared_for_safe_methods()` (issue 41).
+
+use std::time::Duration;
+
+use crate::common::*;
+use actix_web::{App, test, web};
+use futures_util::future::join3;
+use redlock_actix::RedlockMiddleware;
+use redlock_tests::Cluster;
+
+use super::answers::hold;
+
+#[actix_web::test]
+pub(super) async fn permits_admit_two_and_answer_the_third_429() {
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .wrap(
+                RedlockMiddleware::by_path()
+                    .permits(2)
+                    .ttl(Duration::from_millis(2500)),
+            )
+            .route("/exports", web::get().to(hold)),
+    )
+    .await;
+    // One after the other (no two attempts on one slot at the same moment,
+    // which can split the nodes and send both to the next slot).
+    let second = async {
+        actix_web::rt::time::sleep(ms(100)).await;
+        call!(&app, "/exports?hold=1200").await
+    };
+    let late = async {
+        actix_web::rt::time::sleep(ms(300)).await;
+        call!(&app, "/exports").await
+    };
+    let (a, b, c) = join3(call!(&app, "/exports?hold=1200"), second, late).await;
+    let statuses = [a.status, b.status, c.status];
+    assert_eq!(statuses, [200, 200, 429], "{a:?} {b:?} {c:?}");
+    assert!(c.retry_after.is_some(), "429 without Retry-After");
+    assert_eq!(c.content_type.as_deref(), Some("application/problem+json"));
+}
+
+#[actix_web::test]
+pub(super) async fn reads_share_a_path_that_a_write_holds_alone() {
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .wrap(RedlockMiddleware::by_path().shared_for_safe_methods())
+            .route("/reports/7", web::get().to(hold))
+            .route("/reports/7", web::post().to(hold)),
+    )
+    .await;
+    let write = async {
+        actix_web::rt::time::sleep(ms(300)).await;
+        let req = test::TestRequest::post().uri("/reports/7").to_request();
+        Answer::of(test::call_service(&app, req).await).await
+    };
+    let (a, b, w) = join3(
+        call!(&app, "/reports/7?hold=1200"),
+        call!(&app, "/reports/7?hold=1200"),
+        write,
+    )
+    .await;
+    assert_eq!([a.status, b.status], [200, 200], "{a:?} {b:?}");
+    assert_eq!(w.status, 409, "a write beside reads: {w:?}");
+}

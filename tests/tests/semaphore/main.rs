@@ -1,0 +1,82 @@
+//! The quorum semaphore and the read/write lock of issue 41 on real
+//! `redis-server` processes: the limits judged from intervals the clients
+//! record (not from counters the library keeps), a node down, a dead
+//! holder's share freed at expiry, and writer preference.
+
+mod permits;
+mod rwlock;
+
+use std::time::{Duration, Instant};
+
+use redlock_core::Redlock;
+use redlock_tests::Cluster;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn redlock(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(ms(200))
+        .build()
+        .unwrap()
+}
+
+/// A section a client ran under what it held: who, and when it began and ended.
+#[derive(Debug, Clone, Copy)]
+struct Section {
+    client: usize,
+    enter: Instant,
+    exit: Instant,
+}
+
+/// The most sections that were open at one moment, from their recorded
+/// intervals (an exit at the instant of an enter counts as before it).
+fn most_at_once(sections: &[Section]) -> usize {
+    let mut events: Vec<(Instant, i32)> = sections
+        .iter()
+        .flat_map(|s| [(s.enter, 1), (s.exit, -1)])
+        .collect();
+    events.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, delta) in events {
+        open += delta;
+        most = most.max(open);
+    }
+    most as usize
+}
+
+/// Runs `f` on a thread of its own with its own runtime, then drops that
+/// runtime without running anything more: what the holder leaked inside
+/// `f` is never renewed nor released, as if its process were killed.
+fn on_a_runtime_that_dies<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(f());
+        // Dropping the runtime drops its tasks (the renewals) unrun.
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn most_at_once_counts_overlaps() {
+    let t = Instant::now();
+    let s = |client, a: u64, b: u64| Section {
+        client,
+        enter: t + ms(a),
+        exit: t + ms(b),
+    };
+    assert_eq!(most_at_once(&[s(0, 0, 10), s(1, 10, 20)]), 1);
+    assert_eq!(most_at_once(&[s(0, 0, 10), s(1, 5, 20), s(2, 6, 7)]), 3);
+    assert_eq!(s(0, 0, 1).client, 0);
+}

@@ -1,0 +1,152 @@
+//! `Redlock::permit_with` and friends: at most `permits` holders.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlock_core::{Error, LockOptions, RetryPolicy};
+use redlock_tests::Cluster;
+
+use super::{Section, most_at_once, ms, on_a_runtime_that_dies, redlock};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_clients_on_three_permits_never_make_four_holders() {
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 3;
+    let cluster = Cluster::start(3);
+    let sections: Arc<Mutex<Vec<Section>>> = Arc::default();
+    let policy = RetryPolicy::deadline(Duration::from_secs(40))
+        .with_delay(ms(5))
+        .with_jitter(ms(40));
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let rl = redlock(&cluster);
+            let (sections, policy) = (Arc::clone(&sections), policy.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let permit = rl
+                        .permit_with("exports", 3, Duration::from_secs(5), &policy)
+                        .await?;
+                    let enter = Instant::now();
+                    tokio::time::sleep(ms(15)).await;
+                    let exit = Instant::now();
+                    assert!(permit.is_valid(), "client {client} outlived its validity");
+                    sections.lock().unwrap().push(super::Section {
+                        client,
+                        enter,
+                        exit,
+                    });
+                    rl.unlock(permit).await?;
+                }
+                Ok::<(), Error>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("a client hung")
+            .expect("a client panicked")
+            .expect("a client failed");
+    }
+    let sections = sections.lock().unwrap().clone();
+    assert_eq!(sections.len(), CLIENTS * ROUNDS);
+    let most = most_at_once(&sections);
+    println!("16 clients, 3 permits: at most {most} holders at once");
+    assert!(most <= 3, "{most} holders at once with 3 permits");
+    assert!(
+        most >= 2,
+        "never two holders at once: the permits were not shared"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_of_three_down_still_hands_out_every_permit_and_no_more() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    cluster.node(2).kill();
+    let ttl = Duration::from_secs(10);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(rl.try_permit("tenant:1", 3, ttl).await.unwrap());
+    }
+    let keys: std::collections::BTreeSet<&str> = held.iter().map(|l| l.key()).collect();
+    assert_eq!(keys.len(), 3, "three holders on distinct slots: {keys:?}");
+    // Refused: busy, or (the decision can come before the third node's
+    // answer, from one busy node and the dead one) no quorum, as the mutex
+    // says in that case.
+    match rl.try_permit("tenant:1", 3, ttl).await {
+        Err(Error::Busy { .. } | Error::NoQuorum { .. }) => {}
+        other => panic!("a fourth permit: {other:?}"),
+    }
+    let first = held.remove(0);
+    rl.unlock(first).await.unwrap();
+    held.push(rl.try_permit("tenant:1", 3, ttl).await.unwrap());
+    for lock in held {
+        rl.unlock(lock).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_permit_is_free_at_its_expiry() {
+    let cluster = Cluster::start(3);
+    let ttl = ms(1500);
+    let urls = cluster.urls();
+    // Two permits, both taken by holders whose process dies holding them
+    // (their guards would renew; the renewals die with the runtime).
+    on_a_runtime_that_dies(move || async move {
+        let rl = redlock_core::Redlock::from_urls(urls).unwrap();
+        for _ in 0..2 {
+            let guard = rl
+                .permit_guard("jobs", 2, &LockOptions::new(ms(1500)))
+                .await
+                .unwrap();
+            std::mem::forget(guard);
+        }
+    });
+    let died = Instant::now();
+    let rl = redlock(&cluster);
+    assert!(matches!(
+        rl.try_permit("jobs", 2, ttl).await,
+        Err(Error::Busy { .. })
+    ));
+    let policy = RetryPolicy::deadline(Duration::from_secs(10))
+        .with_delay(ms(20))
+        .with_jitter(ms(20));
+    let permit = rl.permit_with("jobs", 2, ttl, &policy).await.unwrap();
+    let waited = died.elapsed();
+    // Not before the dead holder's keys expired (less the drift allowance
+    // and the time its acquire took before `died`), and not long after.
+    assert!(waited >= ms(1200), "a permit freed early: after {waited:?}");
+    assert!(waited <= ms(5000), "freed only after {waited:?}");
+    rl.unlock(permit).await.unwrap();
+}
+
+#[tokio::test]
+async fn permits_out_of_range_are_refused_before_any_node_is_asked() {
+    let cluster = Cluster::start(1);
+    let rl = redlock(&cluster);
+    for n in [0, redlock_core::MAX_PERMITS + 1] {
+        let e = rl.try_permit("x", n, Duration::from_secs(1)).await;
+        assert!(matches!(e, Err(Error::InvalidConfig(_))), "{n}: {e:?}");
+    }
+    assert!(cluster.node(0).keys().is_empty());
+    // Duration::MAX is an input like any other: refused as a TTL, no panic.
+    let e = rl.try_permit("x", 2, Duration::MAX).await;
+    assert!(matches!(e, Err(Error::InvalidTtl { .. })), "{e:?}");
+    let policy = RetryPolicy::deadline(Duration::MAX).with_delay(Duration::MAX);
+    let held = rl
+        .permit_with("x", 1, Duration::from_secs(5), &policy)
+        .await
+        .unwrap();
+    assert!(matches!(
+        rl.permit_with(
+            "x",
+            1,
+            Duration::from_secs(5),
+            &RetryPolicy::attempts(2).with_delay(Duration::MAX)
+        )
+        .await,
+        Err(Error::Busy { .. })
+    ));
+    rl.unlock(held).await.unwrap();
+}

@@ -1,0 +1,128 @@
+//! `RedlockLayer::permits(n)` and `shared_for_safe_methods()` over real HTTP
+//! and real Redis nodes (issue 41): at most n requests per key inside, the
+//! rest answered 429 with `Retry-After` and problem+json; safe methods share
+//! a key, the others hold it alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::*;
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Extension, Router};
+use futures_util::future::join_all;
+use http::{Method, StatusCode};
+use redlock_tests::Cluster;
+use redlock_tests::http::send;
+use redlock_tower::RedlockLayer;
+
+async fn inside(State(g): State<Arc<Gauge>>) -> &'static str {
+    let _in = g.enter();
+    tokio::time::sleep(ms(1000)).await;
+    "done"
+}
+
+async fn warm(redlock: &redlock_core::Redlock) {
+    let lock = redlock
+        .try_lock("warm-up", Duration::from_secs(5))
+        .await
+        .unwrap();
+    redlock.unlock(lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_admit_n_requests_per_key_and_answer_the_rest_429() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    warm(&redlock).await;
+    let gauge = Arc::new(Gauge::default());
+    let app = Router::new()
+        .route("/exports", get(inside))
+        .with_state(Arc::clone(&gauge))
+        .layer(RedlockLayer::by_header(http::HeaderName::from_static("x-tenant")).permits(2))
+        .layer(Extension(redlock));
+    let server = Server::start(app).await;
+    let client = client();
+    let url = server.url("/exports");
+    let replies = join_all((0..6).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            send(&client, Method::GET, &url, &[("x-tenant", "7")], "")
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    assert!(
+        gauge.max() <= 2,
+        "{} requests inside with 2 permits",
+        gauge.max()
+    );
+    let ok = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .count();
+    let limited: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    assert_eq!(
+        ok + limited.len(),
+        6,
+        "other statuses: {:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert!(
+        ok >= 1 && !limited.is_empty(),
+        "{ok} ok, {} limited",
+        limited.len()
+    );
+    for r in limited {
+        assert!(r.retry_after().is_some(), "429 without Retry-After");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    warm(&redlock).await;
+    let gauge = Arc::new(Gauge::default());
+    let app = Router::new()
+        .route("/reports/7", get(inside).post(inside))
+        .with_state(Arc::clone(&gauge))
+        .layer(RedlockLayer::by_path().shared_for_safe_methods())
+        .layer(Extension(redlock));
+    let server = Server::start(app).await;
+    let client = client();
+    let url = server.url("/reports/7");
+    let reads = join_all((0..3).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        async move { send(&client, Method::GET, &url, &[], "").await.unwrap() }
+    }));
+    let write = async {
+        // Once the reads are inside: the write is refused (fail fast).
+        assert!(eventually(Duration::from_secs(5), || gauge.now() >= 2).await);
+        send(&client, Method::POST, &url, &[], "").await.unwrap()
+    };
+    let (reads, write) = tokio::join!(reads, write);
+    assert!(reads.iter().all(|r| r.status == StatusCode::OK));
+    assert!(gauge.max() >= 2, "reads never shared the key");
+    assert_eq!(
+        write.status,
+        StatusCode::CONFLICT,
+        "a write ran beside reads"
+    );
+    // Alone, the write runs (once the readers' releases, sent as their
+    // bodies ended, have landed).
+    let mut alone = StatusCode::CONFLICT;
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while alone == StatusCode::CONFLICT && std::time::Instant::now() < end {
+        alone = send(&client, Method::POST, &url, &[], "")
+            .await
+            .unwrap()
+            .status;
+    }
+    assert_eq!(alone, StatusCode::OK);
+}
