@@ -113,7 +113,7 @@ pub(crate) struct Node {
 #[derive(Clone)]
 pub(crate) enum PubSubAt {
     /// A single server: `SUBSCRIBE` on a connection of its own.
-    Server(redis::ConnectionInfo),
+    Server(Box<redis::ConnectionInfo>),
     /// A cluster, by its seeds: `SSUBSCRIBE` on the master of each key's slot.
     Cluster(Vec<redis::ConnectionInfo>),
 }
@@ -139,7 +139,7 @@ impl Node {
     /// Lets waiters subscribe to this node's release messages.
     pub(crate) fn with_pubsub(mut self, info: redis::ConnectionInfo) -> Self {
         self.db = info.redis_settings().db();
-        self.pubsub = Some(PubSubAt::Server(info));
+        self.pubsub = Some(PubSubAt::Server(Box::new(info)));
         self
     }
 

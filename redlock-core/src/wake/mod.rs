@@ -190,9 +190,9 @@ impl Waiting {
                     .as_ref()
                     .filter(|_| enabled)
                     .and_then(|at| match at {
-                        PubSubAt::Server(info) => {
-                            redis::Client::open(info.clone()).ok().map(Source::Server)
-                        }
+                        PubSubAt::Server(info) => redis::Client::open((**info).clone())
+                            .ok()
+                            .map(|c| Source::Server(Box::new(c))),
                         PubSubAt::Cluster(seeds) => Some(Source::Cluster(seeds.clone())),
                     }),
                 db: n.db,

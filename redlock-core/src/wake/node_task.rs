@@ -20,7 +20,7 @@ use super::{HEALTH_CHECK_AFTER, Link, MAX_BACKOFF, MIN_BACKOFF, Shared};
 #[derive(Clone)]
 pub(super) enum Source {
     /// A single server: one connection, `SUBSCRIBE`.
-    Server(redis::Client),
+    Server(Box<redis::Client>),
     /// A cluster by its seeds: a cluster connection, `SSUBSCRIBE` (`shard.rs`).
     Cluster(Vec<redis::ConnectionInfo>),
 }

@@ -66,15 +66,14 @@ fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// `holder` takes `key`, `waiter` starts waiting with [`slow_poll`]; once the
-/// waiter is subscribed on the key's master (when it `wakes`), `between` runs,
-/// then the holder releases. How long after the release the waiter had the lock.
+/// waiter is subscribed on the key's master (when it `wakes`), the holder
+/// releases. How long after the release the waiter had the lock.
 async fn release_to_acquire(
     cluster: &RedisCluster,
     holder: &Redlock,
     waiter: &Redlock,
     key: &str,
     wakes: bool,
-    between: impl FnOnce(),
 ) -> Duration {
     let lock_key = holder.key_for(key);
     let lock = holder.try_lock(key, Duration::from_secs(30)).await.unwrap();
@@ -96,7 +95,6 @@ async fn release_to_acquire(
         // Past its first attempt (no subscription to wait for).
         tokio::time::sleep(ms(300)).await;
     }
-    between();
     holder.unlock(lock).await.unwrap();
     let released = Instant::now();
     let (acquired, lock) = waiting.await.unwrap();
@@ -110,7 +108,7 @@ async fn a_release_on_a_cluster_wakes_the_waiter_long_before_its_poll() {
     let (a, b) = (handle(&cluster, true), handle(&cluster, true));
     // Keys on different masters; one braced (its tag escaped).
     for key in ["wake:1", "wake:2", "wake:3", "a{b}c"] {
-        let woken = release_to_acquire(&cluster, &a, &b, key, true, || ()).await;
+        let woken = release_to_acquire(&cluster, &a, &b, key, true).await;
         assert!(woken < SOON, "{key}: woken {woken:?} after the release");
         assert!(
             wait_until(ms(5000), || shard_subscribers(&cluster, &a.key_for(key))
@@ -120,13 +118,16 @@ async fn a_release_on_a_cluster_wakes_the_waiter_long_before_its_poll() {
     }
     // The control: with wake-ups off the same waiter waits for its poll.
     let polling = handle(&cluster, false);
-    let polled = release_to_acquire(&cluster, &a, &polling, "wake:polled", false, || ()).await;
+    let polled = release_to_acquire(&cluster, &a, &polling, "wake:polled", false).await;
     assert!(
         polled > SOON,
         "a polling waiter was served {polled:?} after the release"
     );
 }
 
+/// The waiter subscribed on the slot's master; the master dies and its
+/// replica takes over; the waiter, still waiting, subscribes on the new
+/// master and is woken by the holder's release there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_still_wakes_after_the_slots_master_fails_over() {
     let cluster = RedisCluster::start(3, 1);
@@ -135,27 +136,55 @@ async fn a_waiter_still_wakes_after_the_slots_master_fails_over() {
     let lock_key = a.key_for(key);
     let slot = cluster.slot_of(lock_key.as_bytes());
     let old = cluster.owner(slot).expect("an owner");
-    let woken = release_to_acquire(&cluster, &a, &b, key, true, || {
-        // The holder's key reaches the replica before its master dies.
-        let _: i64 = old.raw(&["WAIT", "1", "5000"]).unwrap();
-        old.kill();
+    let lock = a.try_lock(key, Duration::from_secs(60)).await.unwrap();
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let lock = b
+                .lock_with(key, Duration::from_secs(10), &slow_poll())
+                .await;
+            (Instant::now(), lock)
+        }
+    });
+    assert!(
+        wait_until(ms(10_000), || shard_subscribers(&cluster, &lock_key) == 1),
+        "the waiter never subscribed on the key's master"
+    );
+    // The holder's key reaches the replica before its master dies.
+    let _: i64 = old.raw(&["WAIT", "1", "5000"]).unwrap();
+    old.kill();
+    assert!(
+        wait_until(ms(20_000), || cluster
+            .owner(slot)
+            .is_some_and(|n| n.port() != old.port())),
+        "no replica took over: {}",
+        cluster.describe()
+    );
+    assert!(
+        cluster.get(lock_key.as_bytes()).is_some(),
+        "the key was lost"
+    );
+    assert!(
+        wait_until(ms(20_000), || shard_subscribers(&cluster, &lock_key) == 1),
+        "the waiter did not subscribe again on the new master"
+    );
+    // The holder's own connection finds the new master (bounded).
+    let end = Instant::now() + ms(20_000);
+    while a
+        .inspect(key)
+        .await
+        .map_or(true, |i| i.nodes.iter().any(|n| n.state.is_err()))
+    {
         assert!(
-            wait_until(ms(20_000), || cluster
-                .owner(slot)
-                .is_some_and(|n| n.port() != old.port())),
-            "no replica took over: {}",
-            cluster.describe()
+            Instant::now() < end,
+            "the holder never reached the new master"
         );
-        assert!(
-            cluster.get(lock_key.as_bytes()).is_some(),
-            "the key was lost"
-        );
-        // The waiter's subscription moved to the new master.
-        assert!(
-            wait_until(ms(20_000), || shard_subscribers(&cluster, &lock_key) == 1),
-            "the waiter did not subscribe again on the new master"
-        );
-    })
-    .await;
+        tokio::time::sleep(ms(50)).await;
+    }
+    a.unlock(lock).await.unwrap();
+    let released = Instant::now();
+    let (acquired, lock) = waiting.await.unwrap();
+    b.unlock(lock.unwrap()).await.unwrap();
+    let woken = acquired.saturating_duration_since(released);
     assert!(woken < SOON, "woken {woken:?} after the release");
 }
