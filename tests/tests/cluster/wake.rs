@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redlock_core::deadpool_redis::redis;
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::{NativeCommands, Redlock, RetryPolicy};
 use redlock_tests::RedisCluster;
 
 fn ms(n: u64) -> Duration {
@@ -116,6 +116,16 @@ async fn a_release_on_a_cluster_wakes_the_waiter_long_before_its_poll() {
             "{key}: the waiter's shard subscription was left behind"
         );
     }
+    // A holder that releases by `DELIFEQ`/`DELEX` where the node has them
+    // (Valkey 9), then announces by `SPUBLISH` itself.
+    let native = Redlock::builder()
+        .cluster(cluster.seeds())
+        .node_timeout(ms(1000))
+        .native_commands(NativeCommands::ReleaseAndExtend)
+        .build()
+        .unwrap();
+    let woken = release_to_acquire(&cluster, &native, &b, "wake:native", true).await;
+    assert!(woken < SOON, "native release: woken {woken:?} after it");
     // The control: with wake-ups off the same waiter waits for its poll.
     let polling = handle(&cluster, false);
     let polled = release_to_acquire(&cluster, &a, &polling, "wake:polled", false).await;
