@@ -198,3 +198,50 @@ async fn a_waiter_still_wakes_after_the_slots_master_fails_over() {
     let woken = acquired.saturating_duration_since(released);
     assert!(woken < SOON, "woken {woken:?} after the release");
 }
+
+/// The key's slot moves to another master while a waiter waits: the old
+/// master drops the shard channel (`sunsubscribe`), the waiter subscribes on
+/// the new one and is woken by the release there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_still_wakes_after_the_keys_slot_moves() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (handle(&cluster, true), handle(&cluster, true));
+    let key = "wake:moved";
+    let lock_key = a.key_for(key);
+    let slot = cluster.slot_of(lock_key.as_bytes());
+    let old = cluster.owner(slot).expect("an owner");
+    let lock = a.try_lock(key, Duration::from_secs(60)).await.unwrap();
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let lock = b
+                .lock_with(key, Duration::from_secs(10), &slow_poll())
+                .await;
+            (Instant::now(), lock)
+        }
+    });
+    assert!(
+        wait_until(ms(10_000), || shard_subscribers(&cluster, &lock_key) == 1),
+        "the waiter never subscribed on the key's master"
+    );
+    let to = cluster
+        .masters()
+        .iter()
+        .position(|m| m.port() != old.port())
+        .expect("another master");
+    cluster.move_slot(slot, to, 10, || ());
+    assert_eq!(
+        cluster.owner(slot).map(|n| n.port()),
+        Some(cluster.masters()[to].port())
+    );
+    assert!(
+        wait_until(ms(20_000), || shard_subscribers(&cluster, &lock_key) == 1),
+        "the waiter did not subscribe again on the slot's new master"
+    );
+    a.unlock(lock).await.unwrap();
+    let released = Instant::now();
+    let (acquired, lock) = waiting.await.unwrap();
+    b.unlock(lock.unwrap()).await.unwrap();
+    let woken = acquired.saturating_duration_since(released);
+    assert!(woken < SOON, "woken {woken:?} after the release");
+}
