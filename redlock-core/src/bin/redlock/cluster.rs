@@ -168,10 +168,13 @@ fn masters(nodes: &str) -> Vec<Master> {
         .map(|f| Master {
             address: f[1].split('@').next().unwrap_or(f[1]).to_owned(),
             slots: f[8..].iter().map(|r| slot_count(r)).sum(),
-            replicas: lines
-                .iter()
-                .filter(|r| flags(r, "slave") && !flags(r, "fail") && r[3] == f[0])
-                .count() as u32,
+            replicas: u32::try_from(
+                lines
+                    .iter()
+                    .filter(|r| flags(r, "slave") && !flags(r, "fail") && r[3] == f[0])
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
         })
         .collect();
     masters.sort_by(|a, b| a.address.cmp(&b.address));
