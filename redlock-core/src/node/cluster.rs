@@ -155,22 +155,23 @@ impl Node {
             .map(|(a, _)| a.clone())
             .unwrap_or_else(|| redact_url(first));
         let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
-        let client = redis::cluster::ClusterClientBuilder::new(
-            infos.into_iter().map(|(_, info)| info).collect::<Vec<_>>(),
-        )
-        .tcp_settings(tcp)
-        .retries(CLUSTER_RETRIES)
-        // Every call is bounded by the node timeout; these only keep a
-        // connection attempt of the client's own from hanging forever.
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|e| invalid_url(first, e.to_string()))?;
+        let infos: Vec<_> = infos.into_iter().map(|(_, info)| info).collect();
+        let client = redis::cluster::ClusterClientBuilder::new(infos.clone())
+            .tcp_settings(tcp)
+            .retries(CLUSTER_RETRIES)
+            // Every call is bounded by the node timeout; these only keep a
+            // connection attempt of the client's own from hanging forever.
+            .connection_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| invalid_url(first, e.to_string()))?;
         let label = format!("cluster:{address}");
-        Ok(Node::with_pool(
+        let mut node = Node::with_pool(
             label.into(),
             Some(address),
             NodePool::Seeds(Box::new(client)),
-        ))
+        );
+        node.pubsub = Some(super::PubSubAt::Cluster(infos));
+        Ok(node)
     }
 
     /// A node that is the Redis Cluster behind a deadpool-redis cluster pool.

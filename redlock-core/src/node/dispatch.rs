@@ -9,11 +9,21 @@ use super::cluster::Conn;
 use redis::{Cmd, Value};
 
 use super::many::{release_many_cmds, release_many_unflagged_cmds};
-use super::scripts::{eval, release_eval, release_evalsha, release_unflagged};
+use super::scripts::{Announce, eval, release_eval, release_evalsha, release_unflagged};
 use super::{Call, Node};
 use crate::error::NodeError;
 
 impl Node {
+    /// How this node's release scripts announce a delete: `SPUBLISH` on a
+    /// cluster node, else `PUBLISH` in the node's database.
+    fn announce_by(&self) -> Announce {
+        if self.pool.is_cluster() {
+            Announce::Shard
+        } else {
+            Announce::Publish { db: self.db }
+        }
+    }
+
     /// [`Node::run_inner`] once the connection is there.
     ///
     /// Every node call's future lives in its fan-out's set, so its size is
@@ -50,7 +60,7 @@ impl Node {
         }
         let cmd = match call {
             Call::Set { set, .. } => set,
-            Call::Release { evalsha, .. } if self.db == 0 => evalsha,
+            Call::Release { evalsha, .. } if self.db == 0 && !self.pool.is_cluster() => evalsha,
             Call::Script { evalsha, .. } => evalsha,
             _ => return Box::pin(self.run_rare(call, generation, conn)).await,
         };
@@ -63,7 +73,7 @@ impl Node {
             (Ok(v), _) => Ok(v),
             // Rare (a restarted or flushed node).
             (Err(e), Call::Release { key, token, .. }) if e.code() == Some("NOSCRIPT") => {
-                let eval = release_eval(key, token, self.db);
+                let eval = release_eval(key, token, self.announce_by());
                 match Box::pin(self.eval_fallback(generation, conn.clone(), &eval)).await {
                     Err(e) if refused_flag(&e) => {
                         Box::pin(self.release_unflagged(generation, conn, key, token)).await
@@ -92,7 +102,7 @@ impl Node {
     /// Any call, the way [`Node::run_call`] runs it; boxed there, and used
     /// for the shapes it does not send itself: a fencing lock's acquire
     /// pipeline, scripts over several keys, and a release on a node of
-    /// another database than 0.
+    /// another database than 0 or on a cluster node.
     async fn run_rare(
         &self,
         call: &Call,
@@ -143,8 +153,8 @@ impl Node {
                 }
             }
             Call::Release { key, token, .. } => {
-                let evalsha = release_evalsha(key, token, self.db);
-                let eval = release_eval(key, token, self.db);
+                let evalsha = release_evalsha(key, token, self.announce_by());
+                let eval = release_eval(key, token, self.announce_by());
                 match self
                     .run_keys(generation, conn.clone(), &evalsha, &eval)
                     .await
@@ -183,7 +193,7 @@ impl Node {
         token: &str,
     ) -> Result<Value, NodeError> {
         tracing::debug!(node = %self.label, "release refused: releasing without the waiters flag");
-        let (evalsha, eval) = release_unflagged(key, token, self.db);
+        let (evalsha, eval) = release_unflagged(key, token, self.announce_by());
         self.run_keys(generation, conn, &evalsha, &eval).await
     }
 

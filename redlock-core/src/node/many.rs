@@ -61,27 +61,37 @@ return 1
 /// `ARGV[2]`). A key that no longer holds the token (expired, taken, a
 /// foreign type: `pcall`) is left alone and the others are still released.
 /// Answers 1 if it deleted any.
-const RELEASE_MANY_LUA: &str = concat!(
-    r#"
+const RELEASE_MANY_LUA: &str = release_many_lua!("PUBLISH");
+
+/// [`RELEASE_MANY_LUA`]'s text, announcing by `$publish`.
+macro_rules! release_many_lua {
+    ($publish:literal) => {
+        concat!(
+            r#"
 local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     local t = KEYS[i]
     if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
     if redis.call('DEL', KEYS[i], t .. '"#,
-    waiters_suffix!(),
-    r#"') > 1 then
-      redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
+            waiters_suffix!(),
+            r#"') > 1 then
+      redis.pcall('"#,
+            $publish,
+            r#"', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
     end
     deleted = 1
   end
 end
 return deleted
 "#
-);
+        )
+    };
+}
+use release_many_lua;
 
 /// [`RELEASE_MANY_LUA`] without the flags, every delete announced: for a user
-/// whose ACL refuses the flags' keys (as [`RELEASE_UNFLAGGED_LUA`]).
+/// whose ACL refuses the flags' keys (as `release_unflagged_lua`).
 const RELEASE_MANY_UNFLAGGED_LUA: &str = r#"
 local deleted = 0
 for i = 1, #KEYS do
@@ -102,6 +112,11 @@ pub(crate) static EXTEND_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_MANY_LUA));
 pub(super) static RELEASE_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
+/// [`RELEASE_MANY_LUA`] on a cluster node, run per slot (`per_slot.rs`):
+/// every key of one run is of one slot, and so is each key's channel, which
+/// `SPUBLISH` announces on (as `SHARD_RELEASE_LUA` in `scripts.rs`).
+pub(super) static SHARD_RELEASE_MANY: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(release_many_lua!("SPUBLISH")));
 static RELEASE_MANY_UNFLAGGED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RELEASE_MANY_UNFLAGGED_LUA));
 

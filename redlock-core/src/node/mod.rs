@@ -98,8 +98,8 @@ pub(crate) struct Node {
     /// node share one connection instead of each opening their own.
     shared: Connections,
     /// How to open this node's pub/sub connection for wake-ups; known only for
-    /// nodes given by URL.
-    pub(crate) pubsub: Option<redis::ConnectionInfo>,
+    /// nodes given by URL (a cluster's: by its seed URLs).
+    pub(crate) pubsub: Option<PubSubAt>,
     /// The node's database, when known (0 for a node given as a pool): the
     /// release announces itself on a channel of this database's.
     pub(crate) db: i64,
@@ -109,6 +109,15 @@ pub(crate) struct Node {
     /// How many replicas each acquire and extend write must reach (`None`:
     /// the node is taken to be an independent master, and nothing waits).
     pub(crate) replica_acks: Option<ReplicaAcks>,
+}
+
+/// Where a node's release announcements are heard (`wake/`).
+#[derive(Clone)]
+pub(crate) enum PubSubAt {
+    /// A single server: `SUBSCRIBE` on a connection of its own.
+    Server(Box<redis::ConnectionInfo>),
+    /// A cluster, by its seeds: `SSUBSCRIBE` on the master of each key's slot.
+    Cluster(Vec<redis::ConnectionInfo>),
 }
 
 impl Node {
@@ -132,7 +141,7 @@ impl Node {
     /// Lets waiters subscribe to this node's release messages.
     pub(crate) fn with_pubsub(mut self, info: redis::ConnectionInfo) -> Self {
         self.db = info.redis_settings().db();
-        self.pubsub = Some(info);
+        self.pubsub = Some(PubSubAt::Server(Box::new(info)));
         self
     }
 

@@ -291,9 +291,16 @@ impl Node {
     /// answer is not waited for: the release is decided by the delete, and,
     /// as with the script's `pcall`, a user not allowed to publish still
     /// releases. Sent after every native delete, waiters flag or not: the
-    /// flag could be read only by one more command.
+    /// flag could be read only by one more command. A cluster node's is an
+    /// `SPUBLISH`, which redis' cluster connection sends to the channel's
+    /// slot, the key's.
     async fn announce(&self, conn: &mut Conn, key: &str) {
-        let mut publish = redis::cmd("PUBLISH");
+        let verb = if self.pool.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        };
+        let mut publish = redis::cmd(verb);
         publish
             .arg(crate::keys::channel(self.db, key))
             .arg("1")

@@ -20,7 +20,7 @@ use redis::cluster_routing::Slot;
 
 use super::Node;
 use super::cluster::Conn;
-use super::many::RELEASE_MANY;
+use super::many::SHARD_RELEASE_MANY;
 use super::scripts::{Call, LuaScript, keys_cmds};
 use crate::error::NodeError;
 use crate::keys::Many;
@@ -84,7 +84,7 @@ pub(super) fn release_many_per_slot(many: &Many, token: &str, db: i64) -> PerSlo
 /// The multi-resource release of `keys` held with `token`, cut by slot.
 pub(super) fn release_keys_per_slot(keys: Vec<Vec<u8>>, token: Vec<u8>, db: i64) -> PerSlot {
     PerSlot {
-        script: &RELEASE_MANY,
+        script: &SHARD_RELEASE_MANY,
         shape: Shape::AnyOf,
         keys,
         args: vec![token, db.to_string().into_bytes()],

@@ -38,53 +38,68 @@ return 0
 /// Cluster's sake; a cluster runs an undeclared key of the declared key's
 /// slot, which the flag is by its tag. A user whose ACL refuses the flag's key gets an
 /// `ERR` from this script before anything is deleted, and the release runs
-/// again without the flag ([`RELEASE_UNFLAGGED_LUA`]).
-pub(crate) const RELEASE_LUA: &str = concat!(
-    r#"
+/// again without the flag (`release_unflagged_lua`).
+pub(crate) const RELEASE_LUA: &str = release_lua!("PUBLISH", "'redlock:released:0:'");
+
+/// The release script's text: `$publish` announces the delete on the
+/// channel `$prefix .. '{tag}'` (`$prefix` is Lua text).
+macro_rules! release_lua {
+    ($publish:literal, $prefix:literal) => {
+        concat!(
+            r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local t = KEYS[1]
   if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
   if redis.call('DEL', KEYS[1], t .. '"#,
-    waiters_suffix!(),
-    r#"') > 1 then
-    redis.pcall('PUBLISH', 'redlock:released:0:' .. t, '1')
+            waiters_suffix!(),
+            r#"') > 1 then
+    redis.pcall('"#,
+            $publish,
+            "', ",
+            $prefix,
+            r#" .. t, '1')
   end
   return 1
 end
 return 0
 "#
-);
+        )
+    };
+}
+use release_lua;
 
 /// [`RELEASE_LUA`] for a node of another database than 0, named by `ARGV[2]`
 /// (`PUBLISH` reaches every database of a server, and a script cannot read
 /// which database it runs in).
-const RELEASE_IN_DB_LUA: &str = concat!(
-    r#"
+const RELEASE_IN_DB_LUA: &str = release_lua!("PUBLISH", "'redlock:released:' .. ARGV[2] .. ':'");
+
+/// [`RELEASE_LUA`] on a cluster node: the delete is announced by `SPUBLISH`
+/// on the key's shard channel, which hashes to the key's slot by its tag
+/// (`slots`), so only the shard that holds the key hears it, and a script
+/// may send it (a script touches only its keys' slot). A cluster node is
+/// always database 0 (Redis Cluster has no other), so no database argument.
+const SHARD_RELEASE_LUA: &str = release_lua!("SPUBLISH", "'redlock:released:0:'");
+
+/// The release for a user whose ACL refuses the waiters flag's key
+/// (`ERR` from [`RELEASE_LUA`]): the key alone, every delete announced on
+/// the channel `ARGV[2]`, as before waiters set flags; `$publish` as in
+/// [`release_lua`].
+macro_rules! release_unflagged_lua {
+    ($publish:literal) => {
+        concat!(
+            r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local t = KEYS[1]
-  if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
-  if redis.call('DEL', KEYS[1], t .. '"#,
-    waiters_suffix!(),
-    r#"') > 1 then
-    redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
-  end
+  redis.call('DEL', KEYS[1])
+  redis.pcall('"#,
+            $publish,
+            r#"', ARGV[2], '1')
   return 1
 end
 return 0
 "#
-);
-
-/// The release for a user whose ACL refuses the waiters flag's key
-/// (`ERR` from [`RELEASE_LUA`]): the key alone, every delete announced on
-/// the channel `ARGV[2]`, as before waiters set flags.
-const RELEASE_UNFLAGGED_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.pcall('PUBLISH', ARGV[2], '1')
-  return 1
-end
-return 0
-"#;
+        )
+    };
+}
 
 /// Batched extend (`extend_batch.rs`): compare-and-pexpire of every key
 /// `KEYS[i]` held with token `ARGV[2i-1]` to `ARGV[2i]` ms, one flag per key.
@@ -149,7 +164,10 @@ pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
 static RELEASE_IN_DB: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_IN_DB_LUA));
 pub(crate) static RELEASE_UNFLAGGED: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(RELEASE_UNFLAGGED_LUA));
+    LazyLock::new(|| LuaScript::new(release_unflagged_lua!("PUBLISH")));
+static SHARD_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(SHARD_RELEASE_LUA));
+static SHARD_RELEASE_UNFLAGGED: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(release_unflagged_lua!("SPUBLISH")));
 pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_BATCH_LUA));
 
@@ -213,7 +231,7 @@ impl Call {
 
     /// The release (compare-and-delete) of `key` held with `token`.
     pub(crate) fn release(key: Arc<str>, token: Arc<str>) -> Self {
-        let evalsha = release_evalsha(&key, &token, 0);
+        let evalsha = release_evalsha(&key, &token, Announce::Publish { db: 0 });
         Call::Release {
             key,
             token,
@@ -344,20 +362,32 @@ fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
     cmd
 }
 
-/// The release's `EVALSHA` as node database `db` runs it: the key and its
-/// waiters flag, the token, and for a database other than 0 the database
-/// (for the channel).
-pub(super) fn release_evalsha(key: &str, token: &str, db: i64) -> Cmd {
-    release_cmd("EVALSHA", key, token, db)
+/// How a node announces a release: by `PUBLISH` in database `db` of a
+/// single server, or by `SPUBLISH` on a cluster node (database 0).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Announce {
+    Publish { db: i64 },
+    Shard,
+}
+
+/// The release's `EVALSHA` as a node announcing by `how` runs it: the key
+/// and its waiters flag, the token, and for a database other than 0 the
+/// database (for the channel).
+pub(super) fn release_evalsha(key: &str, token: &str, how: Announce) -> Cmd {
+    release_cmd("EVALSHA", key, token, how)
 }
 
 /// The release's `EVAL`, after `NOSCRIPT`.
-pub(super) fn release_eval(key: &str, token: &str, db: i64) -> Cmd {
-    release_cmd("EVAL", key, token, db)
+pub(super) fn release_eval(key: &str, token: &str, how: Announce) -> Cmd {
+    release_cmd("EVAL", key, token, how)
 }
 
-fn release_cmd(name: &str, key: &str, token: &str, db: i64) -> Cmd {
-    let script = if db == 0 { &*RELEASE } else { &*RELEASE_IN_DB };
+fn release_cmd(name: &str, key: &str, token: &str, how: Announce) -> Cmd {
+    let (script, db) = match how {
+        Announce::Shard => (&*SHARD_RELEASE, 0),
+        Announce::Publish { db: 0 } => (&*RELEASE, 0),
+        Announce::Publish { db } => (&*RELEASE_IN_DB, db),
+    };
     let mut cmd = redis::cmd(name);
     cmd.arg(if name == "EVAL" {
         script.body
@@ -373,11 +403,15 @@ fn release_cmd(name: &str, key: &str, token: &str, db: i64) -> Cmd {
     cmd
 }
 
-/// The release without the waiters flag (`RELEASE_UNFLAGGED_LUA`), by
+/// The release without the waiters flag (`release_unflagged_lua`), by
 /// `EVALSHA` and `EVAL`, for a user whose ACL refuses the flag's key.
-pub(super) fn release_unflagged(key: &str, token: &str, db: i64) -> (Cmd, Cmd) {
+pub(super) fn release_unflagged(key: &str, token: &str, how: Announce) -> (Cmd, Cmd) {
+    let (script, db) = match how {
+        Announce::Publish { db } => (&*RELEASE_UNFLAGGED, db),
+        Announce::Shard => (&*SHARD_RELEASE_UNFLAGGED, 0),
+    };
     keys_cmds(
-        &RELEASE_UNFLAGGED,
+        script,
         &[key],
         &[token.to_owned(), crate::keys::channel(db, key)],
     )
@@ -402,5 +436,9 @@ mod tests {
         assert_ne!(EXTEND.sha, RELEASE.sha);
         assert_ne!(RELEASE_UNFLAGGED.sha, RELEASE.sha);
         assert_ne!(RELEASE_IN_DB.sha, RELEASE.sha);
+        assert_ne!(SHARD_RELEASE.sha, RELEASE.sha);
+        assert!(SHARD_RELEASE_LUA.contains("redis.pcall('SPUBLISH', 'redlock:released:0:' .. t"));
+        assert!(RELEASE_IN_DB_LUA.contains("'redlock:released:' .. ARGV[2] .. ':' .. t"));
+        assert_ne!(SHARD_RELEASE_UNFLAGGED.sha, RELEASE_UNFLAGGED.sha);
     }
 }

@@ -37,15 +37,16 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::node::Node;
+use crate::node::{Node, PubSubAt};
 use crate::queue::Queues;
 use crate::settings::Settings;
 
 mod news;
 mod node_task;
+mod shard;
 pub(crate) use news::Found;
 use news::{Chan, NodeSub};
-use node_task::node_task;
+use node_task::{Source, node_task};
 
 use crate::keys::channel_prefix;
 
@@ -158,7 +159,7 @@ impl Shared {
 struct NodeLink {
     /// `None`: the node was given as a pool, whose connection details cannot
     /// be read back; waiters poll that node.
-    client: Option<redis::Client>,
+    client: Option<Source>,
     /// The node's database, which its channels name.
     db: i64,
     /// The node task's inbox: the keys whose subscription to reconcile.
@@ -188,7 +189,12 @@ impl Waiting {
                     .pubsub
                     .as_ref()
                     .filter(|_| enabled)
-                    .and_then(|info| redis::Client::open(info.clone()).ok()),
+                    .and_then(|at| match at {
+                        PubSubAt::Server(info) => redis::Client::open((**info).clone())
+                            .ok()
+                            .map(|c| Source::Server(Box::new(c))),
+                        PubSubAt::Cluster(seeds) => Some(Source::Cluster(seeds.clone())),
+                    }),
                 db: n.db,
                 task: Mutex::new(None),
             })

@@ -2,7 +2,8 @@
 //! local waiter listens, subscribes to every channel still wanted, reconciles
 //! subscriptions as waiters come and go, forwards release messages to the
 //! waiters, checks a silent connection with `PING`, and reconnects with
-//! backoff. With no waiter it stays idle: no connection, no retries.
+//! backoff. With no waiter it stays idle: no connection, no retries. A
+//! cluster node's session is `shard.rs`'s.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,6 +16,15 @@ use tokio::time::Instant;
 
 use super::{HEALTH_CHECK_AFTER, Link, MAX_BACKOFF, MIN_BACKOFF, Shared};
 
+/// How a node's pub/sub connection is opened.
+#[derive(Clone)]
+pub(super) enum Source {
+    /// A single server: one connection, `SUBSCRIBE`.
+    Server(Box<redis::Client>),
+    /// A cluster by its seeds: a cluster connection, `SSUBSCRIBE` (`shard.rs`).
+    Cluster(Vec<redis::ConnectionInfo>),
+}
+
 /// Owns one node's pub/sub connection: connects when a waiter listens,
 /// subscribes to every wanted key's channel (named `prefix` + key),
 /// reconciles subscriptions as waiters come and go, forwards messages, and
@@ -22,7 +32,7 @@ use super::{HEALTH_CHECK_AFTER, Link, MAX_BACKOFF, MIN_BACKOFF, Shared};
 /// dropped.
 pub(super) async fn node_task(
     node: usize,
-    client: redis::Client,
+    source: Source,
     prefix: String,
     shared: Arc<Shared>,
     mut inbox: mpsc::UnboundedReceiver<String>,
@@ -34,26 +44,32 @@ pub(super) async fn node_task(
             return;
         }
         shared.set_link(node, Link::Connecting);
-        let connected = tokio::select! {
-            r = tokio::time::timeout(limit, client.get_async_pubsub()) => r.ok().and_then(Result::ok),
-            () = closed(&mut inbox) => return,
+        let link = Conn {
+            node,
+            shared: &shared,
+            prefix: &prefix,
+            limit,
         };
-        if let Some(pubsub) = connected {
-            let (sink, stream) = pubsub.split();
-            let link = Conn {
-                node,
-                shared: &shared,
-                prefix: &prefix,
-                limit,
-            };
-            match link.serve(sink, stream, &mut inbox).await {
-                Served::Closed => return,
-                Served::Broken { confirmed } => {
-                    if confirmed {
-                        backoff = MIN_BACKOFF;
+        let served = match &source {
+            Source::Server(client) => {
+                let connected = tokio::select! {
+                    r = tokio::time::timeout(limit, client.get_async_pubsub()) => r.ok().and_then(Result::ok),
+                    () = closed(&mut inbox) => return,
+                };
+                match connected {
+                    Some(pubsub) => {
+                        let (sink, stream) = pubsub.split();
+                        Some(link.serve(sink, stream, &mut inbox).await)
                     }
+                    None => None,
                 }
             }
+            Source::Cluster(seeds) => Some(link.serve_shards(seeds, &mut inbox).await),
+        };
+        match served {
+            Some(Served::Closed) => return,
+            Some(Served::Broken { confirmed: true }) => backoff = MIN_BACKOFF,
+            _ => {}
         }
         shared.node_down(node);
         if shared.desired().is_empty() {
@@ -96,7 +112,7 @@ async fn until_wanted(
     false
 }
 
-enum Served {
+pub(super) enum Served {
     /// The handle is gone.
     Closed,
     /// The connection failed; `confirmed` if it worked for a while first.
@@ -105,22 +121,22 @@ enum Served {
 
 /// Drains the inbox until the handle is gone: while there is no connection,
 /// requests need no answer (the next connection subscribes to what is wanted).
-async fn closed(inbox: &mut mpsc::UnboundedReceiver<String>) {
+pub(super) async fn closed(inbox: &mut mpsc::UnboundedReceiver<String>) {
     while inbox.recv().await.is_some() {}
 }
 
 /// One connection's session.
-struct Conn<'a> {
-    node: usize,
-    shared: &'a Shared,
+pub(super) struct Conn<'a> {
+    pub(super) node: usize,
+    pub(super) shared: &'a Shared,
     /// The node's channel names: this, then the key.
-    prefix: &'a str,
+    pub(super) prefix: &'a str,
     /// How long a connect, (un)subscribe or `PING` may take.
-    limit: Duration,
+    pub(super) limit: Duration,
 }
 
 impl Conn<'_> {
-    fn channel(&self, key: &str) -> String {
+    pub(super) fn channel(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
     }
 

@@ -5,8 +5,10 @@ use crate::keys::channel;
 
 #[test]
 fn a_channel_names_the_database_and_the_key() {
-    assert_eq!(channel(0, "invoice:42"), "redlock:released:0:invoice:42");
-    assert_eq!(channel(3, "a:b"), "redlock:released:3:a:b");
+    // By the key's tag (`slots`), so that a shard channel is in the key's slot.
+    assert_eq!(channel(0, "invoice:42"), "redlock:released:0:{invoice:42}");
+    assert_eq!(channel(3, "a:b"), "redlock:released:3:{a:b}");
+    assert_eq!(channel(0, "{a%7Bb%7D}"), "redlock:released:0:{a%7Bb%7D}");
 }
 
 #[test]

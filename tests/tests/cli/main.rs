@@ -8,6 +8,7 @@
 //! this package cannot name it with `CARGO_BIN_EXE_*`).
 
 mod at_least;
+mod cluster;
 mod exit_codes;
 #[cfg(target_os = "linux")]
 mod group;

@@ -9,6 +9,7 @@ mod faults;
 mod layout;
 mod reshard;
 mod scale;
+mod wake;
 
 use std::time::Duration;
 

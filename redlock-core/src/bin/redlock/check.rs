@@ -2,7 +2,8 @@
 //! latency, and what would make the set unfit for Redlock: two URLs that reach
 //! one server (same `run_id`), a node down, a replica, a master with
 //! replicas whose writes do not wait for them (`replicas.rs`), an eviction policy that can evict lock keys, and with
-//! `--fencing`, nodes where the mode is unsound.
+//! `--fencing`, nodes where the mode is unsound. A cluster node
+//! (`cluster.rs`) is checked master by master, and as a whole.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -29,6 +30,14 @@ struct Row {
     info: Option<NodeInfo>,
     latency: Option<Duration>,
     problems: Vec<String>,
+    /// A cluster node's state, slots assigned, and its masters' findings.
+    cluster: Option<(String, u32, Vec<Member>)>,
+}
+
+/// One master of a cluster node.
+struct Member {
+    master: crate::cluster::Master,
+    problems: Vec<String>,
 }
 
 /// The median of three inspections of a key nobody uses: one round trip each.
@@ -46,12 +55,20 @@ async fn latency(redlock: &Redlock) -> Option<Duration> {
     times.get(1).copied()
 }
 
-async fn check_one(url: &str, node_timeout: Duration, fencing: Option<FencingMode>) -> Row {
+/// Checks the node at `url`; a cluster's master (`member`) is not judged
+/// by its replicas here ([`check_cluster`] judges them).
+async fn check_one(
+    url: &str,
+    node_timeout: Duration,
+    fencing: Option<FencingMode>,
+    member: bool,
+) -> Row {
     let mut row = Row {
         url: redlock_core::redact_url(url),
         info: None,
         latency: None,
         problems: Vec::new(),
+        cluster: None,
     };
     let mut builder = Redlock::builder().url(url).node_timeout(node_timeout);
     if let Some(mode) = fencing {
@@ -83,13 +100,72 @@ async fn check_one(url: &str, node_timeout: Duration, fencing: Option<FencingMod
                 .problems
                 .push(format!("role {role}: Redlock needs independent masters")),
         }
-        if let Some(problem) = crate::replicas::problem(info) {
+        if let Some(problem) = crate::replicas::problem(info).filter(|_| !member) {
             row.problems.push(problem);
         }
         if let Some(EvictionCheck::Unsound { reason }) = &info.eviction {
             row.problems.push(format!("eviction: {reason}"));
         }
     }
+    row
+}
+
+/// Checks a cluster node: its state and slots, each master as a node, and
+/// their replicas (`cluster::problems`). The row shows the first master's
+/// version, run_id, role and persistence, and the cluster's latency.
+async fn check_cluster(
+    seeds: &crate::cluster::Seeds,
+    node_timeout: Duration,
+    fencing: Option<FencingMode>,
+) -> Row {
+    let mut row = Row {
+        url: seeds.shown(),
+        info: None,
+        latency: None,
+        problems: Vec::new(),
+        cluster: None,
+    };
+    let view = match crate::cluster::view(seeds, node_timeout).await {
+        Ok(view) => view,
+        Err(e) => {
+            row.problems.push(format!("unreachable: {e}"));
+            return row;
+        }
+    };
+    row.problems.extend(crate::cluster::problems(&view));
+    let rows = futures_util::future::join_all(
+        view.masters
+            .iter()
+            .map(|m| seeds.url(&m.address))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|url| check_one(url, node_timeout, fencing, true)),
+    )
+    .await;
+    let mut members = Vec::new();
+    for (master, mut r) in view.masters.into_iter().zip(rows) {
+        row.problems.extend(
+            r.problems
+                .iter()
+                .map(|p| format!("master {}: {p}", master.address)),
+        );
+        if row.info.is_none() {
+            row.info = r.info.take();
+        }
+        members.push(Member {
+            master,
+            problems: r.problems,
+        });
+    }
+    let handle = Redlock::builder()
+        .cluster(seeds.urls())
+        .node_timeout(node_timeout)
+        .build();
+    match handle {
+        Ok(redlock) => row.latency = latency(&redlock).await,
+        Err(e) => row.problems.push(e.to_string()),
+    }
+    row.cluster = Some((view.state, view.slots_assigned, members));
     row
 }
 
@@ -104,9 +180,13 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
         Fencing::Durable => FencingMode::Durable,
         Fencing::Hybrid => FencingMode::Hybrid,
     });
-    let mut rows =
-        futures_util::future::join_all(nodes.iter().map(|u| check_one(u, node_timeout, fencing)))
-            .await;
+    let mut rows = futures_util::future::join_all(nodes.iter().map(|u| async move {
+        match crate::cluster::Seeds::parse(u) {
+            Some(seeds) => check_cluster(&seeds, node_timeout, fencing).await,
+            None => check_one(u, node_timeout, fencing, false).await,
+        }
+    }))
+    .await;
     // Two URLs, one server: a single failure takes both, so they are one vote.
     for i in 0..rows.len() {
         let run_id = rows[i].info.as_ref().and_then(|n| n.run_id.clone());
@@ -140,6 +220,16 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                     "appendfsync": info.and_then(|i| i.appendfsync.clone()),
                     "latency_us": r.latency.map(|l| u64::try_from(l.as_micros()).unwrap_or(u64::MAX)),
                     "problems": r.problems,
+                    "cluster": r.cluster.as_ref().map(|(state, slots, members)| json!({
+                        "state": state,
+                        "slots_assigned": slots,
+                        "masters": members.iter().map(|m| json!({
+                            "address": m.master.address,
+                            "slots": m.master.slots,
+                            "replicas": m.master.replicas,
+                            "problems": m.problems,
+                        })).collect::<Vec<_>>(),
+                    })),
                 })
             })
             .collect();
@@ -182,6 +272,24 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                     r.problems.join("; ")
                 },
             );
+            if let Some((state, slots, members)) = &r.cluster {
+                println!("  cluster_state:{state}, {slots} of 16384 slots assigned");
+                for m in members {
+                    println!(
+                        "  master {}  {} slot(s)  {} replica(s)  {}",
+                        m.master.address,
+                        m.master.slots,
+                        m.master.replicas,
+                        if m.problems.is_empty() && m.master.replicas == 0 {
+                            "ok".to_owned()
+                        } else if m.problems.is_empty() {
+                            "unfit: replicas".to_owned()
+                        } else {
+                            m.problems.join("; ")
+                        }
+                    );
+                }
+            }
         }
         println!(
             "{healthy} of {} node(s) fit for Redlock (quorum {quorum})",

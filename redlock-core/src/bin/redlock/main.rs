@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use redlock_core::{Error, Redlock};
 
 mod check;
+mod cluster;
 mod group;
 mod nodes;
 mod release;
@@ -51,7 +52,9 @@ REDLOCK_NODES.
 
 REDLOCK_NODES and --nodes: URLs separated by commas or whitespace; a separator
 counts only where a URL (redis://, rediss://, redis+unix://, unix://, valkey...)
-starts right after it, so a comma in a password needs no escaping.
+starts right after it, so a comma in a password needs no escaping. A node that
+is a Redis Cluster is written redis+cluster://[user:pass@]h1:7000,h2:7000 (its
+seeds, sharing the credentials).
 
 Examples:
   export REDLOCK_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
@@ -67,7 +70,8 @@ Examples:
 #[command(name = "redlock", version, after_help = AFTER_HELP)]
 struct Cli {
     /// The Redis nodes, `redis://` URLs separated by commas or whitespace, one
-    /// per independent master (may be given more than once).
+    /// per independent master (may be given more than once); a node that is a
+    /// Redis Cluster as `redis+cluster://h1:7000,h2:7000` (its seeds).
     #[arg(long, env = "REDLOCK_NODES", global = true, hide_env_values = true)]
     nodes: Vec<String>,
     /// How long each node may take to answer one call.
@@ -125,7 +129,10 @@ pub(crate) fn connect(
             "no nodes: give --nodes or set REDLOCK_NODES (redis:// URLs, comma-separated)",
         ));
     }
-    let mut builder = Redlock::builder().urls(nodes).node_timeout(node_timeout);
+    let mut builder = nodes
+        .iter()
+        .fold(Redlock::builder(), |b, n| cluster::add(b, n))
+        .node_timeout(node_timeout);
     if let Some(mode) = fencing {
         builder = builder.fencing(mode);
     }

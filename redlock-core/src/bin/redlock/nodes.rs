@@ -6,10 +6,14 @@
 //! comma or a space inside a password (`redis://:ab,cd@host`) therefore needs
 //! no escaping and never splits the URL, so no half of a password is ever
 //! taken for a URL and printed. A password holding a separator followed by a
-//! scheme (`,redis://`) must be `%`-escaped.
+//! scheme (`,redis://`) must be `%`-escaped. A cluster node
+//! (`redis+cluster://h1:7000,h2:7000`, `cluster.rs`) is one node: the commas
+//! between its hosts start no URL.
 
-/// The schemes redis-rs reads.
-const SCHEMES: [&str; 7] = [
+/// The schemes redis-rs reads, and a cluster node's.
+const SCHEMES: [&str; 9] = [
+    "redis+cluster://",
+    "valkey+cluster://",
     "redis://",
     "rediss://",
     "valkey://",
@@ -87,5 +91,13 @@ mod tests {
         );
         assert!(one(" , ").is_empty());
         assert_eq!(one("h:1,redis://b:2"), ["h:1", "redis://b:2"]);
+        assert_eq!(
+            one("redis+cluster://:p,w@h1:1,h2:2 redis://c:3,valkey+cluster://h3:3,h4:4"),
+            [
+                "redis+cluster://:p,w@h1:1,h2:2",
+                "redis://c:3",
+                "valkey+cluster://h3:3,h4:4"
+            ]
+        );
     }
 }

@@ -1,0 +1,115 @@
+//! The `redlock` command on a node that is a Redis Cluster
+//! (`redis+cluster://` seeds): `run` and `status` through it, and `check`'s
+//! findings: fit with every slot served and no replicas, unfit with replicas
+//! (a cluster node's writes do not wait for them) or with a master down.
+
+use std::time::Duration;
+
+use redlock_tests::RedisCluster;
+
+use crate::{PASSWORD, redlock, run_to_end, text, wait_for};
+
+/// A user `locker` with a password on every member, and the cluster node
+/// that uses it, seeded by two members.
+fn node_with_password(cluster: &RedisCluster) -> String {
+    for n in cluster.nodes() {
+        n.cmd(&[
+            "ACL",
+            "SETUSER",
+            "locker",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+    }
+    let nodes = cluster.nodes();
+    format!(
+        "redis+cluster://locker:{PASSWORD}@127.0.0.1:{},127.0.0.1:{}",
+        nodes[0].port(),
+        nodes[1].port()
+    )
+}
+
+/// Runs `redlock args..` on `node`: its exit code and stdout; no output
+/// holds the password.
+fn redlock_on(node: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = run_to_end({
+        let mut c = redlock(node);
+        c.args(args).args(["--node-timeout", "1s"]);
+        c
+    });
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        !stdout.contains(PASSWORD) && !stderr.contains(PASSWORD),
+        "{args:?} printed the password: {stdout}{stderr}"
+    );
+    (out.status.code(), stdout + &stderr)
+}
+
+#[test]
+fn check_shows_a_clusters_masters_slots_and_replicas() {
+    let cluster = RedisCluster::start(3, 0);
+    let node = node_with_password(&cluster);
+
+    let (code, out) = redlock_on(&node, &["run", "--key", "cli-cluster", "--", "true"]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = redlock_on(&node, &["status", "cli-cluster"]);
+    assert_eq!(code, Some(0), "{out}");
+
+    let (code, out) = redlock_on(&node, &["check"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("redis+cluster://locker:***@127.0.0.1:"),
+        "{out}"
+    );
+    assert!(
+        out.contains("cluster_state:ok, 16384 of 16384 slots assigned"),
+        "{out}"
+    );
+    assert_eq!(out.matches("0 replica(s)  ok").count(), 3, "{out}");
+    assert!(out.contains("1 of 1 node(s) fit"), "{out}");
+
+    let (code, out) = redlock_on(&node, &["check", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    let cluster_view = &v["nodes"][0]["cluster"];
+    assert_eq!(cluster_view["state"], "ok", "{out}");
+    let masters = cluster_view["masters"].as_array().expect("masters");
+    assert_eq!(masters.len(), 3, "{out}");
+    let slots: u64 = masters.iter().filter_map(|m| m["slots"].as_u64()).sum();
+    assert_eq!(slots, 16384, "{out}");
+
+    // A master down: its slots are served by nobody, the cluster fails.
+    cluster.masters()[2].kill();
+    let survivor = &cluster.masters()[0];
+    wait_for("cluster_state:fail", Duration::from_secs(20), || {
+        survivor
+            .raw::<String>(&["CLUSTER", "INFO"])
+            .is_ok_and(|i| i.contains("cluster_state:fail"))
+    });
+    let (code, out) = redlock_on(&node, &["check"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("cluster_state:fail"), "{out}");
+    assert!(out.contains("0 of 1 node(s) fit"), "{out}");
+}
+
+#[test]
+fn check_says_a_cluster_with_replicas_is_unfit() {
+    let cluster = RedisCluster::start(3, 1);
+    let node = node_with_password(&cluster);
+    let (code, out) = redlock_on(&node, &["check"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        out.matches("has 1 replica(s) and a cluster node's writes do not wait for them")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("1 replica(s)  unfit: replicas").count(),
+        3,
+        "{out}"
+    );
+}
