@@ -154,18 +154,12 @@ mod settings;
 mod sources;
 mod wake;
 
-// 3. The handle's state (`redlock`) and the Redlock steps in the spec's
-// order: token, quorum, validity and retry (`steps`), fan-out, acquire (with
-// the fence round), the held lock, extend, release, late answers.
-mod acquire;
-mod extend;
-mod extend_batch;
-mod fan_out;
-mod lock;
+// 3. The handle's state (`redlock`) and the Redlock steps, in `protocol/`
+// in the spec's order: token, quorum, validity and retry (`steps`), fan-out,
+// acquire (with the fence round), the held lock, extend, release, late
+// answers.
+mod protocol;
 mod redlock;
-mod release;
-mod steps;
-mod stragglers;
 
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
 // wake-up); above them, a leader (campaign, observe), jobs run once per
@@ -202,11 +196,11 @@ pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use job::JobOptions;
 pub use keys::MAX_RESOURCES;
 pub use leader::{CampaignOptions, Leader, Leadership, Observer};
-pub use lock::Lock;
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;
+pub use protocol::lock::Lock;
+pub use protocol::release::Released;
 pub use redlock::{NodeInfo, Redlock};
-pub use release::Released;
 pub use rwlock::Access;
 pub use semaphore::MAX_PERMITS;
 pub use settings::{LockOptions, RetryPolicy};

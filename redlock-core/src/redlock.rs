@@ -14,8 +14,8 @@ use crate::error::{Error, NodeError};
 use crate::eviction::{EvictionCheck, check_eviction};
 use crate::fencing::{FencingCheck, check_persistence};
 use crate::node::Node;
+use crate::protocol::steps::{quorum, whole_millis};
 use crate::settings::{RetryPolicy, Settings};
-use crate::steps::{quorum, whole_millis};
 use crate::wake::Waiting;
 
 pub(crate) struct Inner {

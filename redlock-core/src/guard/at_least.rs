@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, NodeError};
 use crate::guard::schedule::Handback;
 use crate::guard::{LockGuard, LockHandle, Watched};
-use crate::lock::Lock;
 use crate::node::{Call, EXTEND, parse_flag};
-use crate::release::Released;
+use crate::protocol::lock::Lock;
+use crate::protocol::release::Released;
 
 /// How a guarded lock ended under [`LockGuard::release_at_least`].
 #[derive(Debug)]

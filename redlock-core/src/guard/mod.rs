@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::fencing::FencingToken;
-use crate::lock::Lock;
+use crate::protocol::lock::Lock;
+use crate::protocol::release::Released;
 use crate::redlock::Redlock;
-use crate::release::Released;
 use crate::settings::LockOptions;
 pub use at_least::Ended;
 pub(crate) use at_least::run_guarded_at_least;
@@ -298,7 +298,7 @@ impl Redlock {
     {
         self.loss_margin_for(options)?;
         let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let ttl = crate::acquire::Ttl::new(
+        let ttl = crate::protocol::acquire::Ttl::new(
             options.ttl,
             options.retained_counter_ttl(self.inner.settings.fencing),
         );

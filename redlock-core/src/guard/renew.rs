@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::guard::handle::Shared;
-use crate::lock::Lock;
+use crate::protocol::lock::Lock;
 use crate::settings::LockOptions;
 
 /// Fires `lost` when a lock's renewals end any way but a normal release: a

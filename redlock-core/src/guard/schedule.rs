@@ -31,10 +31,10 @@ use tokio::task::JoinHandle;
 
 use super::renew::{Due, Renewal};
 use crate::error::Error;
-use crate::extend_batch::{BATCH, BatchOutcome};
-use crate::lock::Lock;
 use crate::per_runtime::PerRuntime;
-use crate::release::Released;
+use crate::protocol::extend_batch::{BATCH, BatchOutcome};
+use crate::protocol::lock::Lock;
+use crate::protocol::release::Released;
 
 /// A handle's renewal schedule: the way to its task on each runtime, started
 /// on demand.

@@ -11,9 +11,9 @@ use super::record::Record;
 use super::redis_store::RedisStore;
 use super::store::Found;
 use crate::error::NodeError;
-use crate::fan_out::{DynFan, Settled};
 use crate::guard::LockHandle;
 use crate::node::{Call, RECORD_PEEK};
+use crate::protocol::fan_out::{DynFan, Settled};
 
 /// Where an answer's record bytes are: the whole answer of a `GET`, a part
 /// of a peek's.

@@ -42,9 +42,9 @@ use super::record::Record;
 use super::redis_read::{newest, quorum_decided, vouched, whole};
 use super::store::{Found, IdempotencyStore, StoreError, StoreFuture};
 use crate::error::{NodeError, NodeStatus};
-use crate::fan_out::Settled;
 use crate::guard::LockHandle;
 use crate::node::{Call, RECORD_GENERATION, RECORD_GET, RECORD_PUT, parse_flag};
+use crate::protocol::fan_out::Settled;
 use crate::redlock::Redlock;
 
 /// The default record TTL: 24 hours.
@@ -262,7 +262,7 @@ fn parse_generation(v: Value) -> Result<Option<u64>, NodeError> {
 
 /// Lets the calls a fan-out did not wait for run to their end in the
 /// background (a dropped call could be cancelled before it is sent).
-fn finish_in_background<F>(mut pending: crate::fan_out::Fan<F>)
+fn finish_in_background<F>(mut pending: crate::protocol::fan_out::Fan<F>)
 where
     F: std::future::Future + Send + 'static,
     F::Output: Send,

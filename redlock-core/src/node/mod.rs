@@ -184,7 +184,7 @@ impl Node {
     /// [`Node::run_on`] without a timer of its own: the call gives up with
     /// [`NodeError::Timeout`] when it is polled `timeout` or more after its
     /// first poll, so whoever polls it must be woken by then. A fan-out
-    /// ([`crate::fan_out::Fan`]) keeps one timer for all its calls, instead
+    /// ([`crate::protocol::fan_out::Fan`]) keeps one timer for all its calls, instead
     /// of a timer per call, each of which takes the Tokio timer's lock twice.
     pub(crate) async fn run_until(&self, call: &Call, timeout: Duration) -> Ran {
         let start = Instant::now();

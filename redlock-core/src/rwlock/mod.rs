@@ -24,17 +24,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::acquire::{Scripted, Ttl};
 use crate::error::Error;
 use crate::fencing::fence_key;
 use crate::guard::{LockGuard, LockHandle, run_guarded};
 use crate::keys::Keys;
-use crate::lock::Lock;
 use crate::metrics;
 use crate::node::{Call, RwKeys};
+use crate::protocol::acquire::{Scripted, Ttl};
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::new_token;
 use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
-use crate::steps::new_token;
 
 /// Which side of a read/write lock to take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

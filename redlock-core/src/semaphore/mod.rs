@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use crate::acquire::Ttl;
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle, run_guarded};
-use crate::lock::Lock;
 use crate::metrics;
+use crate::protocol::acquire::Ttl;
+use crate::protocol::lock::Lock;
 use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join_all, select_all};
 
 use super::{fallback, flag_ttl};
-use crate::acquire::Ttl;
 use crate::error::{Error, NodeError};
 use crate::keys::Many;
-use crate::lock::Lock;
 use crate::node::Call;
+use crate::protocol::acquire::Ttl;
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::may_retry;
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
-use crate::steps::may_retry;
 use crate::wake::{Found, Subscription};
 
 impl Redlock {

@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 
 use crate::error::Error;
-use crate::lock::Lock;
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::{may_retry, retry_delay};
 use crate::queue::Place;
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
-use crate::steps::{may_retry, retry_delay};
 use crate::wake::{Found, Subscription};
 
 mod many;
@@ -39,7 +39,7 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
-        ttl: crate::acquire::Ttl,
+        ttl: crate::protocol::acquire::Ttl,
         retry: &RetryPolicy,
         begin: Instant,
         latest_start: Option<Instant>,

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use crate::error::{Error, NodeStatus};
-use crate::fan_out::Settled;
 use crate::fencing::{FencingMode, FencingToken, counter_ttl, fence_key, pick_token};
 use crate::node::{AcquireReply, Call, FENCE, parse_flag};
+use crate::protocol::fan_out::Settled;
+use crate::protocol::steps::validity;
 use crate::redlock::Redlock;
-use crate::steps::validity;
 
 /// The outcome of a fence phase that reached its quorum in time.
 pub(crate) struct Fenced {

@@ -12,12 +12,12 @@ use futures_util::StreamExt;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{Fan, Settled, ready_now, send_now};
 use crate::keys::Keys;
-use crate::lock::Lock;
 use crate::node::{Call, parse_flag};
+use crate::protocol::fan_out::{Fan, Settled, ready_now, send_now};
+use crate::protocol::lock::Lock;
+use crate::protocol::stragglers::Late;
 use crate::redlock::Redlock;
-use crate::stragglers::Late;
 
 /// What a release confirmed on a quorum of nodes did.
 #[derive(Clone)]

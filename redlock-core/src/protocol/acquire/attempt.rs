@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, NodeStatus};
-use crate::fan_out::Settled;
 use crate::fencing::FencingToken;
 use crate::keys::Keys;
-use crate::lock::Lock;
 use crate::node::AcquireReply;
+use crate::protocol::fan_out::Settled;
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::{instant_after, validity};
+use crate::protocol::stragglers::{Late, Stragglers};
 use crate::redlock::Redlock;
-use crate::steps::{instant_after, validity};
-use crate::stragglers::{Late, Stragglers};
 
 /// Releases an attempt's keys on every node if the attempt's future is dropped
 /// before it returns: a caller that goes away mid-acquire (a client gone while

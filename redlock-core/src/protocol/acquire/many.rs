@@ -20,12 +20,12 @@ use super::attempt::{Attempt, Round};
 use crate::error::Error;
 use crate::fencing::{FencingMode, fence_key};
 use crate::keys::{Keys, MAX_RESOURCES, Many, Resources};
-use crate::lock::Lock;
 use crate::metrics;
 use crate::node::{Call, parse_acquire_many};
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::new_token;
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
-use crate::steps::new_token;
 use std::collections::BTreeMap;
 
 impl Redlock {

@@ -12,12 +12,12 @@ use tracing::Instrument;
 use crate::error::{Error, NodeStatus, Report};
 use crate::fencing::fence_key;
 use crate::keys::Keys;
-use crate::lock::Lock;
 use crate::metrics;
 use crate::node::{Call, parse_acquire};
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
-use crate::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 
 mod attempt;
 mod fence;

@@ -13,9 +13,9 @@ use futures_util::StreamExt;
 use futures_util::task::AtomicWaker;
 
 use crate::error::NodeError;
-use crate::fan_out::{Fan, Settled, ready_now};
 use crate::keys::Keys;
 use crate::node::{AcquireReply, Call};
+use crate::protocol::fan_out::{Fan, Settled, ready_now};
 use crate::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.

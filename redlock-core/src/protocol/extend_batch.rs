@@ -15,12 +15,12 @@ use futures_util::StreamExt;
 use redis::Value;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::extend::{Extended, answered};
-use crate::fan_out::Settled;
-use crate::lock::Lock;
 use crate::node::{Call, EXTEND_BATCH, Shape};
+use crate::protocol::extend::{Extended, answered};
+use crate::protocol::fan_out::Settled;
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::validity;
 use crate::redlock::Redlock;
-use crate::steps::validity;
 
 /// At most this many keys go in one script call: a node runs a script alone,
 /// so a batch is kept short enough not to hold up other clients' calls

@@ -13,8 +13,8 @@ use super::Ttl;
 use super::attempt::Attempt;
 use crate::error::Error;
 use crate::keys::Keys;
-use crate::lock::Lock;
 use crate::node::{Call, parse_acquire_many};
+use crate::protocol::lock::Lock;
 use crate::redlock::Redlock;
 
 /// What a scripted attempt holds once it succeeds.

@@ -10,11 +10,11 @@ use futures_util::StreamExt;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::fan_out::{Fan, Settled};
-use crate::lock::Lock;
 use crate::node::{Call, EXTEND, parse_flag};
+use crate::protocol::fan_out::{Fan, Settled};
+use crate::protocol::lock::Lock;
+use crate::protocol::steps::{instant_after, validity};
 use crate::redlock::Redlock;
-use crate::steps::{instant_after, validity};
 
 /// What one extend found once it was decided.
 pub(crate) struct Extended {
@@ -280,7 +280,7 @@ impl Redlock {
         // what a quorum keeps even then.
         let kept = lock.quorum_ttl(ttl, &nodes, q);
         let validity = if kept < ttl {
-            crate::steps::validity(
+            crate::protocol::steps::validity(
                 kept,
                 now.saturating_duration_since(start),
                 &self.inner.settings,
