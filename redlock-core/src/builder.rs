@@ -10,7 +10,7 @@ use deadpool_redis::Pool;
 use crate::error::Error;
 use crate::fencing::FencingMode;
 use crate::node_spec::NodeSpec;
-use crate::redlock::{Inner, Redlock};
+use crate::protocol::redlock::{Inner, Redlock};
 use crate::settings::{RetryPolicy, Settings};
 use crate::sources::{NodeSource, open_nodes};
 

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, NodeError};
 use crate::fencing::fence_key;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::release::Released;
-use crate::redlock::Redlock;
 
 /// One node's view of a lock key, read in one script so the parts agree.
 const READ_LUA: &str = r"

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::guard::{LockHandle, run_guarded_at_least};
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
 /// Options of a scheduled job ([`Redlock::run_job`]).

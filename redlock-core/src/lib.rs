@@ -154,12 +154,11 @@ mod settings;
 mod sources;
 mod wake;
 
-// 3. The handle's state (`redlock`) and the Redlock steps, in `protocol/`
+// 3. The handle's state (`protocol/redlock.rs`) and the Redlock steps, in `protocol/`
 // in the spec's order: token, quorum, validity and retry (`steps`), fan-out,
 // acquire (with the fence round), the held lock, extend, release, late
 // answers.
 mod protocol;
-mod redlock;
 
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
 // wake-up); above them, a leader (campaign, observe), jobs run once per
@@ -199,8 +198,8 @@ pub use leader::{CampaignOptions, Leader, Leadership, Observer};
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;
 pub use protocol::lock::Lock;
+pub use protocol::redlock::{NodeInfo, Redlock};
 pub use protocol::release::Released;
-pub use redlock::{NodeInfo, Redlock};
 pub use rwlock::Access;
 pub use semaphore::MAX_PERMITS;
 pub use settings::{LockOptions, RetryPolicy};

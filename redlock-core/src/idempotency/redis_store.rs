@@ -45,7 +45,7 @@ use crate::error::{NodeError, NodeStatus};
 use crate::guard::LockHandle;
 use crate::node::{Call, RECORD_GENERATION, RECORD_GET, RECORD_PUT, parse_flag};
 use crate::protocol::fan_out::Settled;
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 
 /// The default record TTL: 24 hours.
 pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);

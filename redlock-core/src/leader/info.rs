@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fencing::FencingToken;
 use crate::guard::LockHandle;
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 
 /// Writes the info (`KEYS[2]` := `ARGV[2]` for `ARGV[3]` ms) only while the
 /// lock key (`KEYS[1]`) holds the leader's token `ARGV[1]`: a leader whose key

@@ -25,8 +25,8 @@ use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::guard::{LockGuard, LockHandle, LostFuture};
 use crate::inspect::token_fingerprint;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::release::Released;
-use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
 mod info;

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::inspect::token_fingerprint;
 use crate::keys::waiters_flag;
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 use crate::wake::{Found, Subscription};
 
 /// One node's round: set the waiters flag (`KEYS[2]`, `ARGV[1]` ms, kept if

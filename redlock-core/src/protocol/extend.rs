@@ -13,8 +13,8 @@ use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::node::{Call, EXTEND, parse_flag};
 use crate::protocol::fan_out::{Fan, Settled};
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::{instant_after, validity};
-use crate::redlock::Redlock;
 
 /// What one extend found once it was decided.
 pub(crate) struct Extended {

@@ -19,8 +19,8 @@ use crate::node::{Call, EXTEND_BATCH, Shape};
 use crate::protocol::extend::{Extended, answered};
 use crate::protocol::fan_out::Settled;
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::validity;
-use crate::redlock::Redlock;
 
 /// At most this many keys go in one script call: a node runs a script alone,
 /// so a batch is kept short enough not to hold up other clients' calls

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::keys::{Keys, Many};
+use crate::protocol::redlock::Redlock;
 use crate::protocol::stragglers::Late;
-use crate::redlock::Redlock;
 
 /// A held Redlock lock: the resource, this holder's token, and how long it is valid.
 ///

@@ -6,7 +6,7 @@
 //! time ([`extend`]) or in batches for renewal ([`extend_batch`]); release
 //! ([`release`]); and the answers that come after a step was decided
 //! ([`stragglers`]). The steps take the handle's nodes, quorum and settings
-//! from [`crate::redlock`]; everything above (holding, waiting, leader,
+//! from [`crate::protocol::redlock`]; everything above (holding, waiting, leader,
 //! permits, the HTTP parts) calls them.
 
 pub(crate) mod acquire;
@@ -14,6 +14,7 @@ pub(crate) mod extend;
 pub(crate) mod extend_batch;
 pub(crate) mod fan_out;
 pub(crate) mod lock;
+pub(crate) mod redlock;
 pub(crate) mod release;
 pub(crate) mod steps;
 pub(crate) mod stragglers;

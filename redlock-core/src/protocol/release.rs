@@ -16,8 +16,8 @@ use crate::keys::Keys;
 use crate::node::{Call, parse_flag};
 use crate::protocol::fan_out::{Fan, Settled, ready_now, send_now};
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::stragglers::Late;
-use crate::redlock::Redlock;
 
 /// What a release confirmed on a quorum of nodes did.
 #[derive(Clone)]

@@ -16,7 +16,7 @@ use crate::error::NodeError;
 use crate::keys::Keys;
 use crate::node::{AcquireReply, Call};
 use crate::protocol::fan_out::{Fan, Settled, ready_now};
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 
 /// Acquire answers still on their way when the outcome was decided.
 pub(crate) type Stragglers<F> = Fan<F>;

@@ -4,7 +4,7 @@
 
 use crate::error::Error;
 use crate::guard::LockGuard;
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 use crate::rwlock::Access;
 use crate::settings::LockOptions;
 

@@ -45,7 +45,7 @@ use tracing::Instrument;
 
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle};
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 use crate::settings::LockOptions;
 
 mod guarded;

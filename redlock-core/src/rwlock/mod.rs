@@ -32,8 +32,8 @@ use crate::metrics;
 use crate::node::{Call, RwKeys};
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::new_token;
-use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
 /// Which side of a read/write lock to take.

@@ -27,7 +27,7 @@ use crate::guard::{LockGuard, LockHandle, run_guarded};
 use crate::metrics;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
 /// The most permits one semaphore may have: each is a slot an attempt may

@@ -14,8 +14,8 @@ use crate::keys::Many;
 use crate::node::Call;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::may_retry;
-use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 

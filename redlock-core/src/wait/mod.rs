@@ -22,9 +22,9 @@ use futures_util::FutureExt;
 
 use crate::error::Error;
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::{may_retry, retry_delay};
 use crate::queue::Place;
-use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 

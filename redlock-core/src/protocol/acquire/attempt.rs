@@ -12,9 +12,9 @@ use crate::keys::Keys;
 use crate::node::AcquireReply;
 use crate::protocol::fan_out::Settled;
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::{instant_after, validity};
 use crate::protocol::stragglers::{Late, Stragglers};
-use crate::redlock::Redlock;
 
 /// Releases an attempt's keys on every node if the attempt's future is dropped
 /// before it returns: a caller that goes away mid-acquire (a client gone while

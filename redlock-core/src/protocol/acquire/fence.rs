@@ -11,8 +11,8 @@ use crate::error::{Error, NodeStatus};
 use crate::fencing::{FencingMode, FencingToken, counter_ttl, fence_key, pick_token};
 use crate::node::{AcquireReply, Call, FENCE, parse_flag};
 use crate::protocol::fan_out::Settled;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::validity;
-use crate::redlock::Redlock;
 
 /// The outcome of a fence phase that reached its quorum in time.
 pub(crate) struct Fenced {

@@ -23,8 +23,8 @@ use crate::keys::{Keys, MAX_RESOURCES, Many, Resources};
 use crate::metrics;
 use crate::node::{Call, parse_acquire_many};
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::new_token;
-use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 use std::collections::BTreeMap;
 

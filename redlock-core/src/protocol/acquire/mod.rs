@@ -15,8 +15,8 @@ use crate::keys::Keys;
 use crate::metrics;
 use crate::node::{Call, parse_acquire};
 use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::{busy_retry_after, may_retry, new_token, retry_delay};
-use crate::redlock::Redlock;
 use crate::settings::RetryPolicy;
 
 mod attempt;

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::keys::Keys;
 use crate::node::{Call, parse_acquire_many};
 use crate::protocol::lock::Lock;
-use crate::redlock::Redlock;
+use crate::protocol::redlock::Redlock;
 
 /// What a scripted attempt holds once it succeeds.
 pub(crate) struct Scripted {

@@ -15,7 +15,7 @@ use redis::Value;
 
 use crate::error::{NodeError, NodeOutcome, NodeStatus, Report};
 use crate::node::Call;
-use crate::redlock::{Inner, Redlock};
+use crate::protocol::redlock::{Inner, Redlock};
 
 /// One node's settled answer within a fan-out.
 #[derive(Clone)]
