@@ -59,6 +59,7 @@ use nix::time::{ClockId, clock_gettime};
 mod check;
 mod event;
 mod holder;
+pub mod shared;
 #[cfg(test)]
 mod tests;
 mod verdict;

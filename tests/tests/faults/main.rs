@@ -35,6 +35,7 @@
 mod fenced;
 mod proxy;
 mod replicas;
+mod shared;
 mod suite;
 
 /// The suite alone, or the fenced workloads together: libtest runs the tests

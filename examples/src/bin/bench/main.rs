@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `native` (not in `all`:
+//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `shared`, `native` (not in `all`:
 //! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`), `side-by-side`
 //! (not in `all`: the library's tasks and raw's at the same time). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
@@ -30,6 +30,7 @@ mod metrics_cost;
 mod native;
 mod publish;
 mod scale;
+mod shared;
 mod side_by_side;
 mod waiting;
 
@@ -367,6 +368,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "scale" {
         scale::scale(&setup).await?;
+    }
+    if all || scenario == "shared" {
+        shared::shared(&setup).await?;
     }
     if scenario == "native" {
         native::native(&setup).await?;
