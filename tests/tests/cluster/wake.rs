@@ -160,8 +160,22 @@ async fn a_waiter_still_wakes_after_the_slots_master_fails_over() {
         wait_until(ms(10_000), || shard_subscribers(&cluster, &lock_key) == 1),
         "the waiter never subscribed on the key's master"
     );
-    // The holder's key reaches the replica before its master dies.
-    let _: i64 = old.raw(&["WAIT", "1", "5000"]).unwrap();
+    // The holder's key reaches the replica before its master dies: the
+    // master's replica has caught up with its offset read after the `SET`
+    // (a `WAIT` on a fresh connection waits for nothing: it has written
+    // nothing; once in 5 runs the promoted replica lacked the key).
+    let offset = info_field(&old, "master_repl_offset");
+    let port = old.port().to_string();
+    assert!(
+        wait_until(ms(5_000), || cluster.replicas().iter().any(|r| {
+            info_field(r, "master_port") == port
+                && info_field(r, "slave_repl_offset")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    >= offset.parse::<u64>().unwrap_or(u64::MAX)
+        })),
+        "the replica never caught up with the holder's key"
+    );
     old.kill();
     assert!(
         wait_until(ms(20_000), || cluster
@@ -244,4 +258,14 @@ async fn a_waiter_still_wakes_after_the_keys_slot_moves() {
     b.unlock(lock.unwrap()).await.unwrap();
     let woken = acquired.saturating_duration_since(released);
     assert!(woken < SOON, "woken {woken:?} after the release");
+}
+
+/// A field of a node's `INFO replication`, empty when absent.
+fn info_field(node: &redlock_tests::RedisNode, field: &str) -> String {
+    let info: String = node.raw(&["INFO", "replication"]).unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }
