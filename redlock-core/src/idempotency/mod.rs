@@ -35,6 +35,7 @@ mod fingerprint;
 mod finish;
 mod flow;
 mod key;
+mod peek;
 mod policy;
 mod record;
 mod redis_read;

@@ -190,12 +190,6 @@ impl LockPolicy {
     /// ```
     pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(30);
 
-    crate::lock_policy_setters!(apply = apply_setting, status = http::StatusCode);
-
-    fn apply_setting(self, setting: super::setters::Setting) -> Self {
-        setting.apply(self)
-    }
-
     /// Which lock a request takes on its key.
     pub fn lock_kind(&self) -> super::RequestLockKind {
         self.kind

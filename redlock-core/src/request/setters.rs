@@ -40,6 +40,16 @@ pub enum Setting {
     SharedForSafeMethods,
 }
 
+// The setters of `LockPolicy` itself live here, beside the `Setting` they
+// make, so the policy's module needs nothing from this one.
+impl LockPolicy {
+    crate::lock_policy_setters!(apply = apply_setting, status = http::StatusCode);
+
+    fn apply_setting(self, setting: Setting) -> Self {
+        setting.apply(self)
+    }
+}
+
 impl Setting {
     /// `policy` with this setting applied.
     pub fn apply(self, mut policy: LockPolicy) -> LockPolicy {
