@@ -64,7 +64,10 @@ pub enum NodeError {
     /// [`ReplicaAcks`](crate::ReplicaAcks) ask for acknowledged the write in
     /// time (`WAIT`): a failover could promote a replica without it, so the
     /// node does not count for the quorum.
-    #[error("the write reached {acked} of the {wanted} replica(s) wanted within {waited:?}")]
+    #[error(
+        "the write{} reached {acked} of the {wanted} replica(s) wanted within {waited:?}",
+        on_master(.master)
+    )]
     ReplicaAcks {
         /// How many replicas acknowledged the write.
         acked: u64,
@@ -72,7 +75,17 @@ pub enum NodeError {
         wanted: u32,
         /// How long `WAIT` waited.
         waited: Duration,
+        /// On a cluster node, the master and slot whose write was short of
+        /// acks (`127.0.0.1:7000, slot 866`); `None` on a single server.
+        master: Option<String>,
     },
+}
+
+/// `" on master <address, slot>"` for a cluster node's short write.
+fn on_master(master: &Option<String>) -> String {
+    master
+        .as_deref()
+        .map_or_else(String::new, |m| format!(" on master {m}"))
 }
 
 impl NodeError {

@@ -131,11 +131,24 @@ impl NodePool {
 impl Node {
     /// A node that is the Redis Cluster reached through `seeds` (any of its
     /// members; the masters are found from them). Labelled and compared by
-    /// its first seed's address.
+    /// its first seed's address. Replica acks may be given in the seeds'
+    /// URLs (`?replica_acks=n`, the same on each).
     pub(crate) fn from_seeds(seeds: &[String]) -> Result<Node, Error> {
         let first = seeds.first().ok_or(Error::NoNodes)?;
         let mut infos = Vec::with_capacity(seeds.len());
-        for url in seeds {
+        let mut acks = None;
+        for (i, url) in seeds.iter().enumerate() {
+            // `?replica_acks=n` on the seeds: the same on every one.
+            let (url, seed_acks) = super::split_url(url)?;
+            if i == 0 {
+                acks = seed_acks;
+            } else if seed_acks != acks {
+                return Err(invalid_url(
+                    &url,
+                    "the seeds of one cluster disagree on replica_acks".into(),
+                ));
+            }
+            let url = &url;
             if url.starts_with("rediss://") {
                 return Err(invalid_url(
                     url,
@@ -171,6 +184,7 @@ impl Node {
             NodePool::Seeds(Box::new(client)),
         );
         node.pubsub = Some(super::PubSubAt::Cluster(infos));
+        node.replica_acks = acks;
         Ok(node)
     }
 

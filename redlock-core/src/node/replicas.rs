@@ -49,6 +49,17 @@ impl ReplicaAcks {
         }
     }
 
+    /// The replica acks a node URL asks for (`?replica_acks=n` and
+    /// optionally `&replica_timeout_ms=ms`; `None`: none), as the builder
+    /// reads them. A cluster node's seeds carry them the same way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when the parameters are not whole numbers, or
+    /// ask for 0 replicas (no password in the error).
+    pub fn from_url(url: &str) -> Result<Option<Self>, Error> {
+        split_url(url).map(|(_, acks)| acks)
+    }
+
     /// How many replicas must acknowledge each write.
     pub fn replicas(&self) -> u32 {
         self.replicas
@@ -167,26 +178,47 @@ impl Node {
             return Ok(reply);
         }
         let wait_ms = acks.wait_ms(timeout.saturating_sub(start.elapsed()));
+        if let Conn::Cluster(_) = wait_conn {
+            self.wait_slots(call, acks, wait_ms, generation, &wait_conn)
+                .await?;
+            return Ok(reply);
+        }
         let mut wait = redis::cmd("WAIT");
         wait.arg(acks.replicas).arg(wait_ms);
-        let acked = match self.send(generation, &mut wait_conn, &wait).await {
-            Ok(Value::Int(n)) => u64::try_from(n).unwrap_or(0),
-            Ok(other) => {
-                return Err(NodeError::Protocol(format!(
-                    "WAIT answered {other:?}, not a count of replicas"
-                )));
-            }
-            Err(e) => return Err(NodeError::from_redis(&e)),
-        };
-        if acked < u64::from(acks.replicas) {
-            return Err(NodeError::ReplicaAcks {
-                acked,
-                wanted: acks.replicas,
-                waited: Duration::from_millis(wait_ms),
-            });
-        }
+        let answer = self
+            .send(generation, &mut wait_conn, &wait)
+            .await
+            .map_err(|e| NodeError::from_redis(&e))?;
+        counted(acks, &answer, wait_ms, None)?;
         Ok(reply)
     }
+}
+
+/// `WAIT`'s `answer` judged: fewer replicas than `acks` wants make
+/// [`NodeError::ReplicaAcks`] (naming the cluster `master` it was, if any).
+pub(super) fn counted(
+    acks: ReplicaAcks,
+    answer: &Value,
+    wait_ms: u64,
+    master: Option<String>,
+) -> Result<(), NodeError> {
+    let acked = match answer {
+        Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+        other => {
+            return Err(NodeError::Protocol(format!(
+                "WAIT answered {other:?}, not a count of replicas"
+            )));
+        }
+    };
+    if acked < u64::from(acks.replicas) {
+        return Err(NodeError::ReplicaAcks {
+            acked,
+            wanted: acks.replicas,
+            waited: Duration::from_millis(wait_ms),
+            master,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
