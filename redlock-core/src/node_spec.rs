@@ -123,6 +123,16 @@ impl NodeSpec {
         self
     }
 
+    /// Counts the node for an acquire or an extend only when `WAITAOF`
+    /// saw the write fsynced to this master's AOF (`local`) and to the AOFs
+    /// of `replicas` replicas within `timeout` (see [`ReplicaAcks::aof`];
+    /// Redis 7.2 or Valkey 8 and `appendonly yes`). Overrides a URL's
+    /// `replica_acks` and `waitaof`.
+    pub fn aof_acks(mut self, local: bool, replicas: u32, timeout: Duration) -> Self {
+        self.acks = Some(Some(ReplicaAcks::aof(local, replicas, timeout)));
+        self
+    }
+
     /// The node as the builder keeps it.
     pub(crate) fn into_source(self) -> NodeSource {
         match self.acks {

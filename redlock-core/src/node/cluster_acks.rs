@@ -104,7 +104,7 @@ fn laddr(reply: &Value) -> Option<String> {
 }
 
 impl Node {
-    /// The `WAIT acks.replicas wait_ms` of an acked write on a cluster
+    /// The `WAIT` (or `WAITAOF`, [`ReplicaAcks::command`]) of an acked write on a cluster
     /// node, on the master of every slot `call` wrote, all at once; the
     /// first slot short of acks fails the call, naming its master and slot.
     pub(super) async fn wait_slots(
@@ -123,19 +123,19 @@ impl Node {
                     .ok_or_else(|| NodeError::Protocol(format!("no marker key for slot {slot}")))?;
                 let mut p = redis::pipe();
                 p.cmd("SET").arg(&marker).arg("").arg("PX").arg(1);
-                p.cmd("WAIT").arg(acks.replicas()).arg(wait_ms);
+                p.add_command(acks.command(wait_ms));
                 p.cmd("CLIENT").arg("INFO");
                 let replies = conn
                     .send_packed_commands(&p, 0, 3)
                     .await
-                    .map_err(|e| NodeError::from_redis(&e))?;
+                    .map_err(|e| super::replicas::wait_failed(&e))?;
                 self.answered(generation);
                 let mut replies = replies.into_iter().map(Value::extract_error);
                 let mut next = || {
                     replies
                         .next()
                         .unwrap_or(Ok(Value::Nil))
-                        .map_err(|e| NodeError::from_redis(&e))
+                        .map_err(|e| super::replicas::wait_failed(&e))
                 };
                 let (_set, wait, info) = (next()?, next()?, next());
                 let master = info.ok().as_ref().and_then(laddr);

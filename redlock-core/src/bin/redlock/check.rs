@@ -105,6 +105,9 @@ async fn check_one(
         if let Some(problem) = crate::replicas::problem(info).filter(|_| !member) {
             row.problems.push(problem);
         }
+        if let Some(problem) = crate::replicas::aof_problem(info) {
+            row.problems.push(problem);
+        }
         if let Some(EvictionCheck::Unsound { reason }) = &info.eviction {
             row.problems.push(format!("eviction: {reason}"));
         }

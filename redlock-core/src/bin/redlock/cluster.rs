@@ -200,8 +200,9 @@ fn slot_count(field: &str) -> u32 {
 /// Why master `m`'s replicas make the cluster unfit, given the replica acks
 /// its writes wait for: replicas not waited for, or fewer than waited for.
 fn replica_problem(m: &Master, acks: Option<ReplicaAcks>) -> Option<String> {
+    let waited = acks.map_or(0, |a| a.replicas());
     match acks {
-        None if m.replicas > 0 => Some(format!(
+        _ if waited == 0 && m.replicas > 0 => Some(format!(
             "has {} replica(s) and writes do not wait for them: a failover can promote \
              a replica that never got a lock key and hand the lock out again (add \
              ?replica_acks={} to the node's URL)",
