@@ -115,6 +115,23 @@ impl NodeSpec {
         }
     }
 
+    /// A Redis Cluster by a deadpool-redis cluster config, labelled
+    /// `label`, as
+    /// [`RedlockBuilder::cluster_config`](crate::RedlockBuilder::cluster_config)
+    /// takes it.
+    pub fn cluster_config(
+        label: impl Into<String>,
+        config: deadpool_redis::cluster::Config,
+    ) -> Self {
+        Self {
+            source: NodeSource::ClusterConfig {
+                label: label.into(),
+                config: Box::new(config),
+            },
+            acks: None,
+        }
+    }
+
     /// Counts the node for an acquire or an extend only when its write
     /// reached `replicas` replicas within `timeout` (see [`ReplicaAcks`]);
     /// `0` turns replica acks off. Overrides a URL's `replica_acks`.

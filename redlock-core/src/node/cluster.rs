@@ -188,6 +188,44 @@ impl Node {
         Ok(node)
     }
 
+    /// A node that is the Redis Cluster a deadpool-redis cluster `config`
+    /// describes: its pool, made here, and its seeds (the config's URLs or
+    /// connection infos, credentials included) for wake-ups, which a pool
+    /// alone does not give (its manager keeps its client private).
+    pub(crate) fn from_cluster_config(
+        label: std::sync::Arc<str>,
+        config: &deadpool_redis::cluster::Config,
+    ) -> Result<Node, Error> {
+        let urls = config.urls.as_deref().unwrap_or_default();
+        // Every message loses the passwords of every URL of the config.
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: label.to_string(),
+            reason: urls
+                .iter()
+                .fold(reason, |r, u| crate::url::scrub_password(u, r)),
+        };
+        let infos = match &config.connections {
+            Some(infos) => infos
+                .iter()
+                .cloned()
+                .map(redis::ConnectionInfo::from)
+                .collect(),
+            None => urls
+                .iter()
+                .map(|u| u.as_str().into_connection_info())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(e.to_string()))?,
+        };
+        let pool = config
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(|e| invalid(e.to_string()))?;
+        let mut node = Node::from_cluster_pool(label.clone(), Some(label.to_string()), pool);
+        if !infos.is_empty() {
+            node.pubsub = Some(super::PubSubAt::Cluster(infos));
+        }
+        Ok(node)
+    }
+
     /// A node that is the Redis Cluster behind a deadpool-redis cluster pool.
     pub(crate) fn from_cluster_pool(
         label: std::sync::Arc<str>,
