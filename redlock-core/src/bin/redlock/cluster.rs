@@ -277,6 +277,35 @@ mod tests {
     }
 
     #[test]
+    fn a_masters_replicas_are_judged_by_the_acks_its_writes_wait_for() {
+        let master = |replicas| Master {
+            address: "h:1".into(),
+            slots: 1,
+            replicas,
+        };
+        let acks = |n| Some(ReplicaAcks::new(n, Duration::from_millis(5)));
+        let local_aof = Some(ReplicaAcks::aof(true, 0, Duration::from_millis(5)));
+        assert_eq!(replica_problem(&master(0), None), None);
+        assert!(replica_problem(&master(1), None).is_some_and(|p| p.contains("do not wait")));
+        assert!(replica_problem(&master(1), local_aof).is_some_and(|p| p.contains("do not wait")));
+        assert_eq!(replica_problem(&master(1), acks(1)), None);
+        assert!(replica_problem(&master(1), acks(2)).is_some_and(|p| p.contains("wait for 2")));
+        assert_eq!(replicas_note(&master(0), None), "ok");
+        assert_eq!(replicas_note(&master(1), None), "unfit: replicas");
+        assert_eq!(
+            replicas_note(&master(2), acks(1)),
+            "ok: writes wait for 1 of 2 replica(s)"
+        );
+        let view = View {
+            state: "ok".into(),
+            slots_assigned: SLOTS,
+            masters: vec![master(1)],
+        };
+        assert!(problems(&view, acks(1)).is_empty());
+        assert_eq!(problems(&view, None).len(), 1);
+    }
+
+    #[test]
     fn masters_slots_and_replicas_from_cluster_nodes() {
         let nodes = "\
 a 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460 [5->-b]
