@@ -208,6 +208,7 @@ pub(crate) fn error_kind(e: &NodeError) -> &'static str {
         NodeError::Server { .. } => "server",
         NodeError::Protocol(_) => "protocol",
         NodeError::ReplicaAcks { .. } => "replica_acks",
+        NodeError::NoWaitAof(_) => "no_waitaof",
     }
 }
 

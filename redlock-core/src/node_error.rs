@@ -64,7 +64,11 @@ pub enum NodeError {
     /// [`ReplicaAcks`](crate::ReplicaAcks) ask for acknowledged the write in
     /// time (`WAIT`): a failover could promote a replica without it, so the
     /// node does not count for the quorum.
-    #[error("the write reached {acked} of the {wanted} replica(s) wanted within {waited:?}")]
+    #[error(
+        "the write{} reached {acked} of the {wanted} replica(s) wanted{} within {waited:?}",
+        on_master(.master),
+        aof_note(.local_aof)
+    )]
     ReplicaAcks {
         /// How many replicas acknowledged the write.
         acked: u64,
@@ -72,7 +76,39 @@ pub enum NodeError {
         wanted: u32,
         /// How long `WAIT` waited.
         waited: Duration,
+        /// On a cluster node, the master and slot whose write was short of
+        /// acks (`127.0.0.1:7000, slot 866`); `None` on a single server.
+        master: Option<String>,
+        /// With `WAITAOF` ([`ReplicaAcks::aof`](crate::ReplicaAcks::aof)):
+        /// whether the master's own AOF had the write fsynced (its first
+        /// answer); `acked` then counts replicas that fsynced it. `None`
+        /// with `WAIT`.
+        local_aof: Option<bool>,
     },
+    /// The node's acks ask for `WAITAOF` and its server lacks the command
+    /// (Redis before 7.2, Valkey before 8): the node cannot count for an
+    /// acquire or an extend. The server's words are kept.
+    #[error("WAITAOF is not supported by this server (Redis >= 7.2 or Valkey >= 8 has it): {0}")]
+    NoWaitAof(String),
+}
+
+/// `" on master <address, slot>"` for a cluster node's short write.
+fn on_master(master: &Option<String>) -> String {
+    master
+        .as_deref()
+        .map_or_else(String::new, |m| format!(" on master {m}"))
+}
+
+/// How a `WAITAOF` shortfall is told: `" (fsynced to their AOF; this
+/// master's own AOF: yes)"`.
+fn aof_note(local: &Option<bool>) -> String {
+    match local {
+        Some(local) => format!(
+            " (fsynced to their AOF; this master's own AOF: {})",
+            if *local { "yes" } else { "no" }
+        ),
+        None => String::new(),
+    }
 }
 
 impl NodeError {

@@ -25,6 +25,12 @@ pub(crate) enum NodeSource {
     },
     /// A Redis Cluster by its seed URLs.
     Seeds(Vec<String>),
+    /// A Redis Cluster by a deadpool-redis cluster config (its pool made at
+    /// build, its seeds kept for wake-ups).
+    ClusterConfig {
+        label: String,
+        config: Box<deadpool_redis::cluster::Config>,
+    },
     /// A Redis Cluster by a deadpool-redis cluster pool.
     ClusterPool {
         label: Option<String>,
@@ -47,6 +53,7 @@ impl NodeSource {
             NodeSource::ClusterPool { label, .. } => {
                 label.clone().unwrap_or_else(|| "<cluster pool>".into())
             }
+            NodeSource::ClusterConfig { label, .. } => label.clone(),
         }
     }
 
@@ -70,6 +77,9 @@ impl NodeSource {
                 let address = label.clone();
                 let label: Arc<str> = label.unwrap_or_else(|| format!("cluster{i}")).into();
                 Node::from_cluster_pool(label, address, pool)
+            }
+            NodeSource::ClusterConfig { label, config } => {
+                Node::from_cluster_config(label.into(), &config)?
             }
         })
     }

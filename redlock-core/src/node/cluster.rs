@@ -131,11 +131,24 @@ impl NodePool {
 impl Node {
     /// A node that is the Redis Cluster reached through `seeds` (any of its
     /// members; the masters are found from them). Labelled and compared by
-    /// its first seed's address.
+    /// its first seed's address. Replica acks may be given in the seeds'
+    /// URLs (`?replica_acks=n`, the same on each).
     pub(crate) fn from_seeds(seeds: &[String]) -> Result<Node, Error> {
         let first = seeds.first().ok_or(Error::NoNodes)?;
         let mut infos = Vec::with_capacity(seeds.len());
-        for url in seeds {
+        let mut acks = None;
+        for (i, url) in seeds.iter().enumerate() {
+            // `?replica_acks=n` on the seeds: the same on every one.
+            let (url, seed_acks) = super::split_url(url)?;
+            if i == 0 {
+                acks = seed_acks;
+            } else if seed_acks != acks {
+                return Err(invalid_url(
+                    &url,
+                    "the seeds of one cluster disagree on replica_acks".into(),
+                ));
+            }
+            let url = &url;
             if url.starts_with("rediss://") {
                 return Err(invalid_url(
                     url,
@@ -171,6 +184,45 @@ impl Node {
             NodePool::Seeds(Box::new(client)),
         );
         node.pubsub = Some(super::PubSubAt::Cluster(infos));
+        node.replica_acks = acks;
+        Ok(node)
+    }
+
+    /// A node that is the Redis Cluster a deadpool-redis cluster `config`
+    /// describes: its pool, made here, and its seeds (the config's URLs or
+    /// connection infos, credentials included) for wake-ups, which a pool
+    /// alone does not give (its manager keeps its client private).
+    pub(crate) fn from_cluster_config(
+        label: std::sync::Arc<str>,
+        config: &deadpool_redis::cluster::Config,
+    ) -> Result<Node, Error> {
+        let urls = config.urls.as_deref().unwrap_or_default();
+        // Every message loses the passwords of every URL of the config.
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: label.to_string(),
+            reason: urls
+                .iter()
+                .fold(reason, |r, u| crate::url::scrub_password(u, r)),
+        };
+        let infos = match &config.connections {
+            Some(infos) => infos
+                .iter()
+                .cloned()
+                .map(redis::ConnectionInfo::from)
+                .collect(),
+            None => urls
+                .iter()
+                .map(|u| u.as_str().into_connection_info())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(e.to_string()))?,
+        };
+        let pool = config
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(|e| invalid(e.to_string()))?;
+        let mut node = Node::from_cluster_pool(label.clone(), Some(label.to_string()), pool);
+        if !infos.is_empty() {
+            node.pubsub = Some(super::PubSubAt::Cluster(infos));
+        }
         Ok(node)
     }
 

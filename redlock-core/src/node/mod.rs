@@ -5,6 +5,7 @@
 //! and the bounded send of one call.
 
 mod cluster;
+mod cluster_acks;
 mod connection;
 mod dispatch;
 mod from_url;

@@ -93,7 +93,7 @@ pub(super) fn release_keys_per_slot(keys: Vec<Vec<u8>>, token: Vec<u8>, db: i64)
 
 impl PerSlot {
     /// The lock keys' indices grouped by slot, in key order within a group.
-    fn groups(&self) -> Vec<Vec<usize>> {
+    pub(super) fn groups(&self) -> Vec<Vec<usize>> {
         let locks = match self.shape {
             Shape::AcquireMany { fenced: true } => self.keys.len() / 2,
             _ => self.keys.len(),

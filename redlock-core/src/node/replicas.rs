@@ -34,10 +34,17 @@ use crate::error::{Error, NodeError};
 /// The timeout is cut, on each call, to three quarters of what is left of
 /// the node timeout, so that the node answers within it; `Duration::MAX`
 /// means "as long as the node timeout allows".
+///
+/// With [`ReplicaAcks::aof`] the wait is `WAITAOF` (Redis 7.2, Valkey 8):
+/// the write counts once fsynced to the append-only file of this master
+/// and/or of `replicas` replicas, so that it survives a restart of the
+/// whole shard as well as a failover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ReplicaAcks {
     replicas: u32,
     timeout: Duration,
+    /// `Some(local)`: `WAITAOF local replicas`, else `WAIT replicas`.
+    aof_local: Option<bool>,
 }
 
 impl ReplicaAcks {
@@ -46,7 +53,55 @@ impl ReplicaAcks {
         Self {
             replicas: replicas.max(1),
             timeout,
+            aof_local: None,
         }
+    }
+
+    /// Wait by `WAITAOF` for the write to be fsynced to the AOF of this
+    /// master (`local`, which needs `appendonly yes` there) and of
+    /// `replicas` replicas (which need it too), for at most `timeout`. At
+    /// least one of the two is waited for (`local` when both are off). A
+    /// server without `WAITAOF` fails every acquire and extend on the node
+    /// with [`NodeError::NoWaitAof`], and `redlock check` says so.
+    pub fn aof(local: bool, replicas: u32, timeout: Duration) -> Self {
+        Self {
+            replicas,
+            timeout,
+            aof_local: Some(local || replicas == 0),
+        }
+    }
+
+    /// `Some(local)` when the node waits by `WAITAOF`: whether this
+    /// master's own AOF must have the write; `None` for `WAIT`.
+    pub fn aof_local(&self) -> Option<bool> {
+        self.aof_local
+    }
+
+    /// The command that waits for the acks, for at most `wait_ms`.
+    pub(super) fn command(&self, wait_ms: u64) -> redis::Cmd {
+        match self.aof_local {
+            None => {
+                let mut c = redis::cmd("WAIT");
+                c.arg(self.replicas).arg(wait_ms);
+                c
+            }
+            Some(local) => {
+                let mut c = redis::cmd("WAITAOF");
+                c.arg(u8::from(local)).arg(self.replicas).arg(wait_ms);
+                c
+            }
+        }
+    }
+
+    /// The replica acks a node URL asks for (`?replica_acks=n` and
+    /// optionally `&replica_timeout_ms=ms`; `None`: none), as the builder
+    /// reads them. A cluster node's seeds carry them the same way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when the parameters are not whole numbers, or
+    /// ask for 0 replicas (no password in the error).
+    pub fn from_url(url: &str) -> Result<Option<Self>, Error> {
+        split_url(url).map(|(_, acks)| acks)
     }
 
     /// How many replicas must acknowledge each write.
@@ -76,6 +131,9 @@ impl ReplicaAcks {
 /// as long as the node timeout allows).
 const ACKS: &str = "replica_acks";
 const TIMEOUT_MS: &str = "replica_timeout_ms";
+/// `waitaof=<0|1>`: wait by `WAITAOF` ([`ReplicaAcks::aof`]), `1` with
+/// this master's own AOF; `replica_acks` (may be 0 then) is the replicas'.
+const WAITAOF: &str = "waitaof";
 
 /// `url` without its replica-ack parameters, and the [`ReplicaAcks`] they
 /// set. Other query parameters stay for redis to read.
@@ -87,7 +145,7 @@ pub(crate) fn split_url(url: &str) -> Result<(String, Option<ReplicaAcks>), Erro
     let Some((path, query)) = base.split_once('?') else {
         return Ok((url.to_owned(), None));
     };
-    let (mut acks, mut timeout_ms, mut rest) = (None, None, Vec::new());
+    let (mut acks, mut timeout_ms, mut aof, mut rest) = (None, None, None, Vec::new());
     let number = |name: &str, value: &str| {
         value
             .parse::<u64>()
@@ -97,21 +155,25 @@ pub(crate) fn split_url(url: &str) -> Result<(String, Option<ReplicaAcks>), Erro
         match pair.split_once('=') {
             Some((ACKS, v)) => acks = Some(number(ACKS, v)?),
             Some((TIMEOUT_MS, v)) => timeout_ms = Some(number(TIMEOUT_MS, v)?),
+            Some((WAITAOF, v)) => match number(WAITAOF, v)? {
+                local @ (0 | 1) => aof = Some(local == 1),
+                _ => return Err(invalid_url(url, format!("{WAITAOF} must be 0 or 1"))),
+            },
             _ => rest.push(pair),
         }
     }
-    let acks = match (acks, timeout_ms) {
-        (None, None) => None,
-        (None, Some(_)) => {
+    let timeout = timeout_ms.map_or(Duration::MAX, Duration::from_millis);
+    let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let acks = match (acks, aof, timeout_ms) {
+        (None, None, None) => None,
+        (None, None, Some(_)) => {
             return Err(invalid_url(url, format!("{TIMEOUT_MS} needs {ACKS}=<n>")));
         }
-        (Some(0), _) => {
+        (Some(0), None, _) => {
             return Err(invalid_url(url, format!("{ACKS} must be at least 1")));
         }
-        (Some(n), ms) => Some(ReplicaAcks::new(
-            u32::try_from(n).unwrap_or(u32::MAX),
-            ms.map_or(Duration::MAX, Duration::from_millis),
-        )),
+        (Some(n), None, _) => Some(ReplicaAcks::new(count(n), timeout)),
+        (n, Some(local), _) => Some(ReplicaAcks::aof(local, count(n.unwrap_or(0)), timeout)),
     };
     let mut out = path.to_owned();
     if !rest.is_empty() {
@@ -167,26 +229,75 @@ impl Node {
             return Ok(reply);
         }
         let wait_ms = acks.wait_ms(timeout.saturating_sub(start.elapsed()));
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(acks.replicas).arg(wait_ms);
-        let acked = match self.send(generation, &mut wait_conn, &wait).await {
-            Ok(Value::Int(n)) => u64::try_from(n).unwrap_or(0),
-            Ok(other) => {
-                return Err(NodeError::Protocol(format!(
-                    "WAIT answered {other:?}, not a count of replicas"
-                )));
-            }
-            Err(e) => return Err(NodeError::from_redis(&e)),
-        };
-        if acked < u64::from(acks.replicas) {
-            return Err(NodeError::ReplicaAcks {
-                acked,
-                wanted: acks.replicas,
-                waited: Duration::from_millis(wait_ms),
-            });
+        if let Conn::Cluster(_) = wait_conn {
+            self.wait_slots(call, acks, wait_ms, generation, &wait_conn)
+                .await?;
+            return Ok(reply);
         }
+        let wait = acks.command(wait_ms);
+        let answer = self
+            .send(generation, &mut wait_conn, &wait)
+            .await
+            .map_err(|e| wait_failed(&e))?;
+        counted(acks, &answer, wait_ms, None)?;
         Ok(reply)
     }
+}
+
+/// Why the `WAIT` or `WAITAOF` failed: a server without `WAITAOF` says
+/// so by an unknown command ([`NodeError::NoWaitAof`]).
+pub(super) fn wait_failed(e: &redis::RedisError) -> NodeError {
+    match NodeError::from_redis(e) {
+        NodeError::Server { code, message }
+            if code == "ERR" && message.to_ascii_lowercase().contains("unknown command") =>
+        {
+            NodeError::NoWaitAof(format!("{code} {message}"))
+        }
+        other => other,
+    }
+}
+
+/// `WAIT`'s or `WAITAOF`'s `answer` judged: fewer acks than `acks` wants
+/// make [`NodeError::ReplicaAcks`] (naming the cluster `master` it was, if
+/// any).
+pub(super) fn counted(
+    acks: ReplicaAcks,
+    answer: &Value,
+    wait_ms: u64,
+    master: Option<String>,
+) -> Result<(), NodeError> {
+    let count = |v: &Value| match v {
+        Value::Int(n) => Some(u64::try_from(*n).unwrap_or(0)),
+        _ => None,
+    };
+    let (local, acked) = match (acks.aof_local, answer) {
+        (None, v) => (None, count(v)),
+        (Some(_), Value::Array(items)) if items.len() == 2 => {
+            (count(&items[0]).map(|l| l > 0), count(&items[1]))
+        }
+        _ => (None, None),
+    };
+    let Some(acked) = acked else {
+        return Err(NodeError::Protocol(format!(
+            "{} answered {answer:?}, not a count of replicas",
+            if acks.aof_local.is_some() {
+                "WAITAOF"
+            } else {
+                "WAIT"
+            }
+        )));
+    };
+    let local_short = acks.aof_local == Some(true) && local != Some(true);
+    if acked < u64::from(acks.replicas) || local_short {
+        return Err(NodeError::ReplicaAcks {
+            acked,
+            wanted: acks.replicas,
+            waited: Duration::from_millis(wait_ms),
+            master,
+            local_aof: local,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -212,6 +323,47 @@ mod tests {
             let e = split_url(bad).unwrap_err().to_string();
             assert!(!e.contains("pw123"), "{e}");
         }
+    }
+
+    #[test]
+    fn waitaof_is_asked_for_by_url_and_judged_by_both_counts() {
+        let acks = |url: &str| split_url(url).unwrap().1.unwrap();
+        let a = acks("redis://h?waitaof=1&replica_acks=1&replica_timeout_ms=40");
+        assert_eq!(a, ReplicaAcks::aof(true, 1, Duration::from_millis(40)));
+        let cmd = a.command(40).get_packed_command();
+        assert_eq!(
+            cmd,
+            redis::cmd("WAITAOF")
+                .arg(1)
+                .arg(1)
+                .arg(40)
+                .get_packed_command()
+        );
+        assert_eq!(acks("redis://h?waitaof=0").aof_local(), Some(true));
+        assert_eq!(
+            acks("redis://h?waitaof=0&replica_acks=2").aof_local(),
+            Some(false)
+        );
+        assert!(split_url("redis://:pw123@h?waitaof=2").is_err());
+        let pair = |l, r| Value::Array(vec![Value::Int(l), Value::Int(r)]);
+        assert!(counted(a, &pair(1, 1), 40, None).is_ok());
+        let short = counted(a, &pair(0, 1), 40, None).unwrap_err();
+        assert!(matches!(
+            short,
+            NodeError::ReplicaAcks {
+                local_aof: Some(false),
+                ..
+            }
+        ));
+        assert!(short.to_string().contains("own AOF: no"), "{short}");
+        assert!(counted(a, &pair(1, 0), 40, None).is_err());
+        assert!(counted(a, &Value::Int(1), 40, None).is_err());
+        let unknown = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "ERR",
+            "unknown command 'WAITAOF', with args beginning with: ".to_owned(),
+        ));
+        assert!(matches!(wait_failed(&unknown), NodeError::NoWaitAof(_)));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The `redlock` command on a node that is a Redis Cluster
 //! (`redis+cluster://` seeds): `run` and `status` through it, and `check`'s
-//! findings: fit with every slot served and no replicas, unfit with replicas
-//! (a cluster node's writes do not wait for them) or with a master down.
+//! findings: fit with every slot served and no replicas, or with replicas
+//! that its writes wait for (`?replica_acks=n`), unfit with replicas not
+//! waited for, with fewer replicas than waited for, or with a master down.
 
 use std::time::Duration;
 
@@ -102,13 +103,41 @@ fn check_says_a_cluster_with_replicas_is_unfit() {
     let (code, out) = redlock_on(&node, &["check"]);
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(
-        out.matches("has 1 replica(s) and a cluster node's writes do not wait for them")
+        out.matches("has 1 replica(s) and writes do not wait for them")
             .count(),
         3,
         "{out}"
     );
+    assert!(
+        out.contains("add ?replica_acks=1 to the node's URL"),
+        "{out}"
+    );
     assert_eq!(
         out.matches("1 replica(s)  unfit: replicas").count(),
+        3,
+        "{out}"
+    );
+
+    // With replica acks of 1: fit, each master's writes waited for.
+    let acked = format!("{node}?replica_acks=1&replica_timeout_ms=500");
+    let (code, out) = redlock_on(&acked, &["check"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        out.matches("1 replica(s)  ok: writes wait for 1 of 1 replica(s)")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert!(out.contains("1 of 1 node(s) fit"), "{out}");
+    let (code, out) = redlock_on(&acked, &["run", "--key", "cli-acked", "--", "true"]);
+    assert_eq!(code, Some(0), "{out}");
+
+    // Acks of 2 with one replica each: unfit, and why.
+    let (code, out) = redlock_on(&format!("{node}?replica_acks=2"), &["check"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        out.matches("has 1 replica(s) but writes wait for 2")
+            .count(),
         3,
         "{out}"
     );

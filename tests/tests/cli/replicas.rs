@@ -54,3 +54,34 @@ fn check_says_a_primary_with_a_replica_is_fit_only_with_replica_acks() {
     drop(group);
     rt.shutdown_timeout(Duration::from_secs(1));
 }
+
+#[test]
+fn check_says_whether_a_nodes_waitaof_acks_can_be_met() {
+    // Redis before 7.2 has no WAITAOF.
+    let bin = redlock_tests::redis_server_binary();
+    let old = redlock_tests::RedisNode::start_binary(&bin, &["--appendonly", "yes"], &[]);
+    if old
+        .raw::<redis::Value>(&["WAITAOF", "1", "0", "10"])
+        .is_err()
+    {
+        let (code, out) = check(&format!("{}?waitaof=1", old.url()));
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains("lacks it"), "{out}");
+    }
+    let Some(valkey) = redlock_tests::servers::valkey_or_skip(
+        "check_says_whether_a_nodes_waitaof_acks_can_be_met",
+    ) else {
+        return;
+    };
+    let no_aof = redlock_tests::RedisNode::start_binary(&valkey, &[], &[]);
+    let (code, out) = check(&format!("{}?waitaof=1", no_aof.url()));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("appendonly is off"), "{out}");
+    let aof = redlock_tests::RedisNode::start_binary(&valkey, &["--appendonly", "yes"], &[]);
+    let (code, out) = check(&format!("{}?waitaof=1", aof.url()));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("ok: writes wait for 0 of 0 replica(s) and this master's AOF (WAITAOF)"),
+        "{out}"
+    );
+}

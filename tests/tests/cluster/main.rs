@@ -7,6 +7,7 @@ mod basic;
 mod batches;
 mod faults;
 mod layout;
+mod replicas;
 mod reshard;
 mod scale;
 mod wake;

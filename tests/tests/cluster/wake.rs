@@ -213,6 +213,39 @@ async fn a_waiter_still_wakes_after_the_slots_master_fails_over() {
     assert!(woken < SOON, "woken {woken:?} after the release");
 }
 
+/// A node given as a deadpool cluster config (`cluster_config`) subscribes
+/// through the config's seeds: its waiter is woken by the release. The
+/// control: a node given as a bare pool (`cluster_pool`) cannot subscribe,
+/// and its waiter waits for its poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_config_nodes_waiter_is_woken_and_a_bare_pools_polls() {
+    use redlock_core::deadpool_redis::{Runtime, cluster::Config};
+    let cluster = RedisCluster::start(3, 0);
+    let by_config = || {
+        Redlock::builder()
+            .cluster_config("configured", Config::from_urls(cluster.seeds()))
+            .node_timeout(ms(1000))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (by_config(), by_config());
+    let woken = release_to_acquire(&cluster, &a, &b, "wake:config", true).await;
+    assert!(woken < SOON, "woken {woken:?} after the release");
+    let pool = Config::from_urls(cluster.seeds())
+        .create_pool(Some(Runtime::Tokio1))
+        .unwrap();
+    let bare = Redlock::builder()
+        .cluster_pool("pooled", pool)
+        .node_timeout(ms(1000))
+        .build()
+        .unwrap();
+    let polled = release_to_acquire(&cluster, &a, &bare, "wake:pool", false).await;
+    assert!(
+        polled > SOON,
+        "a bare pool's waiter was served {polled:?} after the release"
+    );
+}
+
 /// The key's slot moves to another master while a waiter waits: the old
 /// master drops the shard channel (`sunsubscribe`), the waiter subscribes on
 /// the new one and is woken by the release there.

@@ -37,6 +37,7 @@ mod proxy;
 mod replicas;
 mod shared;
 mod suite;
+mod waitaof;
 
 /// The suite alone, or the fenced workloads together: libtest runs the tests
 /// of a binary on parallel threads, and the suite's timing (stalls of two

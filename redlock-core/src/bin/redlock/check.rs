@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use redlock_core::{EvictionCheck, FencingMode, NodeInfo, Redlock};
+use redlock_core::{EvictionCheck, FencingMode, NodeInfo, Redlock, ReplicaAcks};
 use serde_json::json;
 
 use crate::run::Fencing;
@@ -38,6 +38,8 @@ struct Row {
 struct Member {
     master: crate::cluster::Master,
     problems: Vec<String>,
+    /// The row's verdict on its replicas when it has no other problem.
+    replicas_note: String,
 }
 
 /// The median of three inspections of a key nobody uses: one round trip each.
@@ -103,6 +105,9 @@ async fn check_one(
         if let Some(problem) = crate::replicas::problem(info).filter(|_| !member) {
             row.problems.push(problem);
         }
+        if let Some(problem) = crate::replicas::aof_problem(info) {
+            row.problems.push(problem);
+        }
         if let Some(EvictionCheck::Unsound { reason }) = &info.eviction {
             row.problems.push(format!("eviction: {reason}"));
         }
@@ -132,7 +137,12 @@ async fn check_cluster(
             return row;
         }
     };
-    row.problems.extend(crate::cluster::problems(&view));
+    // The seeds share their query, `?replica_acks=n` included.
+    let acks = seeds
+        .urls()
+        .first()
+        .and_then(|u| ReplicaAcks::from_url(u).ok().flatten());
+    row.problems.extend(crate::cluster::problems(&view, acks));
     let rows = futures_util::future::join_all(
         view.masters
             .iter()
@@ -153,6 +163,7 @@ async fn check_cluster(
             row.info = r.info.take();
         }
         members.push(Member {
+            replicas_note: crate::cluster::replicas_note(&master, acks),
             master,
             problems: r.problems,
         });
@@ -280,10 +291,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
                         m.master.address,
                         m.master.slots,
                         m.master.replicas,
-                        if m.problems.is_empty() && m.master.replicas == 0 {
-                            "ok".to_owned()
-                        } else if m.problems.is_empty() {
-                            "unfit: replicas".to_owned()
+                        if m.problems.is_empty() {
+                            m.replicas_note.clone()
                         } else {
                             m.problems.join("; ")
                         }

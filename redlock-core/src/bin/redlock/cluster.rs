@@ -11,16 +11,17 @@
 //! INFO` (its state, the slots assigned) and `CLUSTER NODES` (the masters,
 //! their slots and their replicas), then checks each master as it checks a
 //! single node. A cluster node is fit when its state is `ok`, all 16384
-//! slots are assigned, every master is fit, and no master has replicas: a
-//! cluster node's writes do not wait for replicas (a single node's
-//! `replica_acks` has no cluster counterpart yet), so a failover can promote
-//! a replica that never got a lock key and hand the lock out again, the same
+//! slots are assigned, every master is fit, and its replicas are waited
+//! for: with `?replica_acks=n` on the node (each write then waits for `n`
+//! replicas on its slot's master), every master must have `n` replicas;
+//! without it, no master may have any, since a failover can promote a
+//! replica that never got a lock key and hand the lock out again, the same
 //! reason a primary with replicas and no replica acks is unfit.
 
 use std::time::Duration;
 
 use redlock_core::deadpool_redis::redis;
-use redlock_core::{RedlockBuilder, redact_url};
+use redlock_core::{RedlockBuilder, ReplicaAcks, redact_url};
 
 /// The schemes of a cluster node, and the scheme its seeds are given.
 const SCHEMES: [(&str, &str); 2] = [
@@ -196,8 +197,43 @@ fn slot_count(field: &str) -> u32 {
     }
 }
 
-/// Why the cluster as a whole is unfit, from its view.
-pub(crate) fn problems(view: &View) -> Vec<String> {
+/// Why master `m`'s replicas make the cluster unfit, given the replica acks
+/// its writes wait for: replicas not waited for, or fewer than waited for.
+fn replica_problem(m: &Master, acks: Option<ReplicaAcks>) -> Option<String> {
+    let waited = acks.map_or(0, |a| a.replicas());
+    match acks {
+        _ if waited == 0 && m.replicas > 0 => Some(format!(
+            "has {} replica(s) and writes do not wait for them: a failover can promote \
+             a replica that never got a lock key and hand the lock out again (add \
+             ?replica_acks={} to the node's URL)",
+            m.replicas, m.replicas
+        )),
+        Some(acks) if m.replicas < acks.replicas() => Some(format!(
+            "has {} replica(s) but writes wait for {}: no acquire of a key in its \
+             slots can count this node",
+            m.replicas,
+            acks.replicas()
+        )),
+        _ => None,
+    }
+}
+
+/// How a master's row judges its replicas when nothing else is wrong.
+pub(crate) fn replicas_note(m: &Master, acks: Option<ReplicaAcks>) -> String {
+    match acks {
+        _ if replica_problem(m, acks).is_some() => "unfit: replicas".to_owned(),
+        Some(acks) if m.replicas > 0 => format!(
+            "ok: writes wait for {} of {} replica(s)",
+            acks.replicas(),
+            m.replicas
+        ),
+        _ => "ok".to_owned(),
+    }
+}
+
+/// Why the cluster as a whole is unfit, from its view and the replica acks
+/// its writes wait for.
+pub(crate) fn problems(view: &View, acks: Option<ReplicaAcks>) -> Vec<String> {
     let mut problems = Vec::new();
     if view.state != "ok" {
         problems.push(format!("cluster_state:{}", view.state));
@@ -205,14 +241,11 @@ pub(crate) fn problems(view: &View) -> Vec<String> {
     if view.slots_assigned != SLOTS {
         problems.push(format!("{} of {SLOTS} slots assigned", view.slots_assigned));
     }
-    for m in view.masters.iter().filter(|m| m.replicas > 0) {
-        problems.push(format!(
-            "master {} has {} replica(s) and a cluster node's writes do not wait for \
-             them: a failover can promote a replica that never got a lock key and hand \
-             the lock out again",
-            m.address, m.replicas
-        ));
-    }
+    problems.extend(
+        view.masters
+            .iter()
+            .filter_map(|m| replica_problem(m, acks).map(|p| format!("master {} {p}", m.address))),
+    );
     problems
 }
 
@@ -241,6 +274,35 @@ mod tests {
             "valkey+cluster://h:1"
         );
         assert!(Seeds::parse("redis://h:1").is_none());
+    }
+
+    #[test]
+    fn a_masters_replicas_are_judged_by_the_acks_its_writes_wait_for() {
+        let master = |replicas| Master {
+            address: "h:1".into(),
+            slots: 1,
+            replicas,
+        };
+        let acks = |n| Some(ReplicaAcks::new(n, Duration::from_millis(5)));
+        let local_aof = Some(ReplicaAcks::aof(true, 0, Duration::from_millis(5)));
+        assert_eq!(replica_problem(&master(0), None), None);
+        assert!(replica_problem(&master(1), None).is_some_and(|p| p.contains("do not wait")));
+        assert!(replica_problem(&master(1), local_aof).is_some_and(|p| p.contains("do not wait")));
+        assert_eq!(replica_problem(&master(1), acks(1)), None);
+        assert!(replica_problem(&master(1), acks(2)).is_some_and(|p| p.contains("wait for 2")));
+        assert_eq!(replicas_note(&master(0), None), "ok");
+        assert_eq!(replicas_note(&master(1), None), "unfit: replicas");
+        assert_eq!(
+            replicas_note(&master(2), acks(1)),
+            "ok: writes wait for 1 of 2 replica(s)"
+        );
+        let view = View {
+            state: "ok".into(),
+            slots_assigned: SLOTS,
+            masters: vec![master(1)],
+        };
+        assert!(problems(&view, acks(1)).is_empty());
+        assert_eq!(problems(&view, None).len(), 1);
     }
 
     #[test]

@@ -54,7 +54,10 @@ REDLOCK_NODES and --nodes: URLs separated by commas or whitespace; a separator
 counts only where a URL (redis://, rediss://, redis+unix://, unix://, valkey...)
 starts right after it, so a comma in a password needs no escaping. A node that
 is a Redis Cluster is written redis+cluster://[user:pass@]h1:7000,h2:7000 (its
-seeds, sharing the credentials).
+seeds, sharing the credentials). A node whose writes must reach its replicas
+(a primary with replicas, a cluster whose masters have them) takes
+?replica_acks=N[&replica_timeout_ms=MS], and ?waitaof=1 to wait for the AOF
+fsync too (WAITAOF: Redis 7.2+, Valkey 8+).
 
 Examples:
   export REDLOCK_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
