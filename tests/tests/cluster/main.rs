@@ -8,7 +8,6 @@ mod batches;
 mod faults;
 mod layout;
 mod reshard;
-mod scale;
 mod wake;
 
 use std::time::Duration;
