@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::process::{Child, Output};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use redlock_tests::RedisNode;
 use redlock_tests::replicas::ReplicaGroup;
@@ -43,9 +43,9 @@ const KEY: &str = "cli-failover";
 /// given up after ten of them, at least 1 s (`node/connection.rs`).
 const A_NODE_TIMEOUT: &str = "500ms";
 
-/// A `redlock run` that is killed with its command's process group when the
-/// test ends, pass or fail (its command writes its shell's pid, the group's
-/// leader, to `pid_file`).
+/// A `redlock run` that is killed, with its command's process group, if the
+/// test ends (a failed assertion) before it was seen to its end (its command
+/// writes its shell's pid, the group's leader, to `pid_file`).
 struct Holder {
     child: Option<Child>,
     pid_file: PathBuf,
@@ -86,17 +86,21 @@ impl Holder {
 
 impl Drop for Holder {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some(pid) = std::fs::read_to_string(&self.pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
+        // Only a holder the test did not see to its end (a failed
+        // assertion): its job first, while `redlock` (its parent, which
+        // reaps it) still runs, so the pid cannot have been reused.
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(None))
+            && let Some(pid) = std::fs::read_to_string(&self.pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
         {
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
