@@ -11,6 +11,8 @@ mod at_least;
 mod cluster;
 mod exit_codes;
 #[cfg(target_os = "linux")]
+mod failover;
+#[cfg(target_os = "linux")]
 mod group;
 mod passwords;
 mod permits;

@@ -9,7 +9,6 @@ mod faults;
 mod layout;
 mod replicas;
 mod reshard;
-mod scale;
 mod wake;
 
 use std::time::Duration;

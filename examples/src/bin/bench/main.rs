@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
-//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `shared`, `native` (not in `all`:
+//! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `shared`, `cluster-scale`
+//! (its own 3 clusters of 4 shards and 3 single servers), `native` (not in `all`:
 //! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`), `side-by-side`
 //! (not in `all`: the library's tasks and raw's at the same time). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
@@ -24,6 +25,7 @@ use futures_util::future::join_all;
 use redlock_core::{Error, Redlock};
 use redlock_tests::Cluster;
 
+mod cluster_scale;
 mod cost;
 mod idempotency;
 mod metrics_cost;
@@ -371,6 +373,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if all || scenario == "shared" {
         shared::shared(&setup).await?;
+    }
+    if all || scenario == "cluster-scale" {
+        cluster_scale::cluster_scale(&setup).await?;
     }
     if scenario == "native" {
         native::native(&setup).await?;
