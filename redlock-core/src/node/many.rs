@@ -5,8 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::Cmd;
 
-use super::per_slot::Shape;
-use super::scripts::{Call, LuaScript, keys_cmds};
+use super::scripts::{Call, LuaScript, Shape, keys_cmds};
 use crate::keys::{Keys, Many};
 
 /// Acquire of a multi-resource lock (spec step 2 over several keys): every

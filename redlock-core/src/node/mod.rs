@@ -9,6 +9,7 @@ mod cluster_acks;
 mod connection;
 mod dispatch;
 mod from_url;
+mod lua;
 mod many;
 mod native;
 mod parse;
@@ -36,9 +37,9 @@ pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
 pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
-pub(crate) use per_slot::Shape;
 #[cfg(feature = "idempotency")]
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
+pub(crate) use scripts::Shape;
 
 pub(crate) use rwlock_scripts::RwKeys;
 pub(crate) use scripts::RELEASE_LUA;

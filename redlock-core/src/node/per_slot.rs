@@ -21,36 +21,9 @@ use redis::cluster_routing::Slot;
 use super::Node;
 use super::cluster::Conn;
 use super::many::SHARD_RELEASE_MANY;
-use super::scripts::{Call, LuaScript, keys_cmds};
+use super::scripts::{Call, LuaScript, PerSlot, Shape, keys_cmds};
 use crate::error::NodeError;
 use crate::keys::Many;
-
-/// How a script over several locks' keys is cut by slot and put together.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Shape {
-    /// `EXTEND_BATCH_LUA`: `KEYS[i]` with `ARGV[2i-1]`, `ARGV[2i]`; a flag
-    /// per key. A slot whose script failed reads as "not extended" there.
-    ExtendBatch,
-    /// `ACQUIRE_MANY_LUA`: `n` lock keys, then as many fence counters when
-    /// `fenced`; `ARGV` token, TTL, `n`.
-    AcquireMany {
-        fenced: bool,
-    },
-    /// `EXTEND_MANY_LUA` and the multi-resource release: every key, the
-    /// same `ARGV`. Extend: 1 only if every slot said 1. Release: 1 if any
-    /// slot deleted.
-    AllOf,
-    AnyOf,
-}
-
-/// A script over several locks' keys, kept whole so that a cluster node can
-/// cut it by slot.
-pub(crate) struct PerSlot {
-    pub(crate) script: &'static LuaScript,
-    pub(crate) shape: Shape,
-    pub(crate) keys: Vec<Vec<u8>>,
-    pub(crate) args: Vec<Vec<u8>>,
-}
 
 impl Call {
     /// [`Call::keys`] over the keys of several locks, which a cluster node

@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{Cmd, Pipeline};
 
-use super::per_slot::PerSlot;
+pub(crate) use super::lua::{LuaScript, keys_cmds};
 use crate::keys::Many;
 
 /// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
@@ -117,19 +117,6 @@ end
 return out
 "#;
 
-/// A Lua script with its SHA1 computed once per process.
-pub(crate) struct LuaScript {
-    body: &'static str,
-    sha: String,
-}
-
-impl LuaScript {
-    pub(super) fn new(body: &'static str) -> Self {
-        let sha = redis::Script::new(body).get_hash().to_owned();
-        Self { body, sha }
-    }
-}
-
 /// Fencing step 3: raises the key's fence counter (`KEYS[2]`) to the token
 /// `ARGV[2]`, never lowers it, and only while the lock key (`KEYS[1]`) still
 /// holds this attempt's token `ARGV[1]`: a fence that lands after the key
@@ -170,6 +157,33 @@ static SHARD_RELEASE_UNFLAGGED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(release_unflagged_lua!("SPUBLISH")));
 pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_BATCH_LUA));
+
+/// How a script over several locks' keys is cut by slot and put together.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Shape {
+    /// `EXTEND_BATCH_LUA`: `KEYS[i]` with `ARGV[2i-1]`, `ARGV[2i]`; a flag
+    /// per key. A slot whose script failed reads as "not extended" there.
+    ExtendBatch,
+    /// `ACQUIRE_MANY_LUA`: `n` lock keys, then as many fence counters when
+    /// `fenced`; `ARGV` token, TTL, `n`.
+    AcquireMany {
+        fenced: bool,
+    },
+    /// `EXTEND_MANY_LUA` and the multi-resource release: every key, the
+    /// same `ARGV`. Extend: 1 only if every slot said 1. Release: 1 if any
+    /// slot deleted.
+    AllOf,
+    AnyOf,
+}
+
+/// A script over several locks' keys, kept whole so that a cluster node can
+/// cut it by slot.
+pub(crate) struct PerSlot {
+    pub(crate) script: &'static LuaScript,
+    pub(crate) shape: Shape,
+    pub(crate) keys: Vec<Vec<u8>>,
+    pub(crate) args: Vec<Vec<u8>>,
+}
 
 /// One call, encoded once and sent to every node.
 pub(crate) enum Call {
@@ -316,20 +330,6 @@ impl Call {
             per_slot: None,
         }
     }
-}
-
-/// `EVALSHA sha <keys> keys.. args..` and `EVAL body <keys> keys.. args..`.
-pub(super) fn keys_cmds<K, A>(script: &LuaScript, keys: &[K], args: &[A]) -> (Cmd, Cmd)
-where
-    K: redis::ToRedisArgs,
-    A: redis::ToRedisArgs,
-{
-    let build = |name: &str, first: &str| {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(first).arg(keys.len()).arg(keys).arg(args);
-        cmd
-    };
-    (build("EVALSHA", &script.sha), build("EVAL", script.body))
 }
 
 /// How many commands set one waiters flag ([`push_flag`]).
