@@ -193,7 +193,7 @@ impl Redlock {
         let latest_start = self.latest_start(retry, Instant::now());
         match access {
             Access::Shared => {
-                self.poll_attempts(retry, latest_start, |attempt| {
+                self.retry_attempts(&names.writer, ttl, retry, latest_start, |attempt| {
                     self.read_attempt(&resource, &names, ttl, attempt)
                 })
                 .await
@@ -203,7 +203,7 @@ impl Redlock {
                 // intent is its own from one attempt to the next.
                 let writer_id = new_token()?;
                 let result = self
-                    .poll_attempts(retry, latest_start, |attempt| {
+                    .retry_attempts(&names.writer, ttl, retry, latest_start, |attempt| {
                         self.write_attempt(&resource, &names, ttl, &writer_id, attempt)
                     })
                     .await;

@@ -34,11 +34,11 @@ use crate::settings::{LockOptions, RetryPolicy};
 /// try in turn, one round trip each.
 pub const MAX_PERMITS: u32 = 64;
 
-/// The key of slot `slot` of the semaphore whose resource key is `key`: the
-/// key, then a suffix, so that a key layout that keeps one resource's keys
-/// together (a hash tag) keeps its slots with it.
+/// The key of slot `slot` of the semaphore whose resource key is `key`:
+/// `{tag}:redlock-permit:<slot>` (`slots`), in the resource's cluster slot,
+/// and announcing its release on the resource's channel.
 pub(crate) fn permit_key(key: &str, slot: u32) -> String {
-    format!("{key}:redlock-permit:{slot}")
+    crate::slots::derived(key, &format!(":redlock-permit:{slot}"))
 }
 
 impl Redlock {
@@ -161,7 +161,7 @@ impl Redlock {
         let resource: Arc<str> = resource.into();
         let key = self.key_for(&resource);
         let latest_start = self.latest_start(retry, Instant::now());
-        self.poll_attempts(retry, latest_start, |attempt| {
+        self.retry_attempts(&key, ttl, retry, latest_start, |attempt| {
             self.permit_attempt(&resource, &key, permits, ttl, attempt)
         })
         .await

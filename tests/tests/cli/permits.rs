@@ -28,7 +28,7 @@ fn two_permits_run_two_commands_and_turn_the_third_away() {
         c.spawn().expect("spawn redlock run")
     };
     let (a, b) = (start(), start());
-    let slot = |i: u32| format!("batch:redlock-permit:{i}");
+    let slot = |i: u32| format!("{{batch}}:redlock-permit:{i}");
     wait_for("both permits held", Duration::from_secs(10), || {
         cluster.count_with_key(&slot(0)) >= 2 && cluster.count_with_key(&slot(1)) >= 2
     });

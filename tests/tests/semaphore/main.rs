@@ -5,6 +5,7 @@
 
 mod permits;
 mod rwlock;
+mod wake;
 
 use std::time::{Duration, Instant};
 
