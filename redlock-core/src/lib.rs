@@ -166,6 +166,7 @@ mod protocol;
 mod guard;
 mod job;
 mod leader;
+mod primitive;
 mod rwlock;
 mod semaphore;
 mod wait;

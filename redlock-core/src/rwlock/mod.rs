@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::fencing::fence_key;
 use crate::guard::{LockGuard, LockHandle, run_guarded};
 use crate::keys::Keys;
-use crate::metrics;
+use crate::metrics::Of;
 use crate::node::{Call, RwKeys};
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
@@ -123,20 +123,12 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        let begin = Instant::now();
-        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
-        let result = self
-            .rw_lock_with_retries(resource, access, ttl, retry)
-            .await;
-        let key = self
-            .inner
-            .settings
-            .metrics_key
-            .as_ref()
-            .and_then(|_| self.metrics_key(&self.key_for(resource)));
-        let outcome = metrics::acquire_outcome(&result);
-        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
-        result
+        let of = match access {
+            Access::Shared => Of::Shared,
+            Access::Exclusive => Of::Exclusive,
+        };
+        let acquire = self.rw_lock_with_retries(resource, access, ttl, retry);
+        self.counted(resource, of, retry, acquire).await
     }
 
     /// Takes a read share or the write lock (retrying per `options` or the

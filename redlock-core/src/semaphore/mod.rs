@@ -24,7 +24,7 @@ use rand::Rng;
 
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle, run_guarded};
-use crate::metrics;
+use crate::metrics::Of;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
@@ -88,20 +88,8 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        let begin = Instant::now();
-        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
-        let result = self
-            .permit_with_retries(resource, permits, ttl, retry)
-            .await;
-        let key = self
-            .inner
-            .settings
-            .metrics_key
-            .as_ref()
-            .and_then(|_| self.metrics_key(&self.key_for(resource)));
-        let outcome = metrics::acquire_outcome(&result);
-        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
-        result
+        let acquire = self.permit_with_retries(resource, permits, ttl, retry);
+        self.counted(resource, Of::Permit, retry, acquire).await
     }
 
     /// Takes a permit (retrying per `options` or the handle's policy) and
