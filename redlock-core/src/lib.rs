@@ -201,8 +201,8 @@ pub use node_spec::NodeSpec;
 pub use protocol::lock::Lock;
 pub use protocol::redlock::{NodeInfo, Redlock};
 pub use protocol::release::Released;
-pub use rwlock::Access;
-pub use semaphore::MAX_PERMITS;
+pub use rwlock::{Access, RwInspection, RwState, RwVerdict};
+pub use semaphore::{MAX_PERMITS, PermitsInspection, PermitsVerdict};
 pub use settings::{LockOptions, RetryPolicy};
 
 /// The release script's text, for the bench's `publish` scenario, which

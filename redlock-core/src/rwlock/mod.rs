@@ -36,6 +36,9 @@ use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::new_token;
 use crate::settings::{LockOptions, RetryPolicy};
 
+mod inspect;
+pub use inspect::{RwInspection, RwState, RwVerdict};
+
 /// Which side of a read/write lock to take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {

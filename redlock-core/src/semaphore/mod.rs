@@ -30,6 +30,9 @@ use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
+mod inspect;
+pub use inspect::{PermitsInspection, PermitsVerdict};
+
 /// The most permits one semaphore may have: each is a slot an attempt may
 /// try in turn, one round trip each.
 pub const MAX_PERMITS: u32 = 64;
@@ -141,11 +144,7 @@ impl Redlock {
     ) -> Result<Lock, Error> {
         self.check_resource(resource)?;
         self.check_ttl(ttl)?;
-        if permits == 0 || permits > MAX_PERMITS {
-            return Err(Error::InvalidConfig(format!(
-                "permits must be 1 to {MAX_PERMITS}, not {permits}"
-            )));
-        }
+        check_permits(permits)?;
         let resource: Arc<str> = resource.into();
         let key = self.key_for(&resource);
         let latest_start = self.latest_start(retry, Instant::now());
@@ -187,6 +186,16 @@ impl Redlock {
             (None, None) => Err(Error::InvalidConfig("no permit slot".into())),
         }
     }
+}
+
+/// `permits` within 1 to [`MAX_PERMITS`].
+fn check_permits(permits: u32) -> Result<(), Error> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::InvalidConfig(format!(
+            "permits must be 1 to {MAX_PERMITS}, not {permits}"
+        )));
+    }
+    Ok(())
 }
 
 /// Of two `Busy` errors, the one whose slot frees first (a known time wins
