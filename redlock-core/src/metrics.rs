@@ -5,7 +5,7 @@
 //! Nothing is recorded until the application installs a recorder (e.g.
 //! `metrics-exporter-prometheus`); without the feature every hook compiles to
 //! nothing. No metric carries the resource key unless the application opts in
-//! with [`RedlockBuilder::metrics_key_label`](crate::RedlockBuilder::metrics_key_label),
+//! with `RedlockBuilder::metrics_key_label`,
 //! whose closure maps keys to a bounded set of `&'static str` (a key's class,
 //! never the key itself).
 //!
@@ -33,7 +33,7 @@ pub struct Metric {
     pub name: &'static str,
     /// Counter, gauge or histogram.
     pub kind: Kind,
-    /// Its labels (`key` only with [`metrics_key_label`](crate::RedlockBuilder::metrics_key_label)).
+    /// Its labels (`key` only with `RedlockBuilder::metrics_key_label`).
     pub labels: &'static [&'static str],
     /// What it counts.
     pub help: &'static str,

@@ -241,3 +241,57 @@ fn judge_rw(nodes: &[NodeView<RwState>], quorum: usize) -> RwVerdict {
         _ => RwVerdict::Unknown { answered },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::NodeError;
+
+    fn node(writer: Option<&str>, readers: usize) -> NodeView<RwState> {
+        NodeView {
+            node: "n".into(),
+            state: Ok(RwState {
+                writer: KeyState {
+                    exists: writer.is_some(),
+                    holder: writer.map(str::to_owned),
+                    foreign_type: None,
+                    pttl: writer.map(|_| Duration::from_millis(900)),
+                    fencing_counter: None,
+                },
+                readers,
+                readers_pttl: (readers > 0).then_some(Duration::from_millis(900)),
+                intent_pttl: None,
+            }),
+        }
+    }
+
+    fn down() -> NodeView<RwState> {
+        NodeView {
+            node: "n".into(),
+            state: Err(NodeError::Timeout(Duration::from_millis(50))),
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let free = [node(None, 0), node(None, 0), node(None, 1)];
+        assert_eq!(judge_rw(&free, 2), RwVerdict::Free);
+        let read = [node(None, 2), node(None, 3), node(None, 1)];
+        assert_eq!(
+            judge_rw(&read, 2),
+            RwVerdict::Read {
+                readers: 2,
+                nodes: 3
+            }
+        );
+        let written = [node(Some("w"), 0), node(Some("w"), 0), node(None, 0)];
+        assert!(matches!(
+            judge_rw(&written, 2),
+            RwVerdict::Written { nodes: 2, .. }
+        ));
+        let both = [node(Some("w"), 0), node(Some("w"), 0), node(None, 1)];
+        assert!(matches!(judge_rw(&both, 2), RwVerdict::Inconsistent { .. }));
+        let unsure = [node(None, 1), down(), down()];
+        assert_eq!(judge_rw(&unsure, 2), RwVerdict::Unknown { answered: 1 });
+    }
+}

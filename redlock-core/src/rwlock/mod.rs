@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::fencing::fence_key;
-use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::guard::{LockGuard, LockHandle};
 use crate::keys::Keys;
 use crate::metrics::Of;
 use crate::node::{Call, RwKeys};
+use crate::primitive::Acquire;
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
@@ -109,7 +110,7 @@ impl Redlock {
         access: Access,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.rw_lock_with(resource, access, ttl, &RetryPolicy::no_retry())
+        self.acquire_with(&access, resource, ttl, &RetryPolicy::no_retry())
             .await
     }
 
@@ -126,12 +127,7 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        let of = match access {
-            Access::Shared => Of::Shared,
-            Access::Exclusive => Of::Exclusive,
-        };
-        let acquire = self.rw_lock_with_retries(resource, access, ttl, retry);
-        self.counted(resource, of, retry, acquire).await
+        self.acquire_with(&access, resource, ttl, retry).await
     }
 
     /// Takes a read share or the write lock (retrying per `options` or the
@@ -146,12 +142,7 @@ impl Redlock {
         access: Access,
         options: &LockOptions,
     ) -> Result<LockGuard, Error> {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self
-            .rw_lock_with(resource, access, options.ttl, retry)
-            .await?;
-        LockGuard::new(lock, options)
+        self.acquire_guard(&access, resource, options).await
     }
 
     /// Runs the future `f` makes while holding a read share or the write
@@ -170,10 +161,32 @@ impl Redlock {
         F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.rw_guard(resource, access, options).await?;
-        run_guarded(guard, f).await
+        self.with_acquired(&access, resource, options, f).await
+    }
+}
+
+/// A side of a read/write lock, as the shared wrappers take it
+/// (`primitive`).
+impl Acquire for Access {
+    fn of(&self) -> Of {
+        match self {
+            Access::Shared => Of::Shared,
+            Access::Exclusive => Of::Exclusive,
+        }
     }
 
+    fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> impl Future<Output = Result<Lock, Error>> + Send {
+        redlock.rw_lock_with_retries(resource, *self, ttl, retry)
+    }
+}
+
+impl Redlock {
     async fn rw_lock_with_retries(
         &self,
         resource: &str,

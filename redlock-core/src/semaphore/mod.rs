@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use crate::error::Error;
-use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::guard::{LockGuard, LockHandle};
 use crate::metrics::Of;
+use crate::primitive::Acquire;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
@@ -75,7 +76,7 @@ impl Redlock {
         permits: u32,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.permit_with(resource, permits, ttl, &RetryPolicy::no_retry())
+        self.acquire_with(&Permits(permits), resource, ttl, &RetryPolicy::no_retry())
             .await
     }
 
@@ -91,8 +92,8 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        let acquire = self.permit_with_retries(resource, permits, ttl, retry);
-        self.counted(resource, Of::Permit, retry, acquire).await
+        self.acquire_with(&Permits(permits), resource, ttl, retry)
+            .await
     }
 
     /// Takes a permit (retrying per `options` or the handle's policy) and
@@ -107,12 +108,8 @@ impl Redlock {
         permits: u32,
         options: &LockOptions,
     ) -> Result<LockGuard, Error> {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self
-            .permit_with(resource, permits, options.ttl, retry)
-            .await?;
-        LockGuard::new(lock, options)
+        self.acquire_guard(&Permits(permits), resource, options)
+            .await
     }
 
     /// Runs the future `f` makes while holding a permit, as
@@ -131,10 +128,32 @@ impl Redlock {
         F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.permit_guard(resource, permits, options).await?;
-        run_guarded(guard, f).await
+        self.with_acquired(&Permits(permits), resource, options, f)
+            .await
+    }
+}
+
+/// A semaphore of this many permits, as the shared wrappers take it
+/// (`primitive`).
+struct Permits(u32);
+
+impl Acquire for Permits {
+    fn of(&self) -> Of {
+        Of::Permit
     }
 
+    fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> impl Future<Output = Result<Lock, Error>> + Send {
+        redlock.permit_with_retries(resource, self.0, ttl, retry)
+    }
+}
+
+impl Redlock {
     async fn permit_with_retries(
         &self,
         resource: &str,
