@@ -201,8 +201,8 @@ impl Redlock {
         let latest_start = self.latest_start(retry, Instant::now());
         match access {
             Access::Shared => {
-                self.retry_attempts(&names.writer, ttl, retry, latest_start, |attempt| {
-                    self.read_attempt(&resource, &names, ttl, attempt)
+                self.retry_attempts(&names.writer, ttl, retry, latest_start, false, |n, _| {
+                    self.read_attempt(&resource, &names, ttl, n)
                 })
                 .await
             }
@@ -211,8 +211,8 @@ impl Redlock {
                 // intent is its own from one attempt to the next.
                 let writer_id = new_token()?;
                 let result = self
-                    .retry_attempts(&names.writer, ttl, retry, latest_start, |attempt| {
-                        self.write_attempt(&resource, &names, ttl, &writer_id, attempt)
+                    .retry_attempts(&names.writer, ttl, retry, latest_start, false, |n, _| {
+                        self.write_attempt(&resource, &names, ttl, &writer_id, n)
                     })
                     .await;
                 // Held or given up: the intent has done its work (a holder's

@@ -167,15 +167,16 @@ impl Redlock {
         let resource: Arc<str> = resource.into();
         let key = self.key_for(&resource);
         let latest_start = self.latest_start(retry, Instant::now());
-        self.retry_attempts(&key, ttl, retry, latest_start, |attempt| {
-            self.permit_attempt(&resource, &key, permits, ttl, attempt)
+        self.retry_attempts(&key, ttl, retry, latest_start, true, |attempt, flag| {
+            self.permit_attempt(&resource, &key, permits, ttl, attempt, flag)
         })
         .await
     }
 
     /// One attempt: the slots in turn from a random one, each a whole mutex
-    /// attempt, until one is held. Fails with the soonest `Busy` if any slot
-    /// was busy, else with the last error.
+    /// attempt (a subscribed waiter's sets the resource's waiters flag for
+    /// `flag` first, in the same round trip), until one is held. Fails with
+    /// the soonest `Busy` if any slot was busy, else with the last error.
     async fn permit_attempt(
         &self,
         resource: &Arc<str>,
@@ -183,6 +184,7 @@ impl Redlock {
         permits: u32,
         ttl: Duration,
         attempt: u32,
+        flag: Option<Duration>,
     ) -> Result<Lock, Error> {
         let first = rand::rng().random_range(0..permits);
         let mut busy: Option<Error> = None;
@@ -191,7 +193,7 @@ impl Redlock {
             let slot = (first + i) % permits;
             let slot_key: Arc<str> = permit_key(key, slot).into();
             match self
-                .attempt(resource, &slot_key, Ttl::new(ttl, None), attempt)
+                .attempt_flagged(resource, &slot_key, Ttl::new(ttl, None), attempt, flag)
                 .await
             {
                 Ok(lock) => return Ok(lock),
