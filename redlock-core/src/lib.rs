@@ -162,7 +162,8 @@ mod protocol;
 
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
 // wake-up); above them, a leader (campaign, observe), jobs run once per
-// tick, permits (`semaphore`) and shared locks (`rwlock`).
+// tick, permits (`semaphore`) and shared locks (`rwlock`) with the wrappers
+// they share (`primitive`).
 mod guard;
 mod job;
 mod leader;
