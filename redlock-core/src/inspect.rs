@@ -57,14 +57,16 @@ pub struct KeyState {
     pub fencing_counter: Option<u64>,
 }
 
-/// One node's answer to an inspection.
+/// One node's answer to an inspection: of a lock key by default, of a
+/// read/write lock's keys ([`RwState`](crate::RwState)) for
+/// [`Redlock::inspect_rw`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct NodeView {
+pub struct NodeView<S = KeyState> {
     /// The node's label (its address, never its password).
     pub node: Arc<str>,
     /// What it holds, or why it did not say.
-    pub state: Result<KeyState, NodeError>,
+    pub state: Result<S, NodeError>,
 }
 
 /// The inspection's verdict on a lock.
@@ -130,35 +132,47 @@ impl Redlock {
     /// [`Error::EmptyResource`].
     pub async fn inspect(&self, resource: &str) -> Result<Inspection, Error> {
         self.check_resource(resource)?;
-        let key = self.key_for(resource);
+        Ok(self.inspect_key(resource, self.key_for(resource)).await)
+    }
+
+    /// [`Redlock::inspect`] of `key`, a key held as a lock (the resource's
+    /// lock key, or a permit slot's).
+    pub(crate) async fn inspect_key(&self, resource: &str, key: String) -> Inspection {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(READ_LUA)
             .arg(2)
             .arg(key.as_bytes())
             .arg(fence_key(&key));
-        let timeout = self.node_timeout().max(Duration::from_millis(500));
-        let nodes = futures_util::future::join_all(self.inner.nodes.iter().map(|node| {
-            let cmd = &cmd;
-            async move {
-                let state = node
-                    .query(cmd, timeout)
-                    .await
-                    .and_then(|v| parse_view(v).ok_or_else(unexpected));
-                NodeView {
-                    node: Arc::clone(&node.label),
-                    state,
-                }
-            }
-        }))
-        .await;
+        let nodes = self.read_nodes(&cmd, parse_view).await;
         let verdict = judge(&nodes, self.inner.quorum);
-        Ok(Inspection {
+        Inspection {
             resource: resource.to_owned(),
             key,
             quorum: self.inner.quorum,
             nodes,
             verdict,
-        })
+        }
+    }
+
+    /// Sends the read-only `cmd` to every node at once (each bounded by the
+    /// node timeout, at least 500 ms) and parses each answer with `parse`.
+    pub(crate) async fn read_nodes<T>(
+        &self,
+        cmd: &redis::Cmd,
+        parse: fn(Value) -> Option<T>,
+    ) -> Vec<NodeView<T>> {
+        let timeout = self.node_timeout().max(Duration::from_millis(500));
+        futures_util::future::join_all(self.inner.nodes.iter().map(|node| async move {
+            let state = node
+                .query(cmd, timeout)
+                .await
+                .and_then(|v| parse(v).ok_or_else(unexpected));
+            NodeView {
+                node: Arc::clone(&node.label),
+                state,
+            }
+        }))
+        .await
     }
 
     /// The operator's escape hatch: compare-and-delete of `resource`'s key on
@@ -197,7 +211,7 @@ fn unexpected() -> NodeError {
     }
 }
 
-fn text(v: &Value) -> Option<String> {
+pub(crate) fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
@@ -211,7 +225,13 @@ fn parse_view(v: Value) -> Option<KeyState> {
     let Value::Array(items) = v else {
         return None;
     };
-    let [kind, value, pttl, counter] = items.as_slice() else {
+    parse_key_state(&items)
+}
+
+/// The first four items of a node's answer, `{type, value|nil, pttl,
+/// counter|nil}`, into a [`KeyState`].
+pub(crate) fn parse_key_state(items: &[Value]) -> Option<KeyState> {
+    let [kind, value, pttl, counter, ..] = items else {
         return None;
     };
     let kind = text(kind)?;
@@ -234,7 +254,7 @@ fn parse_view(v: Value) -> Option<KeyState> {
 }
 
 /// The verdict over every node's answer, for a handle whose quorum is `quorum`.
-fn judge(nodes: &[NodeView], quorum: usize) -> Verdict {
+pub(crate) fn judge(nodes: &[NodeView], quorum: usize) -> Verdict {
     let n = nodes.len();
     let states: Vec<&KeyState> = nodes.iter().filter_map(|v| v.state.as_ref().ok()).collect();
     let answered = states.len();

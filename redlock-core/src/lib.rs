@@ -162,10 +162,12 @@ mod protocol;
 
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
 // wake-up); above them, a leader (campaign, observe), jobs run once per
-// tick, permits (`semaphore`) and shared locks (`rwlock`).
+// tick, permits (`semaphore`) and shared locks (`rwlock`) with the wrappers
+// they share (`primitive`).
 mod guard;
 mod job;
 mod leader;
+mod primitive;
 mod rwlock;
 mod semaphore;
 mod wait;
@@ -200,8 +202,8 @@ pub use node_spec::NodeSpec;
 pub use protocol::lock::Lock;
 pub use protocol::redlock::{NodeInfo, Redlock};
 pub use protocol::release::Released;
-pub use rwlock::Access;
-pub use semaphore::MAX_PERMITS;
+pub use rwlock::{Access, RwInspection, RwState, RwVerdict};
+pub use semaphore::{MAX_PERMITS, PermitsInspection, PermitsVerdict};
 pub use settings::{LockOptions, RetryPolicy};
 
 /// The release script's text, for the bench's `publish` scenario, which

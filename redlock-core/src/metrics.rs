@@ -62,6 +62,14 @@ pub const NODE_ERRORS: &str = "redlock_node_errors_total";
 pub const FENCE_REFUSALS: &str = "redlock_fence_refusals_total";
 /// Requests through the web adapters, by outcome.
 pub const REQUESTS: &str = "redlock_requests_total";
+/// Semaphore permits held by this process now.
+pub const PERMITS_HELD: &str = "redlock_permits_held";
+/// Calls waiting for a semaphore permit now.
+pub const PERMIT_WAITERS: &str = "redlock_permit_waiters";
+/// Read shares and write locks of read/write locks held by this process now.
+pub const SHARES_HELD: &str = "redlock_shares_held";
+/// Calls waiting for a read share or a write lock now.
+pub const SHARE_WAITERS: &str = "redlock_share_waiters";
 
 /// Every metric this crate records.
 pub const METRICS: &[Metric] = &[
@@ -131,6 +139,30 @@ pub const METRICS: &[Metric] = &[
         labels: &["outcome", "key"],
         help: "Requests through redlock-tower / redlock-actix; outcome: locked, busy, unavailable, unlocked (no key, fail-open), error; and lost, counted again for a locked request whose lock was lost",
     },
+    Metric {
+        name: PERMITS_HELD,
+        kind: Kind::Gauge,
+        labels: &["key"],
+        help: "Semaphore permits this process holds now (also in redlock_held_locks)",
+    },
+    Metric {
+        name: PERMIT_WAITERS,
+        kind: Kind::Gauge,
+        labels: &["key"],
+        help: "Calls that may retry, waiting for a semaphore permit now (also in redlock_waiters)",
+    },
+    Metric {
+        name: SHARES_HELD,
+        kind: Kind::Gauge,
+        labels: &["access", "key"],
+        help: "Read/write locks this process holds now; access: shared (a read share), exclusive (the write lock); also in redlock_held_locks",
+    },
+    Metric {
+        name: SHARE_WAITERS,
+        kind: Kind::Gauge,
+        labels: &["access", "key"],
+        help: "Calls that may retry, waiting for a read share or the write lock now; access: shared, exclusive (also in redlock_waiters)",
+    },
 ];
 
 /// Registers every metric's description and unit with the installed recorder
@@ -177,6 +209,15 @@ impl Drop for Waiting {
     fn drop(&mut self) {
         waiters(-1.0);
     }
+}
+
+/// What a permit or share gauge counts: a semaphore's permits, or one side
+/// of a read/write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Of {
+    Permit,
+    Shared,
+    Exclusive,
 }
 
 /// What an acquire call came to.
@@ -282,6 +323,48 @@ mod record {
     pub(crate) fn request(key: Option<&'static str>, outcome: &'static str) {
         metrics::counter!(REQUESTS, labels!(key, "outcome" => outcome)).increment(1);
     }
+
+    /// One held permit or share, or one call waiting for either, counted in
+    /// its gauge while it lives (a cancelled call, a dropped lock too).
+    pub(crate) struct Gauged(metrics::Gauge);
+
+    impl Gauged {
+        /// Counts a permit or share just acquired.
+        pub(crate) fn held(of: Of, key: Option<&'static str>) -> Self {
+            let name = match of {
+                Of::Permit => PERMITS_HELD,
+                Of::Shared | Of::Exclusive => SHARES_HELD,
+            };
+            Self::start(name, of, key)
+        }
+
+        /// Counts a call that may retry, while it waits.
+        pub(crate) fn waiting(of: Of, key: Option<&'static str>) -> Self {
+            let name = match of {
+                Of::Permit => PERMIT_WAITERS,
+                Of::Shared | Of::Exclusive => SHARE_WAITERS,
+            };
+            Self::start(name, of, key)
+        }
+
+        fn start(name: &'static str, of: Of, key: Option<&'static str>) -> Self {
+            let mut labels = labels!(key);
+            match of {
+                Of::Permit => {}
+                Of::Shared => labels.insert(0, metrics::Label::new("access", "shared")),
+                Of::Exclusive => labels.insert(0, metrics::Label::new("access", "exclusive")),
+            }
+            let gauge = metrics::gauge!(name, labels);
+            gauge.increment(1.0);
+            Self(gauge)
+        }
+    }
+
+    impl Drop for Gauged {
+        fn drop(&mut self) {
+            self.0.decrement(1.0);
+        }
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -307,6 +390,20 @@ mod record {
     pub(crate) fn fence_refused(_: Option<&'static str>) {}
     #[inline(always)]
     pub(crate) fn request(_: Option<&'static str>, _: &'static str) {}
+
+    /// Without the feature: nothing counted.
+    pub(crate) struct Gauged;
+
+    impl Gauged {
+        #[inline(always)]
+        pub(crate) fn held(_: Of, _: Option<&'static str>) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn waiting(_: Of, _: Option<&'static str>) -> Self {
+            Self
+        }
+    }
 }
 
 pub(crate) use record::*;

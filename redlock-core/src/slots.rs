@@ -17,7 +17,11 @@
 //! unchanged), `{tag}` in the second. Every other key of the resource is
 //! `{tag}` and a suffix (`{tag}:redlock-waiters`, `{tag}:record`, ...), the
 //! fencing counter `0xFF fence:{tag}`, and the release channel
-//! `redlock:released:<db>:{tag}`. Then:
+//! `redlock:released:<db>:{tag}`. A permit slot of a semaphore is
+//! `{tag}:redlock-permit:<i>` and a reader's share `{tag}:redlock-reader:<token>`:
+//! each is held as a lock of its own (with a fence counter of its own,
+//! `0xFF fence:` and the whole key), and its release clears the resource's
+//! waiters flag and announces itself on the resource's channel. Then:
 //!
 //! - every key of one resource hashes by `tag`: a plain key hashes whole, and
 //!   its tag is that whole key; a braced key hashes by its tag;
@@ -72,8 +76,24 @@ pub(crate) fn lock_key(prefix: &str, resource: &str) -> String {
 }
 
 /// The braced tag `{tag}` of lock key `key` that every other key of its
-/// resource starts with: the key itself when it is braced already.
+/// resource starts with: the key itself when it is braced already. Of a key
+/// derived from a lock key (`{tag}` and a suffix) that is held as a lock of
+/// its own (a permit slot, a reader's share), the same `{tag}`: its release
+/// announces itself on its resource's channel and clears its resource's
+/// waiters flag, as the release scripts do (`node::RELEASE_LUA`).
 pub(crate) fn tagged(key: &str) -> Cow<'_, str> {
+    if key.starts_with('{') {
+        Cow::Borrowed(key.find('}').map_or(key, |end| &key[..=end]))
+    } else {
+        Cow::Owned(format!("{{{key}}}"))
+    }
+}
+
+/// `key` braced whole: `{key}`, or the key itself when it is braced already.
+/// For what belongs to one held key rather than to its resource (a fence
+/// counter: each permit slot counts its own holders); a lock key's is its
+/// [`tagged`].
+pub(crate) fn braced(key: &str) -> Cow<'_, str> {
     if key.starts_with('{') {
         Cow::Borrowed(key)
     } else {
@@ -110,6 +130,8 @@ mod tests {
             derived(&key, ":redlock-waiters").into_bytes(),
             derived(&key, ":record").into_bytes(),
             derived(&key, ":generation").into_bytes(),
+            derived(&key, ":redlock-permit:3").into_bytes(),
+            derived(&key, ":redlock-reader:t0k3n").into_bytes(),
             fence,
             format!("redlock:released:0:{}", tagged(&key)).into_bytes(),
         ]
@@ -144,6 +166,26 @@ mod tests {
                     assert_eq!(slot(k), slot0, "{prefix:?}{r:?}: {k:?}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_key_held_as_a_lock_of_its_own_clears_and_announces_its_resources() {
+        for (prefix, r) in [("", "a"), ("", "a{b}"), ("p:", "%"), ("{p}", "x")] {
+            let key = lock_key(prefix, r);
+            for held in [
+                derived(&key, ":redlock-permit:7"),
+                derived(&key, ":redlock-reader:t0k3n"),
+            ] {
+                assert_eq!(tagged(&held), tagged(&key), "{held}");
+                assert_eq!(
+                    derived(&held, ":redlock-waiters"),
+                    derived(&key, ":redlock-waiters")
+                );
+                // What counts one held key's holders stays its own.
+                assert_ne!(braced(&held), braced(&key));
+            }
+            assert_eq!(braced(&key), tagged(&key));
         }
     }
 

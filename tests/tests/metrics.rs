@@ -1,7 +1,8 @@
 //! Lock metrics on real `redis-server` processes, scraped from `/metrics` as
 //! Prometheus would: after a known sequence of lock operations and requests,
-//! the counters, gauges and histogram counts are what happened, no series
-//! carries a resource key, and the README's table lists every metric.
+//! the counters, gauges and histogram counts are what happened (permits and
+//! shares too), no series carries a resource key unless the application maps
+//! keys to labels, and the README's table lists every metric.
 //!
 //! Its own binary: it installs the process-wide recorder.
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use redlock_core::{LockOptions, Redlock};
+use redlock_core::{Access, LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
 use redlock_tower::RedlockLayer;
 
@@ -192,6 +193,105 @@ async fn a_scrape_after_known_operations_counts_them() {
             || text.contains("# TYPE redlock_acquire_duration_seconds histogram"),
         "{text}"
     );
+
+    permits_and_shares(&handle, &rl).await;
+    let labelled = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(Duration::from_millis(200))
+        .metrics_key_label(|_| "tenant")
+        .build()
+        .unwrap();
+    let permit = labelled
+        .try_permit("m-sem-labelled", 2, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let text = handle.render();
+    assert_eq!(
+        value(&text, "redlock_permits_held{key=\"tenant\"}"),
+        1.0,
+        "{text}"
+    );
+    labelled.unlock(permit).await.unwrap();
+    let text = handle.render();
+    assert_eq!(value(&text, "redlock_permits_held{key=\"tenant\"}"), 0.0);
+}
+
+/// 5. Two permits and a read share held, a permit waiter and a writer
+///    waiting; then the first permit and the share released, so that both
+///    waiters hold; then everything released.
+async fn permits_and_shares(handle: &PrometheusHandle, rl: &Redlock) {
+    let ttl = Duration::from_secs(5);
+    let p1 = rl.try_permit("m-sem", 2, ttl).await.unwrap();
+    let p2 = rl.try_permit("m-sem", 2, ttl).await.unwrap();
+    let r1 = rl.try_rw_lock("m-rw", Access::Shared, ttl).await.unwrap();
+    let retry = RetryPolicy::deadline(Duration::from_secs(20));
+    let waiter = tokio::spawn({
+        let (rl, retry) = (rl.clone(), retry.clone());
+        async move { rl.permit_with("m-sem", 2, ttl, &retry).await }
+    });
+    let writer = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            rl.rw_lock_with("m-rw", Access::Exclusive, ttl, &retry)
+                .await
+        }
+    });
+    let waiting = |t: &str| {
+        value(t, "redlock_permit_waiters") == 1.0
+            && value(t, "redlock_share_waiters{access=\"exclusive\"}") == 1.0
+    };
+    let began = std::time::Instant::now();
+    while !waiting(&handle.render()) {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{}",
+            handle.render()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let text = handle.render();
+    assert_eq!(value(&text, "redlock_permits_held"), 2.0, "{text}");
+    assert_eq!(value(&text, "redlock_shares_held{access=\"shared\"}"), 1.0);
+    assert_eq!(
+        value(&text, "redlock_shares_held{access=\"exclusive\"}"),
+        0.0
+    );
+    assert_eq!(value(&text, "redlock_held_locks"), 3.0);
+    assert_eq!(value(&text, "redlock_waiters"), 2.0);
+
+    rl.unlock(p1).await.unwrap();
+    rl.unlock(r1).await.unwrap();
+    let p3 = waiter.await.unwrap().unwrap();
+    let w = writer.await.unwrap().unwrap();
+    let text = handle.render();
+    assert_eq!(value(&text, "redlock_permits_held"), 2.0, "{text}");
+    assert_eq!(value(&text, "redlock_shares_held{access=\"shared\"}"), 0.0);
+    assert_eq!(
+        value(&text, "redlock_shares_held{access=\"exclusive\"}"),
+        1.0
+    );
+    assert_eq!(value(&text, "redlock_permit_waiters"), 0.0);
+    assert_eq!(
+        value(&text, "redlock_share_waiters{access=\"exclusive\"}"),
+        0.0
+    );
+    assert_eq!(value(&text, "redlock_waiters"), 0.0);
+
+    rl.unlock(p2).await.unwrap();
+    rl.unlock(p3).await.unwrap();
+    // A dropped lock ends its count too.
+    drop(w);
+    let text = handle.render();
+    assert_eq!(value(&text, "redlock_permits_held"), 0.0, "{text}");
+    assert_eq!(
+        value(&text, "redlock_shares_held{access=\"exclusive\"}"),
+        0.0
+    );
+    assert_eq!(value(&text, "redlock_held_locks"), 0.0);
+    for line in text.lines().filter(|l| l.starts_with("redlock_")) {
+        assert!(!line.contains("key="), "a series labelled by key: {line}");
+        assert!(!line.contains("m-"), "a resource in a series: {line}");
+    }
 }
 
 /// Every metric of `redlock_core::metrics::METRICS` is in the README's table,

@@ -148,7 +148,8 @@ pub(crate) struct FenceRead {
 }
 
 /// The counter key of lock key `key`: the byte `0xFF`, `fence:`, then the
-/// key's tag (`{tag}`, see `slots`).
+/// key's tag (`{tag}`, see `slots`); of a permit slot's key, the slot's key
+/// (each slot counts its own holders).
 ///
 /// `0xFF` never occurs in UTF-8, and every key this library locks is a Rust
 /// string, so no lock key can ever be a counter key, whatever the resource
@@ -159,7 +160,7 @@ pub(crate) struct FenceRead {
 /// safe).
 pub(crate) fn fence_key(key: &str) -> Vec<u8> {
     const PREFIX: &[u8] = b"\xfffence:";
-    let key = crate::slots::tagged(key);
+    let key = crate::slots::braced(key);
     let mut k = Vec::with_capacity(PREFIX.len() + key.len());
     k.extend_from_slice(PREFIX);
     k.extend_from_slice(key.as_bytes());

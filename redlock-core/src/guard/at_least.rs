@@ -75,7 +75,7 @@ impl LockGuard {
             return Err(lost());
         };
         let lock = match ticket.release().await {
-            Some(Handback::Lock(lock)) => lock,
+            Some(Handback::Lock(lock)) => *lock,
             Some(Handback::Releasing(release)) => {
                 // Lost before the call: its release is under way.
                 let _ = release.await;

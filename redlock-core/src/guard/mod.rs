@@ -182,7 +182,7 @@ impl LockGuard {
             return Err(lost());
         };
         match ticket.release().await {
-            Some(Handback::Lock(lock)) => lock.redlock().clone().unlock(lock).await,
+            Some(Handback::Lock(lock)) => lock.redlock().clone().unlock(*lock).await,
             Some(Handback::Releasing(release)) => release.await.unwrap_or_else(|_| Err(lost())),
             None => Err(lost()),
         }

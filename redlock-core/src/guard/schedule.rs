@@ -58,7 +58,8 @@ pub(super) enum Command {
 /// What a guard's release gets back.
 pub(super) enum Handback {
     /// The lock, still held as far as the renewals know: the guard releases it.
-    Lock(Lock),
+    /// (Boxed: a lock is far larger than a join handle.)
+    Lock(Box<Lock>),
     /// The lock was lost; its release is under way.
     Releasing(JoinHandle<Result<Released, Error>>),
 }
@@ -194,7 +195,7 @@ impl Task {
             Command::Release(id, reply) => match self.entries.remove(&id) {
                 Some(Entry::Idle(renewal)) => {
                     self.timers.remove(&(renewal.renew_at, id));
-                    let _ = reply.send(Handback::Lock(renewal.finish()));
+                    let _ = reply.send(Handback::Lock(Box::new(renewal.finish())));
                 }
                 Some(Entry::InFlight(_)) => {
                     self.entries
@@ -314,7 +315,7 @@ impl Task {
                     self.entries.insert(id, Entry::Releasing(release));
                 }
                 (After::Release(reply), _) => {
-                    let _ = reply.send(Handback::Lock(renewal.finish()));
+                    let _ = reply.send(Handback::Lock(Box::new(renewal.finish())));
                 }
                 (After::Drop, _) => {
                     spawn_unlock(renewal.finish());

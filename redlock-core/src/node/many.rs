@@ -71,7 +71,7 @@ local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     local t = KEYS[i]
-    if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+    if string.byte(t) ~= 123 then t = '{' .. t .. '}' else t = string.match(t, '^{[^}]*}') or t end
     if redis.call('DEL', KEYS[i], t .. '"#,
             waiters_suffix!(),
             r#"') > 1 then
@@ -97,7 +97,7 @@ for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     local t = KEYS[i]
-    if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+    if string.byte(t) ~= 123 then t = '{' .. t .. '}' else t = string.match(t, '^{[^}]*}') or t end
     redis.pcall('PUBLISH', 'redlock:released:' .. ARGV[2] .. ':' .. t, '1')
     deleted = 1
   end

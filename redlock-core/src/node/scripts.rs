@@ -49,7 +49,7 @@ macro_rules! release_lua {
             r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local t = KEYS[1]
-  if string.byte(t) ~= 123 then t = '{' .. t .. '}' end
+  if string.byte(t) ~= 123 then t = '{' .. t .. '}' else t = string.match(t, '^{[^}]*}') or t end
   if redis.call('DEL', KEYS[1], t .. '"#,
             waiters_suffix!(),
             r#"') > 1 then

@@ -40,6 +40,8 @@ pub struct Lock {
     /// on another connection (a reconnect, another runtime's). Empty while
     /// every extend was answered.
     pub(crate) unanswered: Vec<Option<Duration>>,
+    /// A permit's or share's count in its gauge, ended with the hold.
+    pub(crate) gauged: Option<crate::metrics::Gauged>,
 }
 
 impl Lock {
@@ -210,6 +212,7 @@ impl Lock {
     /// by the drop when the release's future is dropped before it ended: the
     /// hold is counted out by the first call only.
     pub(crate) fn abandon(&mut self) {
+        self.gauged = None;
         if let Some(acquired_at) = self.acquired_at.take() {
             crate::metrics::held(
                 self.redlock.metrics_key(&self.key),

@@ -26,15 +26,19 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::fencing::fence_key;
-use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::guard::{LockGuard, LockHandle};
 use crate::keys::Keys;
-use crate::metrics;
+use crate::metrics::Of;
 use crate::node::{Call, RwKeys};
+use crate::primitive::Acquire;
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::new_token;
 use crate::settings::{LockOptions, RetryPolicy};
+
+mod inspect;
+pub use inspect::{RwInspection, RwState, RwVerdict};
 
 /// Which side of a read/write lock to take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,7 +110,7 @@ impl Redlock {
         access: Access,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.rw_lock_with(resource, access, ttl, &RetryPolicy::no_retry())
+        self.acquire_with(&access, resource, ttl, &RetryPolicy::no_retry())
             .await
     }
 
@@ -123,20 +127,7 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        let begin = Instant::now();
-        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
-        let result = self
-            .rw_lock_with_retries(resource, access, ttl, retry)
-            .await;
-        let key = self
-            .inner
-            .settings
-            .metrics_key
-            .as_ref()
-            .and_then(|_| self.metrics_key(&self.key_for(resource)));
-        let outcome = metrics::acquire_outcome(&result);
-        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
-        result
+        self.acquire_with(&access, resource, ttl, retry).await
     }
 
     /// Takes a read share or the write lock (retrying per `options` or the
@@ -151,12 +142,7 @@ impl Redlock {
         access: Access,
         options: &LockOptions,
     ) -> Result<LockGuard, Error> {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self
-            .rw_lock_with(resource, access, options.ttl, retry)
-            .await?;
-        LockGuard::new(lock, options)
+        self.acquire_guard(&access, resource, options).await
     }
 
     /// Runs the future `f` makes while holding a read share or the write
@@ -175,10 +161,32 @@ impl Redlock {
         F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.rw_guard(resource, access, options).await?;
-        run_guarded(guard, f).await
+        self.with_acquired(&access, resource, options, f).await
+    }
+}
+
+/// A side of a read/write lock, as the shared wrappers take it
+/// (`primitive`).
+impl Acquire for Access {
+    fn of(&self) -> Of {
+        match self {
+            Access::Shared => Of::Shared,
+            Access::Exclusive => Of::Exclusive,
+        }
     }
 
+    fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> impl Future<Output = Result<Lock, Error>> + Send {
+        redlock.rw_lock_with_retries(resource, *self, ttl, retry)
+    }
+}
+
+impl Redlock {
     async fn rw_lock_with_retries(
         &self,
         resource: &str,
@@ -193,8 +201,8 @@ impl Redlock {
         let latest_start = self.latest_start(retry, Instant::now());
         match access {
             Access::Shared => {
-                self.poll_attempts(retry, latest_start, |attempt| {
-                    self.read_attempt(&resource, &names, ttl, attempt)
+                self.retry_attempts(&names.writer, ttl, retry, latest_start, false, |n, _| {
+                    self.read_attempt(&resource, &names, ttl, n)
                 })
                 .await
             }
@@ -203,8 +211,8 @@ impl Redlock {
                 // intent is its own from one attempt to the next.
                 let writer_id = new_token()?;
                 let result = self
-                    .poll_attempts(retry, latest_start, |attempt| {
-                        self.write_attempt(&resource, &names, ttl, &writer_id, attempt)
+                    .retry_attempts(&names.writer, ttl, retry, latest_start, false, |n, _| {
+                        self.write_attempt(&resource, &names, ttl, &writer_id, n)
                     })
                     .await;
                 // Held or given up: the intent has done its work (a holder's

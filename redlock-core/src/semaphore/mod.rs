@@ -23,22 +23,26 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use crate::error::Error;
-use crate::guard::{LockGuard, LockHandle, run_guarded};
-use crate::metrics;
+use crate::guard::{LockGuard, LockHandle};
+use crate::metrics::Of;
+use crate::primitive::Acquire;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
+mod inspect;
+pub use inspect::{PermitsInspection, PermitsVerdict};
+
 /// The most permits one semaphore may have: each is a slot an attempt may
 /// try in turn, one round trip each.
 pub const MAX_PERMITS: u32 = 64;
 
-/// The key of slot `slot` of the semaphore whose resource key is `key`: the
-/// key, then a suffix, so that a key layout that keeps one resource's keys
-/// together (a hash tag) keeps its slots with it.
+/// The key of slot `slot` of the semaphore whose resource key is `key`:
+/// `{tag}:redlock-permit:<slot>` (`slots`), in the resource's cluster slot,
+/// and announcing its release on the resource's channel.
 pub(crate) fn permit_key(key: &str, slot: u32) -> String {
-    format!("{key}:redlock-permit:{slot}")
+    crate::slots::derived(key, &format!(":redlock-permit:{slot}"))
 }
 
 impl Redlock {
@@ -72,7 +76,7 @@ impl Redlock {
         permits: u32,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.permit_with(resource, permits, ttl, &RetryPolicy::no_retry())
+        self.acquire_with(&Permits(permits), resource, ttl, &RetryPolicy::no_retry())
             .await
     }
 
@@ -88,20 +92,8 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        let begin = Instant::now();
-        let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
-        let result = self
-            .permit_with_retries(resource, permits, ttl, retry)
-            .await;
-        let key = self
-            .inner
-            .settings
-            .metrics_key
-            .as_ref()
-            .and_then(|_| self.metrics_key(&self.key_for(resource)));
-        let outcome = metrics::acquire_outcome(&result);
-        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
-        result
+        self.acquire_with(&Permits(permits), resource, ttl, retry)
+            .await
     }
 
     /// Takes a permit (retrying per `options` or the handle's policy) and
@@ -116,12 +108,8 @@ impl Redlock {
         permits: u32,
         options: &LockOptions,
     ) -> Result<LockGuard, Error> {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let lock = self
-            .permit_with(resource, permits, options.ttl, retry)
-            .await?;
-        LockGuard::new(lock, options)
+        self.acquire_guard(&Permits(permits), resource, options)
+            .await
     }
 
     /// Runs the future `f` makes while holding a permit, as
@@ -140,10 +128,32 @@ impl Redlock {
         F: FnOnce(LockHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.permit_guard(resource, permits, options).await?;
-        run_guarded(guard, f).await
+        self.with_acquired(&Permits(permits), resource, options, f)
+            .await
+    }
+}
+
+/// A semaphore of this many permits, as the shared wrappers take it
+/// (`primitive`).
+struct Permits(u32);
+
+impl Acquire for Permits {
+    fn of(&self) -> Of {
+        Of::Permit
     }
 
+    fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> impl Future<Output = Result<Lock, Error>> + Send {
+        redlock.permit_with_retries(resource, self.0, ttl, retry)
+    }
+}
+
+impl Redlock {
     async fn permit_with_retries(
         &self,
         resource: &str,
@@ -153,23 +163,20 @@ impl Redlock {
     ) -> Result<Lock, Error> {
         self.check_resource(resource)?;
         self.check_ttl(ttl)?;
-        if permits == 0 || permits > MAX_PERMITS {
-            return Err(Error::InvalidConfig(format!(
-                "permits must be 1 to {MAX_PERMITS}, not {permits}"
-            )));
-        }
+        check_permits(permits)?;
         let resource: Arc<str> = resource.into();
         let key = self.key_for(&resource);
         let latest_start = self.latest_start(retry, Instant::now());
-        self.poll_attempts(retry, latest_start, |attempt| {
-            self.permit_attempt(&resource, &key, permits, ttl, attempt)
+        self.retry_attempts(&key, ttl, retry, latest_start, true, |attempt, flag| {
+            self.permit_attempt(&resource, &key, permits, ttl, attempt, flag)
         })
         .await
     }
 
     /// One attempt: the slots in turn from a random one, each a whole mutex
-    /// attempt, until one is held. Fails with the soonest `Busy` if any slot
-    /// was busy, else with the last error.
+    /// attempt (a subscribed waiter's sets the resource's waiters flag for
+    /// `flag` first, in the same round trip), until one is held. Fails with
+    /// the soonest `Busy` if any slot was busy, else with the last error.
     async fn permit_attempt(
         &self,
         resource: &Arc<str>,
@@ -177,6 +184,7 @@ impl Redlock {
         permits: u32,
         ttl: Duration,
         attempt: u32,
+        flag: Option<Duration>,
     ) -> Result<Lock, Error> {
         let first = rand::rng().random_range(0..permits);
         let mut busy: Option<Error> = None;
@@ -185,7 +193,7 @@ impl Redlock {
             let slot = (first + i) % permits;
             let slot_key: Arc<str> = permit_key(key, slot).into();
             match self
-                .attempt(resource, &slot_key, Ttl::new(ttl, None), attempt)
+                .attempt_flagged(resource, &slot_key, Ttl::new(ttl, None), attempt, flag)
                 .await
             {
                 Ok(lock) => return Ok(lock),
@@ -199,6 +207,16 @@ impl Redlock {
             (None, None) => Err(Error::InvalidConfig("no permit slot".into())),
         }
     }
+}
+
+/// `permits` within 1 to [`MAX_PERMITS`].
+fn check_permits(permits: u32) -> Result<(), Error> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::InvalidConfig(format!(
+            "permits must be 1 to {MAX_PERMITS}, not {permits}"
+        )));
+    }
+    Ok(())
 }
 
 /// Of two `Busy` errors, the one whose slot frees first (a known time wins

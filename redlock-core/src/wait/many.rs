@@ -47,7 +47,7 @@ impl Redlock {
                 // the flags' keys could not lock).
                 let node_timeout = self.inner.settings.node_timeout;
                 let flag = flag_ttl(ttl.key, retry, node_timeout, Instant::now(), latest_start);
-                self.set_waiters_flags(many, flag).await;
+                self.set_waiters_flags(&many.keys, flag).await;
             }
             let err = match self.attempt_many(many, ttl, attempt).await {
                 Ok(lock) => return Ok(lock),
@@ -90,12 +90,12 @@ impl Redlock {
         }
     }
 
-    /// Sets the waiters flags of every key of `many` on every node, for
-    /// `flag`, and waits for the answers (at most a node timeout). A node
-    /// that refuses them or does not answer only loses the wake-up there.
-    async fn set_waiters_flags(&self, many: &Many, flag: Duration) {
+    /// Sets the waiters flags of `keys` on every node, for `flag`, and
+    /// waits for the answers (at most a node timeout). A node that refuses
+    /// them or does not answer only loses the wake-up there.
+    pub(super) async fn set_waiters_flags(&self, keys: &[Arc<str>], flag: Duration) {
         let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
-        let call = Arc::new(Call::waiters_flags(&many.keys, flag_ms));
+        let call = Arc::new(Call::waiters_flags(keys, flag_ms));
         let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
         let mut pending = self.fan_out(&call, ignore, 0..self.inner.nodes.len());
         self.settle(&mut pending, |_| false).await;

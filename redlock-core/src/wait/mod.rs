@@ -29,6 +29,7 @@ use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 
 mod many;
+mod shared;
 
 impl Redlock {
     /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.

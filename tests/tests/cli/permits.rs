@@ -28,7 +28,7 @@ fn two_permits_run_two_commands_and_turn_the_third_away() {
         c.spawn().expect("spawn redlock run")
     };
     let (a, b) = (start(), start());
-    let slot = |i: u32| format!("batch:redlock-permit:{i}");
+    let slot = |i: u32| format!("{{batch}}:redlock-permit:{i}");
     wait_for("both permits held", Duration::from_secs(10), || {
         cluster.count_with_key(&slot(0)) >= 2 && cluster.count_with_key(&slot(1)) >= 2
     });
@@ -40,4 +40,101 @@ fn two_permits_run_two_commands_and_turn_the_third_away() {
         let out = finish(child, Duration::from_secs(20), name);
         assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
     }
+}
+
+/// `redlock status KEY --permits N` and `--rw`: the slots a library holder
+/// holds (by fingerprint, never the token), the readers, and the verdicts, as
+/// a table and as JSON.
+#[test]
+fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
+    let cluster = Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    // The binary first (the first test to ask builds it, which can take
+    // longer than the TTLs below), then the holders.
+    drop(redlock(&nodes));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Patient: other tests load the machine.
+    let rl = redlock_core::Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let retry = redlock_core::RetryPolicy::deadline(Duration::from_secs(20));
+    let shared = redlock_core::Access::Shared;
+    let (permit, readers) = rt.block_on(async {
+        let permit = rl.permit_with("report", 2, ttl, &retry).await.unwrap();
+        let readers = [
+            rl.rw_lock_with("doc", shared, ttl, &retry).await.unwrap(),
+            rl.rw_lock_with("doc", shared, ttl, &retry).await.unwrap(),
+        ];
+        (permit, readers)
+    });
+    // Each acquire returned at quorum: wait for the last node's `SET`s.
+    let on_every_node = |key: &str| cluster.count_with_key(key) == 3;
+    wait_for("every node's keys", Duration::from_secs(10), || {
+        on_every_node(permit.key()) && readers.iter().all(|r| on_every_node(r.key()))
+    });
+    let fingerprint = redlock_core::token_fingerprint(permit.token());
+    let status = |args: &[&str]| {
+        let mut c = redlock(&nodes);
+        c.arg("status").args(args);
+        let out = run_to_end(c);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+
+    let table = status(&["report", "--permits", "2"]);
+    assert!(
+        table.contains("1 of 2 permit(s) held, 1 free, 0 unclear"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("held by {fingerprint} on 3 node(s)")),
+        "{table}"
+    );
+    assert!(
+        !table.contains(permit.token()),
+        "the token is never shown: {table}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&status(&["report", "--permits", "2", "--json"])).unwrap();
+    assert_eq!(v["verdict"]["held"], 1);
+    assert_eq!(v["verdict"]["free"], 1);
+    let slots = v["slots"].as_array().unwrap();
+    assert_eq!(slots.len(), 2);
+    let held: Vec<_> = slots
+        .iter()
+        .filter(|s| s["verdict"]["state"] == "held")
+        .collect();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0]["key"], permit.key());
+    assert_eq!(held[0]["verdict"]["holder"], fingerprint.as_str());
+
+    let table = status(&["doc", "--rw"]);
+    assert!(
+        table.contains("read by 2 reader(s) on a quorum, readers on 3 node(s)"),
+        "{table}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&status(&["doc", "--rw", "--json"])).unwrap();
+    assert_eq!(v["verdict"]["state"], "read");
+    assert_eq!(v["verdict"]["readers"], 2);
+    assert_eq!(v["writer_waiting"], 0);
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(n["readers"], 2, "{n}");
+        assert!(n["readers_pttl_ms"].as_u64().unwrap() > 20_000, "{n}");
+    }
+    // Not both at once.
+    let mut c = redlock(&nodes);
+    c.args(["status", "doc", "--rw", "--permits", "2"]);
+    assert_ne!(run_to_end(c).status.code(), Some(0));
+
+    rt.block_on(async {
+        rl.unlock(permit).await.unwrap();
+        for r in readers {
+            rl.unlock(r).await.unwrap();
+        }
+    });
+    let table = status(&["doc", "--rw"]);
+    assert!(table.contains("  free\n"), "{table}");
 }

@@ -192,7 +192,7 @@ async fn shared_locks_under_faults() {
         })
         .collect();
     let mut keys: Vec<String> = (0..PERMITS)
-        .map(|s| format!("{SEM}:redlock-permit:{s}"))
+        .map(|s| format!("{{{SEM}}}:redlock-permit:{s}"))
         .collect();
     keys.push(RW.into());
     let mut nemesis = Nemesis::new(

@@ -3,8 +3,10 @@
 //! record (not from counters the library keeps), a node down, a dead
 //! holder's share freed at expiry, and writer preference.
 
+mod inspect;
 mod permits;
 mod rwlock;
+mod wake;
 
 use std::time::{Duration, Instant};
 

@@ -243,6 +243,7 @@ impl Attempt<'_> {
             },
             fencing_tokens: round.fencing_all.clone(),
             unanswered: Vec::new(),
+            gauged: None,
         }
     }
 

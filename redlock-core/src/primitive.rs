@@ -1,0 +1,104 @@
+//! *Layer 4, beside the mutex (see `lib.rs`).*
+//!
+//! The public shape the primitives beside the mutex share (the semaphore's
+//! permits, `semaphore/`, and the read/write lock's shares, `rwlock/`): each
+//! gives only its retrying acquire ([`Acquire`]), and gets here its `*_with`
+//! (that acquire counted in the metrics: the mutex's, and the primitive's own
+//! gauges of holders and waiters), its `*_guard` (held with auto-extension)
+//! and its `with_*` (a closure run while held). The mutex keeps its own:
+//! its acquire takes a retained key's TTL and its queue, and its metrics have
+//! no gauge of their own.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::metrics::{self, Gauged, Of};
+use crate::protocol::lock::Lock;
+use crate::protocol::redlock::Redlock;
+use crate::settings::{LockOptions, RetryPolicy};
+
+/// A primitive's retrying acquire: attempts until one wins or `retry` gives
+/// up, with the primitive's own checks.
+pub(crate) trait Acquire {
+    /// Which gauges count its holders and waiters.
+    fn of(&self) -> Of;
+
+    /// Takes it on `resource` for `ttl`, retrying per `retry`.
+    fn acquire(
+        &self,
+        redlock: &Redlock,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> impl Future<Output = Result<Lock, Error>> + Send;
+}
+
+impl Redlock {
+    /// `*_with`: `what`'s retrying acquire of `resource`, counted as the
+    /// mutex's `lock_with` counts its calls, and in `what`'s gauges: a waiter
+    /// while it may retry, a holder from its success until the lock is
+    /// released or dropped. The `key` label only with the application's
+    /// mapping (`metrics_key_label`), of the resource's lock key.
+    pub(crate) async fn acquire_with<P: Acquire>(
+        &self,
+        what: &P,
+        resource: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
+        let begin = Instant::now();
+        let of = what.of();
+        let key = self
+            .inner
+            .settings
+            .metrics_key
+            .as_ref()
+            .and_then(|_| self.metrics_key(&self.key_for(resource)));
+        let waiting =
+            (retry.max_attempts > 1).then(|| (metrics::Waiting::start(), Gauged::waiting(of, key)));
+        let mut result = what.acquire(self, resource, ttl, retry).await;
+        let outcome = metrics::acquire_outcome(&result);
+        metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
+        if let Ok(lock) = result.as_mut() {
+            lock.gauged = Some(Gauged::held(of, key));
+        }
+        result
+    }
+
+    /// `*_guard`: [`Redlock::acquire_with`] (retrying per `options` or the
+    /// handle's policy), then held with auto-extension until the guard is
+    /// released or dropped, as [`Redlock::lock_guard`] does for the mutex.
+    pub(crate) async fn acquire_guard<P: Acquire>(
+        &self,
+        what: &P,
+        resource: &str,
+        options: &LockOptions,
+    ) -> Result<LockGuard, Error> {
+        self.loss_margin_for(options)?;
+        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        let lock = self
+            .acquire_with(what, resource, options.ttl, retry)
+            .await?;
+        LockGuard::new(lock, options)
+    }
+
+    /// `with_*`: runs the future `f` makes while holding `what` on
+    /// `resource`, as [`Redlock::with_lock`] does while holding the mutex.
+    pub(crate) async fn with_acquired<P, F, Fut, T>(
+        &self,
+        what: &P,
+        resource: &str,
+        options: &LockOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        P: Acquire,
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire_guard(what, resource, options).await?;
+        run_guarded(guard, f).await
+    }
+}

@@ -1,0 +1,170 @@
+//! `Redlock::inspect_permits` and `Redlock::inspect_rw` on real nodes: what
+//! each node holds and the verdict, after known acquires and releases.
+
+use std::time::Duration;
+
+use redlock_core::{Access, PermitsVerdict, RwVerdict, Verdict, token_fingerprint};
+use redlock_tests::Cluster;
+
+use super::{ms, redlock};
+
+fn counted(held: u32, free: u32) -> impl Fn(&PermitsVerdict) -> bool {
+    move |v| v.held == held && v.free == free && v.unclear == 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspecting_permits_shows_each_slot_and_counts_the_held() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    let ttl = Duration::from_secs(20);
+    let seen = rl.inspect_permits("insp:sem", 3).await.unwrap();
+    assert!(counted(0, 3)(&seen.verdict), "{seen:?}");
+    let a = rl.try_permit("insp:sem", 3, ttl).await.unwrap();
+    let b = rl.try_permit("insp:sem", 3, ttl).await.unwrap();
+    // An acquire returns at quorum: wait for the third node's `SET`.
+    let began = std::time::Instant::now();
+    let seen = loop {
+        let seen = rl.inspect_permits("insp:sem", 3).await.unwrap();
+        let everywhere = seen
+            .slots
+            .iter()
+            .all(|s| matches!(s.verdict, Verdict::Free | Verdict::Held { nodes: 3, .. }));
+        if everywhere || began.elapsed() > Duration::from_secs(5) {
+            break seen;
+        }
+        tokio::time::sleep(ms(20)).await;
+    };
+    assert!(counted(2, 1)(&seen.verdict), "{seen:?}");
+    assert_eq!(seen.slots.len(), 3);
+    for lock in [&a, &b] {
+        let slot = seen
+            .slots
+            .iter()
+            .find(|s| s.key == lock.key())
+            .expect("the permit's slot is inspected");
+        let fingerprint = token_fingerprint(lock.token());
+        match &slot.verdict {
+            Verdict::Held {
+                holder,
+                nodes,
+                validity,
+            } => {
+                assert_eq!(holder, &fingerprint);
+                assert_eq!(*nodes, 3);
+                assert!(*validity > Duration::from_secs(15) && *validity <= ttl);
+            }
+            other => panic!("slot {} is {other:?}", slot.key),
+        }
+        for n in &slot.nodes {
+            let state = n.state.as_ref().unwrap();
+            assert_eq!(state.holder.as_deref(), Some(fingerprint.as_str()));
+            assert!(state.pttl.is_some_and(|p| p <= ttl));
+        }
+    }
+    rl.unlock(a).await.unwrap();
+    // An unlock returns at quorum: the last node's delete may be on its way.
+    let began = std::time::Instant::now();
+    let seen = loop {
+        let seen = rl.inspect_permits("insp:sem", 3).await.unwrap();
+        if counted(1, 2)(&seen.verdict) || began.elapsed() > Duration::from_secs(5) {
+            break seen;
+        }
+        tokio::time::sleep(ms(20)).await;
+    };
+    assert!(counted(1, 2)(&seen.verdict), "{seen:?}");
+    rl.unlock(b).await.unwrap();
+    assert!(rl.inspect_permits("insp:sem", 0).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspecting_a_rw_lock_shows_readers_a_waiting_writer_and_the_writer() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    let ttl = Duration::from_secs(20);
+    let seen = rl.inspect_rw("insp:rw").await.unwrap();
+    assert_eq!(seen.verdict, RwVerdict::Free, "{seen:?}");
+    assert_eq!(seen.writer_waiting, 0);
+
+    let r1 = rl
+        .try_rw_lock("insp:rw", Access::Shared, ttl)
+        .await
+        .unwrap();
+    let r2 = rl
+        .try_rw_lock("insp:rw", Access::Shared, ttl)
+        .await
+        .unwrap();
+    // A writer waiting on the readers leaves its intent on every node it
+    // reaches (until it holds or gives up); the readers' keys are on every
+    // node once the last `SET`s land.
+    let writer = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            let retry = redlock_core::RetryPolicy::deadline(Duration::from_secs(20));
+            rl.rw_lock_with("insp:rw", Access::Exclusive, ttl, &retry)
+                .await
+        }
+    });
+    let began = std::time::Instant::now();
+    let seen = loop {
+        let seen = rl.inspect_rw("insp:rw").await.unwrap();
+        let settled = seen.verdict
+            == RwVerdict::Read {
+                readers: 2,
+                nodes: 3,
+            }
+            && seen.writer_waiting == 3;
+        if settled || began.elapsed() > Duration::from_secs(5) {
+            break seen;
+        }
+        tokio::time::sleep(ms(20)).await;
+    };
+    assert_eq!(
+        seen.verdict,
+        RwVerdict::Read {
+            readers: 2,
+            nodes: 3
+        },
+        "{seen:?}"
+    );
+    assert_eq!(seen.writer_waiting, 3, "{seen:?}");
+    for n in &seen.nodes {
+        let s = n.state.as_ref().unwrap();
+        assert_eq!(s.readers, 2);
+        assert!(s.readers_pttl.is_some_and(|p| p <= ttl), "{s:?}");
+        assert!(s.intent_pttl.is_some(), "{s:?}");
+        assert!(!s.writer.exists);
+    }
+    assert!(!writer.is_finished(), "the writer held beside readers");
+    rl.unlock(r1).await.unwrap();
+    rl.unlock(r2).await.unwrap();
+
+    let w = writer.await.unwrap().unwrap();
+    let fingerprint = token_fingerprint(w.token());
+    let began = std::time::Instant::now();
+    let seen = loop {
+        let seen = rl.inspect_rw("insp:rw").await.unwrap();
+        if matches!(seen.verdict, RwVerdict::Written { nodes: 3, .. })
+            || began.elapsed() > Duration::from_secs(5)
+        {
+            break seen;
+        }
+        tokio::time::sleep(ms(20)).await;
+    };
+    match &seen.verdict {
+        RwVerdict::Written { holder, nodes, .. } => {
+            assert_eq!(holder, &fingerprint);
+            assert_eq!(*nodes, 3);
+        }
+        other => panic!("{other:?}"),
+    }
+    rl.unlock(w).await.unwrap();
+    let began = std::time::Instant::now();
+    let seen = loop {
+        let seen = rl.inspect_rw("insp:rw").await.unwrap();
+        if seen.verdict == RwVerdict::Free || began.elapsed() > Duration::from_secs(5) {
+            break seen;
+        }
+        tokio::time::sleep(ms(20)).await;
+    };
+    assert_eq!(seen.verdict, RwVerdict::Free, "{seen:?}");
+}
