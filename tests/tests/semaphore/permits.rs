@@ -35,7 +35,14 @@ async fn sixteen_clients_on_three_permits_never_make_four_holders() {
                         enter,
                         exit,
                     });
-                    rl.unlock(permit).await?;
+                    // A release that misses a node's 200 ms timeout on a
+                    // loaded machine leaves that slot to expire (5 s); the
+                    // others then wait for it. It ends no section late: the
+                    // section above ended before the release was sent.
+                    match rl.unlock(permit).await {
+                        Ok(()) | Err(Error::ReleaseIncomplete { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 Ok::<(), Error>(())
             })
