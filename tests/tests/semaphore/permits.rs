@@ -40,7 +40,7 @@ async fn sixteen_clients_on_three_permits_never_make_four_holders() {
                     // others then wait for it. It ends no section late: the
                     // section above ended before the release was sent.
                     match rl.unlock(permit).await {
-                        Ok(()) | Err(Error::ReleaseIncomplete { .. }) => {}
+                        Ok(_) | Err(Error::ReleaseIncomplete { .. }) => {}
                         Err(e) => return Err(e),
                     }
                 }
