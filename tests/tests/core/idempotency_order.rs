@@ -171,9 +171,11 @@ async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_records() {
     let cluster = Cluster::start(3);
+    // A node timeout of 2 s: the answer of node 0 must be heard, and under
+    // load it came after the 200 ms the test first used.
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(ms(2000))
         .build()
         .unwrap();
     redlock.check_nodes().await.unwrap();
@@ -182,8 +184,13 @@ async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_r
     let key = "\"order-11\"";
     let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
     let generation_key = store.generation_key(&lookup);
-    // An earlier holder's generation 5 on node 0 alone.
+    // Counters 5, 4 and none: the increments answer 6, 5 and 1, so no two
+    // agree and every node is heard whichever answers first (with 5 on node
+    // 0 alone, nodes 1 and 2 answering 1 first made a quorum that agreed on
+    // 1: sound, as no earlier holder left 5 on a quorum there, but not this
+    // test's case). Node 0's 6 is the generation; the others are raised.
     cluster.node(0).cmd(&["SET", &generation_key, "5"]);
+    cluster.node(1).cmd(&["SET", &generation_key, "4"]);
     assert_eq!(run(&idem, key, "paid").await.unwrap(), Ok(()));
     let recorded = store.get(&lookup).await.unwrap().expect("recorded");
     assert_eq!(recorded.order, 6, "the record's generation");
