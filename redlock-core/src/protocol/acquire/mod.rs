@@ -217,15 +217,7 @@ impl Redlock {
         attempt: u32,
         flag: Option<Duration>,
     ) -> Result<Lock, Error> {
-        let span = tracing::debug_span!(
-            "redlock.acquire",
-            resource = %resource,
-            attempt,
-            ttl_ms = ttl.key.as_millis() as u64,
-            elapsed_us = tracing::field::Empty,
-            validity_ms = tracing::field::Empty,
-            ok = tracing::field::Empty,
-        );
+        let span = acquire_span(resource, attempt, ttl);
         self.attempt_steps(resource, key, ttl, flag)
             .instrument(span)
             .await
@@ -304,4 +296,19 @@ impl Redlock {
             }
         }
     }
+}
+
+/// One acquire attempt's span: the resource, the attempt's number and TTL,
+/// and the outcome fields the attempt fills in (`elapsed_us`, `validity_ms`,
+/// `ok`). The mutex's and the scripted primitives' attempts share it.
+fn acquire_span(resource: &Arc<str>, attempt: u32, ttl: Ttl) -> tracing::Span {
+    tracing::debug_span!(
+        "redlock.acquire",
+        resource = %resource,
+        attempt,
+        ttl_ms = ttl.key.as_millis() as u64,
+        elapsed_us = tracing::field::Empty,
+        validity_ms = tracing::field::Empty,
+        ok = tracing::field::Empty,
+    )
 }

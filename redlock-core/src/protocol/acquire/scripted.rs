@@ -40,15 +40,7 @@ impl Redlock {
         call: Call,
         attempt: u32,
     ) -> Result<Lock, Error> {
-        let span = tracing::debug_span!(
-            "redlock.acquire",
-            resource = %resource,
-            attempt,
-            ttl_ms = ttl.key.as_millis() as u64,
-            elapsed_us = tracing::field::Empty,
-            validity_ms = tracing::field::Empty,
-            ok = tracing::field::Empty,
-        );
+        let span = super::acquire_span(resource, attempt, ttl);
         async {
             let start = Instant::now();
             let pending = self.fan_out(
