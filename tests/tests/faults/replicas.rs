@@ -24,8 +24,12 @@ use redlock_tests::proxy::FaultProxy;
 use redlock_tests::replicas::ReplicaGroup;
 
 const TTL: Duration = Duration::from_secs(20);
-const NODE_TIMEOUT: Duration = Duration::from_secs(1);
-const ACK_TIMEOUT: Duration = Duration::from_millis(500);
+/// Long enough for a loaded 2-core machine: the acks under test are a
+/// replica's answer to `WAIT`, not a race against the clock (a 500 ms wait
+/// timed out once in CI with the replica's link up).
+const NODE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest `WAIT`; the node timeout above leaves it room.
+const ACK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The group, the two plain nodes, and a handle per holder.
 struct Setup {
