@@ -76,6 +76,24 @@ pub(crate) fn channel(db: i64, key: &str) -> String {
 /// with it ([`crate::Error::ReservedResource`]), so a flag is never a lock.
 pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
 
+/// What a read share's key is named by: its resource's tag, this, and the
+/// reader's token (`rwlock/`).
+pub(crate) const READER_INFIX: &str = reader_infix!();
+
+/// What a resource's readers index is named by: its tag, then this.
+pub(crate) const READERS_SUFFIX: &str = readers_suffix!();
+
+/// Whether `key` is a read share's key: its tag followed by
+/// [`READER_INFIX`]. Its release also takes it off its readers index, which
+/// only the scripts do (`node/scripts.rs`), never a native command.
+pub(crate) fn is_reader_key(key: &str) -> bool {
+    let tag = tagged(key);
+    key.starts_with(&*tag)
+        && key
+            .get(tag.len()..)
+            .is_some_and(|rest| rest.starts_with(READER_INFIX))
+}
+
 /// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
 pub(crate) fn waiters_flag(key: &str) -> String {
     derived(key, WAITERS_SUFFIX)
@@ -93,4 +111,29 @@ pub(crate) fn is_reserved(prefix: &str, resource: &str) -> bool {
         && WAITERS_SUFFIX
             .get(..n - resource.len())
             .is_some_and(|head| prefix.ends_with(head))
+}
+
+#[cfg(all(test, not(redlock_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_key_is_told_by_what_follows_its_tag() {
+        let writer = crate::slots::lock_key("redlock:", "reports/7");
+        let reader = derived(&writer, &format!("{READER_INFIX}abc123"));
+        assert!(is_reader_key(&reader), "{reader}");
+        assert!(!is_reader_key(&writer));
+        assert!(!is_reader_key(&derived(&writer, READERS_SUFFIX)));
+        assert!(!is_reader_key(&waiters_flag(&writer)));
+        // A lock key that merely contains the infix after other text.
+        assert!(!is_reader_key("redlock:x:redlock-reader:abc"));
+        assert_eq!(reader_infix_len!(), READER_INFIX.len().to_string());
+    }
+
+    #[test]
+    fn the_release_scripts_name_the_readers_index_as_the_rwlock_does() {
+        let lua = crate::node::RELEASE_LUA;
+        assert!(lua.contains(&format!("'{READER_INFIX}'")), "{lua}");
+        assert!(lua.contains(&format!("'{READERS_SUFFIX}'")), "{lua}");
+    }
 }

@@ -127,6 +127,29 @@ macro_rules! waiters_suffix {
     };
 }
 
+/// What follows a read share's key's tag (`keys::READER_INFIX`), as a
+/// literal for the release scripts, which take a reader off its index.
+macro_rules! reader_infix {
+    () => {
+        ":redlock-reader:"
+    };
+}
+
+/// The length of [`reader_infix`]'s text, as a Lua number literal.
+macro_rules! reader_infix_len {
+    () => {
+        "16"
+    };
+}
+
+/// The suffix of a resource's readers index (`keys::READERS_SUFFIX`), as a
+/// literal for the release scripts.
+macro_rules! readers_suffix {
+    () => {
+        ":redlock-readers"
+    };
+}
+
 // The floor plan: each group uses only the groups above it (README, "How
 // the algorithm is implemented"; `module-cycles` checks it in `.ci/run`).
 

@@ -261,7 +261,8 @@ impl Node {
     pub(super) fn native_may_run(&self, call: &Call) -> bool {
         let mode = self.native;
         match call {
-            Call::Release { .. } => mode.release(),
+            // A reader also leaves its index: only the script does that.
+            Call::Release { key, .. } => mode.release() && !crate::keys::is_reader_key(key),
             Call::Script { script, .. } => mode.extend() && std::ptr::eq(*script, &*EXTEND),
             _ => false,
         }

@@ -19,9 +19,12 @@ use super::scripts::{Call, LuaScript};
 /// intent: writer preference); else the reader's key is set with its own
 /// TTL and listed in the index. Up to three listed readers are checked at
 /// random and dropped from the index if their keys are gone, so that
-/// released readers do not pile up between writers. The index has no TTL:
-/// a reader's key can outlive any TTL given to it (auto-extension), and a
-/// writer must see it; an empty set is deleted by Redis itself.
+/// readers that died unreleased do not pile up between writers. The index
+/// has no TTL: a reader's key can outlive any TTL given to it
+/// (auto-extension), and a writer must see it. A reader's release takes it
+/// off the index (`RELEASE_LUA`), and Redis deletes the set once it is
+/// empty, so only a reader that died unreleased leaves its entry, until the
+/// next acquire of the resource drops it.
 const READ_ACQUIRE_LUA: &str = r#"
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'none' then

@@ -39,6 +39,13 @@ return 0
 /// slot, which the flag is by its tag. A user whose ACL refuses the flag's key gets an
 /// `ERR` from this script before anything is deleted, and the release runs
 /// again without the flag (`release_unflagged_lua`).
+///
+/// A read share's key (`{tag}:redlock-reader:<token>`, `rwlock/`) is also
+/// taken off its resource's readers index, held or not: the index lists it
+/// for the writers to check, and a listed reader whose key is gone would
+/// otherwise keep the index (which has no expiry) on the node until the
+/// next acquire of that resource, for ever if there is none. The test is on
+/// the key's text, so a lock's release runs no more commands than before.
 pub(crate) const RELEASE_LUA: &str = release_lua!("PUBLISH", "'redlock:released:0:'");
 
 /// The release script's text: `$publish` announces the delete on the
@@ -47,9 +54,18 @@ macro_rules! release_lua {
     ($publish:literal, $prefix:literal) => {
         concat!(
             r#"
+local t = KEYS[1]
+if string.byte(t) ~= 123 then t = '{' .. t .. '}' else t = string.match(t, '^{[^}]*}') or t end
+if string.sub(KEYS[1], #t + 1, #t + "#,
+            reader_infix_len!(),
+            r#") == '"#,
+            reader_infix!(),
+            r#"' then
+  redis.call('SREM', t .. '"#,
+            readers_suffix!(),
+            r#"', KEYS[1])
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local t = KEYS[1]
-  if string.byte(t) ~= 123 then t = '{' .. t .. '}' else t = string.match(t, '^{[^}]*}') or t end
   if redis.call('DEL', KEYS[1], t .. '"#,
             waiters_suffix!(),
             r#"') > 1 then

@@ -62,7 +62,7 @@ impl Names {
         Self {
             // In the writer's slot (`slots`): the scripts touch them with it.
             intent: crate::slots::derived(&key, ":redlock-intent"),
-            index: crate::slots::derived(&key, ":redlock-readers"),
+            index: crate::slots::derived(&key, crate::keys::READERS_SUFFIX),
             writer: key.into(),
         }
     }
@@ -76,7 +76,10 @@ impl Names {
     }
 
     fn reader(&self, token: &str) -> String {
-        crate::slots::derived(&self.writer, &format!(":redlock-reader:{token}"))
+        crate::slots::derived(
+            &self.writer,
+            &format!("{}{token}", crate::keys::READER_INFIX),
+        )
     }
 }
 

@@ -126,3 +126,35 @@ async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
     }
     assert_eq!(alone, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_many_distinct_paths_leave_no_key_on_the_nodes() {
+    const PATHS: usize = 60;
+    let cluster = Cluster::start(3);
+    let redlock = redlock(&cluster);
+    warm(&redlock).await;
+    let app = Router::new()
+        .route("/r/{id}", get(|| async { "read" }))
+        .layer(RedlockLayer::by_path().shared_for_safe_methods())
+        .layer(Extension(redlock));
+    let server = Server::start(app).await;
+    let client = client();
+    for id in 0..PATHS {
+        let url = server.url(&format!("/r/{id}"));
+        let r = send(&client, Method::GET, &url, &[], "").await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "GET /r/{id}");
+    }
+    // Each read's release is sent as its body ends; wait for them to land.
+    let clean = cluster.wait_until(Duration::from_secs(10), |c| {
+        c.nodes().iter().all(|n| n.keys().is_empty())
+    });
+    let left: Vec<Vec<String>> = cluster.nodes().iter().map(|n| n.keys()).collect();
+    assert!(
+        clean,
+        "{PATHS} reads of distinct paths left keys on the nodes: {} / {} / {}, e.g. {:?}",
+        left[0].len(),
+        left[1].len(),
+        left[2].len(),
+        left[0].iter().take(3).collect::<Vec<_>>()
+    );
+}

@@ -66,3 +66,33 @@ pub(super) async fn reads_share_a_path_that_a_write_holds_alone() {
     assert_eq!([a.status, b.status], [200, 200], "{a:?} {b:?}");
     assert_eq!(w.status, 409, "a write beside reads: {w:?}");
 }
+
+#[actix_web::test]
+pub(super) async fn reads_of_many_distinct_paths_leave_no_key_on_the_nodes() {
+    const PATHS: usize = 60;
+    let cluster = Cluster::start(3);
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock(&cluster))
+            .wrap(RedlockMiddleware::by_path().shared_for_safe_methods())
+            .route("/r/{id}", web::get().to(hold)),
+    )
+    .await;
+    for id in 0..PATHS {
+        let answer = call!(&app, &format!("/r/{id}")).await;
+        assert_eq!(answer.status, 200, "GET /r/{id}: {answer:?}");
+    }
+    // Each read's release is sent as its body ends; wait for them to land.
+    let clean = cluster.wait_until(Duration::from_secs(10), |c| {
+        c.nodes().iter().all(|n| n.keys().is_empty())
+    });
+    let left: Vec<Vec<String>> = cluster.nodes().iter().map(|n| n.keys()).collect();
+    assert!(
+        clean,
+        "{PATHS} reads of distinct paths left keys on the nodes: {} / {} / {}, e.g. {:?}",
+        left[0].len(),
+        left[1].len(),
+        left[2].len(),
+        left[0].iter().take(3).collect::<Vec<_>>()
+    );
+}
