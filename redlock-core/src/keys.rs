@@ -129,11 +129,4 @@ mod tests {
         assert!(!is_reader_key("redlock:x:redlock-reader:abc"));
         assert_eq!(reader_infix_len!(), READER_INFIX.len().to_string());
     }
-
-    #[test]
-    fn the_release_scripts_name_the_readers_index_as_the_rwlock_does() {
-        let lua = crate::node::RELEASE_LUA;
-        assert!(lua.contains(&format!("'{READER_INFIX}'")), "{lua}");
-        assert!(lua.contains(&format!("'{READERS_SUFFIX}'")), "{lua}");
-    }
 }

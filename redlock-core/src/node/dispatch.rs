@@ -9,7 +9,8 @@ use super::cluster::Conn;
 use redis::{Cmd, Value};
 
 use super::many::{release_many_cmds, release_many_unflagged_cmds};
-use super::scripts::{Announce, eval, release_eval, release_evalsha, release_unflagged};
+use super::release_scripts::{Announce, release_eval, release_evalsha, release_unflagged};
+use super::scripts::eval;
 use super::{Call, Node};
 use crate::error::NodeError;
 

@@ -113,7 +113,7 @@ pub(super) static RELEASE_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(RELEASE_MANY_LUA));
 /// [`RELEASE_MANY_LUA`] on a cluster node, run per slot (`per_slot.rs`):
 /// every key of one run is of one slot, and so is each key's channel, which
-/// `SPUBLISH` announces on (as `SHARD_RELEASE_LUA` in `scripts.rs`).
+/// `SPUBLISH` announces on (as `SHARD_RELEASE_LUA` in `release_scripts.rs`).
 pub(super) static SHARD_RELEASE_MANY: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(release_many_lua!("SPUBLISH")));
 static RELEASE_MANY_UNFLAGGED: LazyLock<LuaScript> =

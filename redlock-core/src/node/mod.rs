@@ -16,6 +16,7 @@ mod parse;
 mod per_slot;
 #[cfg(feature = "idempotency")]
 mod record;
+mod release_scripts;
 mod replicas;
 mod rwlock_scripts;
 mod scripts;
@@ -41,8 +42,8 @@ pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_fl
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 pub(crate) use scripts::Shape;
 
+pub(crate) use release_scripts::RELEASE_LUA;
 pub(crate) use rwlock_scripts::RwKeys;
-pub(crate) use scripts::RELEASE_LUA;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
