@@ -12,8 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::util::poll_until;
 use crate::{RedisNode, redis_server_binary};
 
 /// How long a cluster may take to form before the test fails.
@@ -116,7 +117,7 @@ impl RedisCluster {
     /// and sees every slot served, and every replica's link is up.
     fn wait_formed(&self) {
         let total = self.masters.len() + self.replicas.len();
-        let formed = wait_until(FORM_WITHIN, || {
+        let formed = poll_until(FORM_WITHIN, || {
             self.nodes().iter().all(|n| {
                 let Ok(info) = n.raw::<String>(&["CLUSTER", "INFO"]) else {
                     return false;
@@ -257,7 +258,7 @@ impl RedisCluster {
                 .raw(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id])
                 .expect("SETSLOT NODE");
         }
-        let moved = wait_until(FORM_WITHIN, || {
+        let moved = poll_until(FORM_WITHIN, || {
             self.nodes()
                 .iter()
                 .filter(|n| n.is_running())
@@ -313,7 +314,7 @@ impl RedisClusters {
 
     /// Waits until `f` holds, up to `timeout`; returns whether it did.
     pub fn wait_until(&self, timeout: Duration, mut f: impl FnMut(&Self) -> bool) -> bool {
-        wait_until(timeout, || f(self))
+        poll_until(timeout, || f(self))
     }
 
     /// How many clusters have `key` at all.
@@ -341,18 +342,4 @@ fn view_owner(n: &RedisNode, slot: u16) -> Option<String> {
             });
         serves.then(|| fields[0].to_owned())
     })
-}
-
-/// Polls `f` every 20 ms until it holds or `within` passes.
-fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

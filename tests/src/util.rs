@@ -23,6 +23,22 @@ pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
     }
 }
 
+/// Polls `f` every 20 ms until it holds or `within` passes; returns whether
+/// it held. The blocking twin of [`eventually`], for the harness's own
+/// threads and for tests that must not wait on a runtime.
+pub fn poll_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Runs `fut` with a bound, panicking with `what` when it does not finish.
 pub async fn within<T>(bound: Duration, what: &str, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(bound, fut)

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlock_core::{Error, Lock, NodeError, NodeSpec, Redlock, RetryPolicy};
+use redlock_tests::util::poll_until;
 use redlock_tests::{RedisCluster, RedisNode};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -133,7 +134,7 @@ impl Setup {
             .raw(&["CLUSTER", "FAILOVER", "TAKEOVER"])
             .expect("CLUSTER FAILOVER TAKEOVER");
         assert!(
-            wait_until(Duration::from_secs(20), || self.clusters[0]
+            poll_until(Duration::from_secs(20), || self.clusters[0]
                 .owner(self.slot)
                 .is_some_and(|o| o.port() == replica.port())),
             "the replica did not take over: {}",
@@ -289,7 +290,7 @@ fn stop_replica(master: &RedisNode, replica: &RedisNode) {
         .raw(&["CLIENT", "KILL", "TYPE", "replica"])
         .expect("CLIENT KILL TYPE replica");
     assert!(
-        wait_until(Duration::from_secs(5), || info_field(
+        poll_until(Duration::from_secs(5), || info_field(
             master,
             "connected_slaves"
         ) == "0"),
@@ -305,18 +306,4 @@ fn info_field(node: &RedisNode, field: &str) -> String {
         .unwrap_or_default()
         .trim()
         .to_owned()
-}
-
-/// Polls `f` every 20 ms until it holds or `within` passes.
-fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
