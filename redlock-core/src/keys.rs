@@ -87,10 +87,13 @@ pub(crate) const READERS_SUFFIX: &str = readers_suffix!();
 /// [`READER_INFIX`]. Its release also takes it off its readers index, which
 /// only the scripts do (`node/scripts.rs`), never a native command.
 pub(crate) fn is_reader_key(key: &str) -> bool {
-    let tag = tagged(key);
-    key.starts_with(&*tag)
+    // The tag of a key that starts with `{` ends at its first `}` (as
+    // `slots::tagged` and the script cut it); any other key is its own tag,
+    // with nothing after it.
+    key.starts_with('{')
         && key
-            .get(tag.len()..)
+            .find('}')
+            .and_then(|end| key.get(end + 1..))
             .is_some_and(|rest| rest.starts_with(READER_INFIX))
 }
 
