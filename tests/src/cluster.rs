@@ -517,6 +517,32 @@ impl Cluster {
             .count()
     }
 
+    /// How many running nodes have `key`, once that is `want` or
+    /// [`settled`](crate::timing::settled) has passed: a lock or an unlock
+    /// returns at quorum, and the last node's answer may still be on its way.
+    /// Assert on the result; it returns at once when the count is `want`.
+    pub async fn settled_count(&self, key: &str, want: usize) -> usize {
+        let end = Instant::now() + crate::timing::settled();
+        loop {
+            let n = self.count_with_key(key);
+            if n == want || Instant::now() > end {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The blocking twin of [`settled_count`](Self::settled_count), for tests
+    /// without a runtime.
+    pub fn settled_count_blocking(&self, key: &str, want: usize) -> usize {
+        let mut n = self.count_with_key(key);
+        self.wait_until(crate::timing::settled(), |c| {
+            n = c.count_with_key(key);
+            n == want
+        });
+        n
+    }
+
     /// Waits until `f` holds, up to `timeout`; returns whether it did.
     pub fn wait_until(&self, timeout: Duration, mut f: impl FnMut(&Self) -> bool) -> bool {
         let end = Instant::now() + timeout;

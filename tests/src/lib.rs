@@ -17,6 +17,7 @@ pub mod redis_cluster;
 pub mod replicas;
 pub mod servers;
 pub mod slow;
+pub mod timing;
 pub mod tls;
 pub mod util;
 pub mod workload;

@@ -33,12 +33,15 @@ fn node_with_password(cluster: &RedisCluster) -> String {
     )
 }
 
-/// Runs `redlock args..` on `node`: its exit code and stdout; no output
-/// holds the password.
+/// Runs `redlock args..` on `node` with a patient node timeout (the
+/// subject here is the cluster, not a slow node): its exit code and stdout;
+/// no output holds the password.
 fn redlock_on(node: &str, args: &[&str]) -> (Option<i32>, String) {
     let out = run_to_end({
         let mut c = redlock(node);
-        c.args(args).args(["--node-timeout", "1s"]);
+        // The global flag goes first: after `run ... --`, it would be the
+        // child command's argument, and `run` would keep its 200 ms default.
+        c.args(["--node-timeout", "2s"]).args(args);
         c
     });
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
