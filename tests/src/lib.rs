@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod history;
 pub mod http;
+pub mod http_timing;
 pub mod monitor;
 pub mod nemesis;
 pub mod proxy;
