@@ -22,6 +22,8 @@ use crate::pb::jobs_client::JobsClient;
 use crate::pb::jobs_server::{Jobs, JobsServer};
 use crate::pb::{Progress, RunReply, RunRequest};
 
+pub(crate) use redlock_tests::http_timing::{Gate, answered};
+pub(crate) use redlock_tests::timing::{PATIENT_NODE_TIMEOUT, liveness};
 pub(crate) use redlock_tests::util::{eventually, within};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -30,21 +32,43 @@ pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A `Redlock` over the cluster, with a node timeout that tolerates a loaded
-/// machine.
+/// A `Redlock` over the cluster for a test whose subject is not a slow node:
+/// the patient node timeout (its locks need a TTL above it).
 pub(crate) fn redlock(cluster: &Cluster) -> Redlock {
+    redlock_with_timeout(cluster, PATIENT_NODE_TIMEOUT)
+}
+
+/// A `Redlock` over the cluster with this node timeout.
+pub(crate) fn redlock_with_timeout(cluster: &Cluster, node_timeout: Duration) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(node_timeout)
         .build()
         .unwrap()
 }
 
 /// The service: counts the calls its handlers start, and reads the lock with
-/// `Held::from_tonic`.
+/// `Held::from_tonic`. A call whose `work_ms` is [`GATED`] holds until the
+/// test opens the `gate` (a unary call before it answers, a stream before
+/// each step after the first).
 #[derive(Clone, Default)]
 pub(crate) struct JobsService {
     pub(crate) runs: Arc<AtomicUsize>,
+    pub(crate) gate: Arc<Gate>,
+}
+
+/// The `work_ms` of a call that holds at the service's gate.
+pub(crate) const GATED: u32 = u32::MAX;
+
+impl JobsService {
+    /// Works `work_ms`, or with [`GATED`] waits for the gate.
+    async fn work(&self, work_ms: u32) {
+        if work_ms == GATED {
+            self.gate.passed().await;
+        } else {
+            tokio::time::sleep(ms(work_ms.into())).await;
+        }
+    }
 }
 
 type ProgressStream = Pin<Box<dyn Stream<Item = Result<Progress, Status>> + Send>>;
@@ -55,7 +79,7 @@ impl Jobs for JobsService {
         self.runs.fetch_add(1, Ordering::SeqCst);
         let Held(lock) = Held::from_tonic(&request)?;
         let job = request.into_inner();
-        tokio::time::sleep(ms(job.work_ms.into())).await;
+        self.work(job.work_ms).await;
         Ok(Response::new(RunReply {
             job: job.job,
             locked: lock.key().to_owned(),
@@ -73,13 +97,16 @@ impl Jobs for JobsService {
         let Held(lock) = Held::from_tonic(&request)?;
         let job = request.into_inner();
         let locked = lock.key().to_owned();
+        let service = self.clone();
         let stream = futures_util::stream::unfold(0, move |step| {
-            let locked = locked.clone();
+            let (locked, service) = (locked.clone(), service.clone());
             async move {
                 if step >= job.steps {
                     return None;
                 }
-                tokio::time::sleep(ms(job.work_ms.into())).await;
+                if step > 0 || job.work_ms != GATED {
+                    service.work(job.work_ms).await;
+                }
                 let progress = Progress {
                     step: step + 1,
                     locked,
@@ -127,9 +154,13 @@ impl GrpcServer {
 
     pub(crate) async fn client(&self) -> JobsClient<Channel> {
         let url = format!("http://{}", self.addr);
-        within(ms(5000), "connect", JobsClient::connect(url))
-            .await
-            .unwrap()
+        within(
+            answered(Duration::ZERO),
+            "connect",
+            JobsClient::connect(url),
+        )
+        .await
+        .unwrap()
     }
 }
 
