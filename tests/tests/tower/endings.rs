@@ -1,5 +1,5 @@
 //! Every way a request can end early releases its lock at once (the TTL here is
-//! 30 s, so only a release explains a key gone within 2 s): a panicking handler
+//! 30 s, so only a release explains a key gone before it): a panicking handler
 //! under `axum::serve`, a client that disconnects mid-handler or mid-body, and a
 //! `ResponseFuture` dropped after it took the lock. A `ResponseFuture` dropped
 //! while it is still acquiring must leave no key behind either.
@@ -23,10 +23,6 @@ use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt};
 
 const TTL: Duration = Duration::from_secs(30);
-
-fn key_gone(cluster: &Cluster, key: &str) -> impl FnMut() -> bool {
-    move || cluster.count_with_key(key) == 0
-}
 
 /// The handler's side of a test: it says when it runs and when it is dropped,
 /// and waits for the test's go before its last step.
@@ -59,7 +55,7 @@ async fn panicking_handler_closes_the_connection_and_releases_the_lock() {
         async move { try_get(&client(), &url, &[]).await }
     });
     within(
-        Duration::from_secs(5),
+        answered(Duration::ZERO),
         "handler start",
         probe.running.notified(),
     )
@@ -70,7 +66,7 @@ async fn panicking_handler_closes_the_connection_and_releases_the_lock() {
     );
     probe.go.notify_one();
 
-    let outcome = within(Duration::from_secs(10), "client outcome", request)
+    let outcome = within(answered(Duration::ZERO), "client outcome", request)
         .await
         .unwrap();
     assert!(
@@ -78,11 +74,7 @@ async fn panicking_handler_closes_the_connection_and_releases_the_lock() {
         "the connection must close without a response: {outcome:?}"
     );
     assert!(
-        eventually(
-            Duration::from_secs(2),
-            key_gone(&cluster, "redlock:/panics")
-        )
-        .await,
+        on_no_node(&cluster, "redlock:/panics").await,
         "the lock outlived the panic"
     );
 }
@@ -111,7 +103,7 @@ async fn client_disconnect_mid_handler_drops_the_handler_and_releases_the_lock()
         .await
         .unwrap();
     within(
-        Duration::from_secs(5),
+        answered(Duration::ZERO),
         "handler start",
         probe.running.notified(),
     )
@@ -124,7 +116,7 @@ async fn client_disconnect_mid_handler_drops_the_handler_and_releases_the_lock()
     drop(conn);
 
     assert!(
-        eventually(Duration::from_secs(2), || probe
+        eventually(answered(Duration::ZERO), || probe
             .dropped_at
             .lock()
             .unwrap()
@@ -133,10 +125,11 @@ async fn client_disconnect_mid_handler_drops_the_handler_and_releases_the_lock()
         "hyper must drop the handler when the client goes away"
     );
     assert!(
-        eventually(Duration::from_secs(2), key_gone(&cluster, "redlock:/slow")).await,
+        on_no_node(&cluster, "redlock:/slow").await,
         "the lock outlived the client"
     );
-    assert!(closed_at.elapsed() < Duration::from_secs(5));
+    // Before the TTL: only the release explains the key gone (safety).
+    assert!(closed_at.elapsed() < TTL);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +160,7 @@ async fn client_disconnect_mid_body_releases_the_lock() {
     let mut buf = [0u8; 4096];
     let mut seen = String::new();
     while !seen.contains("tick") {
-        let n = within(Duration::from_secs(5), "body bytes", conn.read(&mut buf))
+        let n = within(answered(Duration::ZERO), "body bytes", conn.read(&mut buf))
             .await
             .unwrap();
         assert!(n > 0, "server closed early: {seen:?}");
@@ -181,11 +174,7 @@ async fn client_disconnect_mid_body_releases_the_lock() {
     drop(conn);
 
     assert!(
-        eventually(
-            Duration::from_secs(2),
-            key_gone(&cluster, "redlock:/endless")
-        )
-        .await,
+        on_no_node(&cluster, "redlock:/endless").await,
         "the lock outlived the client"
     );
 }
@@ -217,7 +206,7 @@ async fn dropped_response_future_releases_the_lock() {
     tokio::select! {
         _ = &mut future => panic!("the handler must still be running"),
         () = probe.running.notified() => {}
-        () = tokio::time::sleep(Duration::from_secs(5)) => panic!("the handler never ran"),
+        () = tokio::time::sleep(answered(Duration::ZERO)) => panic!("the handler never ran"),
     }
     assert!(
         on_every_node(&cluster, "redlock:/dropped").await,
@@ -230,11 +219,7 @@ async fn dropped_response_future_releases_the_lock() {
         "the handler goes with it"
     );
     assert!(
-        eventually(
-            Duration::from_secs(2),
-            key_gone(&cluster, "redlock:/dropped")
-        )
-        .await,
+        on_no_node(&cluster, "redlock:/dropped").await,
         "the lock outlived its ResponseFuture"
     );
 
@@ -248,7 +233,7 @@ async fn dropped_response_future_releases_the_lock() {
     tokio::select! {
         _ = &mut next => panic!("the handler must still be running"),
         () = probe.running.notified() => {}
-        () = tokio::time::sleep(Duration::from_secs(5)) => panic!("the next request was not admitted"),
+        () = tokio::time::sleep(answered(Duration::ZERO)) => panic!("the next request was not admitted"),
     }
     drop(next);
 }
@@ -258,9 +243,10 @@ async fn response_future_dropped_while_acquiring_leaves_no_key_behind() {
     let cluster = Cluster::start(3);
     // A long per-node timeout, so that the acquire waits on a paused node long
     // enough to be dropped in the middle of it.
+    let node_timeout = Duration::from_secs(3);
     let redlock = redlock_core::Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(3))
+        .node_timeout(node_timeout)
         .build()
         .unwrap();
     let handler = tower::service_fn(|_req: Request<Body>| async {
@@ -291,14 +277,18 @@ async fn response_future_dropped_while_acquiring_leaves_no_key_behind() {
     let mut acquiring = Box::pin(call(service.ready().await.unwrap(), "/contended"));
     let landed = tokio::select! {
         r = &mut acquiring => panic!("the acquire must hang on node 2: {:?}", r.map(|r| r.status())),
-        ok = eventually(Duration::from_secs(2), || cluster.node(0).get(key).is_some()) => ok,
+        ok = eventually(answered_with(node_timeout, Duration::ZERO), || cluster.node(0).get(key).is_some()) => ok,
     };
     assert!(landed, "the SET never reached node 0");
     drop(acquiring); // e.g. the client went away, or a timeout layer fired
     cluster.node(2).resume();
     cluster.node(1).cmd(&["DEL", key]);
 
-    let clean = eventually(Duration::from_secs(3), || cluster.count_with_key(key) == 0).await;
+    // The abandoned attempt's key is released in the background; only that
+    // release, not the TTL, can clear it within this bound.
+    let bound = timing::settle(node_timeout);
+    assert!(bound < TTL, "the bound {bound:?} must stay below the TTL");
+    let clean = eventually(bound, || cluster.count_with_key(key) == 0).await;
     let next = call(service.ready().await.unwrap(), "/contended")
         .await
         .unwrap();
@@ -354,13 +344,7 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
         cluster.count_with_key("redlock:/whole") <= 1,
         "a quorum of keys released"
     );
-    assert!(
-        eventually(Duration::from_secs(2), || cluster
-            .count_with_key("redlock:/whole")
-            == 0)
-        .await,
-        "no key left"
-    );
+    assert!(on_no_node(&cluster, "redlock:/whole").await, "no key left");
     assert_eq!(
         whole.body().size_hint().exact(),
         Some(5),
@@ -383,9 +367,11 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
     assert!(on_every_node(&cluster, "redlock:/stream").await);
     let bytes = stream.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(bytes, Bytes::from("ab"));
-    assert_eq!(
-        cluster.count_with_key("redlock:/stream"),
-        0,
-        "released before the end was reported"
+    // Released at quorum before the end was reported: at most a minority key
+    // is left, and its delete is already on its way.
+    assert!(
+        cluster.count_with_key("redlock:/stream") <= 1,
+        "a quorum of keys released before the end was reported"
     );
+    assert!(on_no_node(&cluster, "redlock:/stream").await, "no key left");
 }

@@ -110,12 +110,18 @@ async fn optional_held_is_none_for_a_fail_open_request() {
     );
 }
 
-/// Holds the layer's key for `/job` (`redlock:/job`) for `hold`, then releases it.
-async fn hold_job_key(redlock: &Redlock, hold: Duration) -> tokio::task::JoinHandle<()> {
-    let lock = redlock
+/// Takes the layer's key for `/job` (`redlock:/job`) first.
+async fn take_job_key(redlock: &Redlock) -> redlock_core::Lock {
+    redlock
         .try_lock("redlock:/job", Duration::from_secs(5))
         .await
-        .expect("the test takes the key first");
+        .expect("the test takes the key first")
+}
+
+/// Holds the layer's key for `/job` for `hold`, then releases it (a sleep of
+/// the scenario: what is asserted of it holds however late the release runs).
+async fn hold_job_key(redlock: &Redlock, hold: Duration) -> tokio::task::JoinHandle<()> {
+    let lock = take_job_key(redlock).await;
     let redlock = redlock.clone();
     tokio::spawn(async move {
         tokio::time::sleep(hold).await;
@@ -141,18 +147,19 @@ async fn on_rejection_takes_a_closure_returning_status_and_string() {
                 )
             }),
     );
-    let holder = hold_job_key(&redlock, Duration::from_millis(500)).await;
+    // Held until the request was answered.
+    let lock = take_job_key(&redlock).await;
 
     let (status, text) = get_text(&app, "/job", None).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(text, "custom 409: redlock:/job");
-    holder.await.unwrap();
+    redlock.unlock(lock).await.unwrap();
 }
 
 /// How long a waiting request to `/job` takes while the key is held for 300 ms.
 async fn wait_for_busy_key(redlock: &Redlock, layer: RedlockLayer) -> (StatusCode, Duration) {
     let app = Router::new().route("/job", get(held)).layer(layer);
-    let holder = hold_job_key(redlock, Duration::from_millis(300)).await;
+    let holder = hold_job_key(redlock, HOLD).await;
     let started = Instant::now();
     let (status, text) = get_text(&app, "/job", None).await;
     let took = started.elapsed();
@@ -164,27 +171,38 @@ async fn wait_for_busy_key(redlock: &Redlock, layer: RedlockLayer) -> (StatusCod
     (status, took)
 }
 
+/// How long the holder of [`wait_for_busy_key`] keeps the key.
+const HOLD: Duration = Duration::from_millis(300);
+
+/// The retry delay of the tests that tell a wake-up (or a short delay) from
+/// this delay: longer than the liveness bound of a request that waits out
+/// [`HOLD`], so that only the wake-up (or the short delay) can answer within
+/// that bound, however loaded the machine.
+fn long_delay() -> Duration {
+    answered(HOLD) * 2
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
     let cluster = Cluster::start(3);
     let slow = RetryPolicy::default()
-        .with_delay(Duration::from_millis(1500))
+        .with_delay(long_delay())
         .with_jitter(Duration::ZERO);
-    // Wake-ups on (the default): the 1.5 s delay is only the safety-net poll;
+    // Wake-ups on (the default): the long delay is only the safety-net poll;
     // the holder's release at 300 ms wakes the waiting request.
     let plain = redlock(&cluster);
     let (status, took) = wait_for_busy_key(
         &plain,
         RedlockLayer::by_path().with_redlock(plain.clone()).options(
-            LockOptions::new(Duration::from_secs(5))
-                .retry(slow.with_deadline(Duration::from_secs(10))),
+            LockOptions::new(Duration::from_secs(5)).retry(slow.with_deadline(long_delay() * 2)),
         ),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        took >= Duration::from_millis(250) && took < Duration::from_millis(1200),
-        "woken by the release at 300 ms, not by the 1.5 s poll: {took:?}"
+        took >= HOLD - ms(50) && took < answered(HOLD),
+        "woken by the release at 300 ms, not by the {:?} poll: {took:?}",
+        long_delay()
     );
 }
 
@@ -199,13 +217,16 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
     let polling = |retry: Option<RetryPolicy>| {
         let mut b = Redlock::builder()
             .urls(cluster.urls())
-            .node_timeout(ms(200))
+            .node_timeout(PATIENT_NODE_TIMEOUT)
             .wake_on_release(false);
         if let Some(r) = retry {
             b = b.retry(r);
         }
         b.build().unwrap()
     };
+    // A deadline (or wait) that outlasts the holder's 300 ms and one more
+    // 1.5 s delay: a liveness bound.
+    let deadline = answered(HOLD + ms(1500));
 
     // The policy's own retry: its 1.5 s delay spaces the attempts, so the
     // second attempt comes long after the holder left at 300 ms.
@@ -213,8 +234,7 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
     let (status, took) = wait_for_busy_key(
         &plain,
         RedlockLayer::by_path().with_redlock(plain.clone()).options(
-            LockOptions::new(Duration::from_secs(5))
-                .retry(slow.clone().with_deadline(Duration::from_secs(10))),
+            LockOptions::new(Duration::from_secs(5)).retry(slow.clone().with_deadline(deadline)),
         ),
     )
     .await;
@@ -224,9 +244,9 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
         "the policy's delay: {took:?}"
     );
 
-    // Its attempt cap too: two quick attempts, then busy, while the key is held.
-    let (status, took) = wait_for_busy_key(
-        &plain,
+    // Its attempt cap too: two quick attempts, then busy, while the key is
+    // held (until the request was answered). Node 0 counts the attempts.
+    let app = Router::new().route("/job", get(held)).layer(
         RedlockLayer::by_path().with_redlock(plain.clone()).options(
             LockOptions::new(Duration::from_secs(5)).retry(
                 RetryPolicy::attempts(2)
@@ -234,13 +254,25 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
                     .with_jitter(Duration::ZERO),
             ),
         ),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CONFLICT, "after {took:?}");
-    assert!(
-        took < Duration::from_millis(300),
-        "two attempts, no more: {took:?}"
     );
+    let lock = take_job_key(&plain).await;
+    let monitor = cluster.node(0).monitor();
+    let (status, text) = get_text(&app, "/job", None).await;
+    let attempts = monitor
+        .stop()
+        .iter()
+        .filter(|l| !l.contains(" lua]"))
+        .filter_map(|l| redlock_tests::monitor::parse_monitor_line(l))
+        .filter(|c| {
+            c.len() == 6
+                && c[0].eq_ignore_ascii_case("SET")
+                && c[1] == "redlock:/job"
+                && c[3].eq_ignore_ascii_case("NX")
+        })
+        .count();
+    plain.unlock(lock).await.unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert_eq!(attempts, 2, "two attempts, no more");
 
     // No retry in the policy: `wait` spaces attempts by the handle's delays...
     let slow_handle = polling(Some(slow));
@@ -248,7 +280,7 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
         &slow_handle,
         RedlockLayer::by_path()
             .with_redlock(slow_handle.clone())
-            .wait(Duration::from_secs(10)),
+            .wait(deadline),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -257,18 +289,25 @@ async fn wait_mode_retries_with_the_policy_s_retry_else_the_handle_s() {
         "the handle's delay: {took:?}"
     );
 
-    // ...unless the policy sets its own.
+    // ...unless the policy sets its own (the handle's delay here is longer
+    // than the liveness bound, so only the policy's can answer within it).
+    let long_handle = polling(Some(
+        RetryPolicy::default()
+            .with_delay(long_delay())
+            .with_jitter(Duration::ZERO),
+    ));
     let (status, took) = wait_for_busy_key(
-        &slow_handle,
+        &long_handle,
         RedlockLayer::by_path()
-            .with_redlock(slow_handle.clone())
-            .wait(Duration::from_secs(10))
+            .with_redlock(long_handle.clone())
+            .wait(long_delay() * 2)
             .retry_delay(Duration::from_millis(20), Duration::ZERO),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        took < Duration::from_millis(1200),
-        "the policy's retry_delay: {took:?}"
+        took < answered(HOLD),
+        "the policy's retry_delay, not the handle's {:?}: {took:?}",
+        long_delay()
     );
 }

@@ -27,7 +27,7 @@ fn route(path: &str, redlock: Redlock) -> Router {
 fn redlock_over(urls: Vec<String>) -> Redlock {
     Redlock::builder()
         .urls(urls)
-        .node_timeout(ms(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }

@@ -17,31 +17,55 @@ use futures_util::StreamExt;
 use http::{HeaderName, StatusCode};
 use redlock_core::LockHandle;
 use redlock_core::request::MAX_KEY_BYTES;
+use redlock_tests::http_timing::Gate;
 use redlock_tests::{Cluster, RedisNode};
 use redlock_tower::RedlockLayer;
 
 /// The policy's default namespace, which every key below starts with.
 const NAMESPACE: &str = "redlock:";
 
-/// Inside the gauge for `?hold=<ms>`; answers with the lock's key.
-async fn hold(State(inside): State<Arc<Gauge>>, uri: Uri, lock: Extension<LockHandle>) -> String {
+/// The requests inside the handler, and the gate a `?gate` request waits at.
+#[derive(Default)]
+struct Inside {
+    gauge: Gauge,
+    gate: Gate,
+}
+
+impl std::ops::Deref for Inside {
+    type Target = Gauge;
+
+    fn deref(&self) -> &Gauge {
+        &self.gauge
+    }
+}
+
+/// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
+/// gate; answers with the lock's key.
+async fn hold(State(inside): State<Arc<Inside>>, uri: Uri, lock: Extension<LockHandle>) -> String {
     let _inside = inside.enter();
-    tokio::time::sleep(hold_of(&uri)).await;
+    if uri.query() == Some("gate") {
+        inside.gate.passed().await;
+    } else {
+        tokio::time::sleep(hold_of(&uri)).await;
+    }
     lock.key().to_owned()
 }
 
-/// Sends `first` (with its headers, holding 1.5 s), waits until its handler
-/// is inside, then sends `second`; returns both replies.
+/// Sends `first` (with its headers, holding until the second was answered),
+/// waits until its handler is inside, then sends `second`; returns both
+/// replies.
 async fn while_the_first_holds(
     server: &Server,
-    inside: &Gauge,
+    inside: &Inside,
     first: (&str, &[(&str, &str)]),
     second: (&str, &[(&str, &str)]),
 ) -> (Reply, Reply) {
+    // Closed for this first request (an earlier one of the test opened it).
+    inside.gate.close();
     let client = client();
     let first = tokio::spawn({
         let client = client.clone();
-        let url = server.url(&format!("{}?hold=1500", first.0));
+        let url = server.url(&format!("{}?gate", first.0));
         let headers: Vec<(String, String)> = first
             .1
             .iter()
@@ -56,7 +80,7 @@ async fn while_the_first_holds(
         }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the first request never reached its handler"
     );
     let second = http_get_with(&client, &server.url(second.0), second.1).await;
@@ -64,6 +88,7 @@ async fn while_the_first_holds(
         !first.is_finished(),
         "the first request must still hold its lock when the second is answered"
     );
+    inside.gate.open();
     (first.await.unwrap(), second)
 }
 
@@ -74,7 +99,7 @@ async fn while_the_first_holds(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_value_cannot_take_another_family_s_lock() {
     let cluster = Cluster::start(3);
-    let inside = Arc::new(Gauge::default());
+    let inside = Arc::new(Inside::default());
     let transfers = Router::new()
         .route("/transfers/{from}/{to}", get(hold))
         .route_layer(RedlockLayer::by_path_params(["from", "to"]));
@@ -116,7 +141,7 @@ async fn a_path_value_cannot_take_another_family_s_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_joined_from_parts_cannot_spell_each_other() {
     let cluster = Cluster::start(3);
-    let inside = Arc::new(Gauge::default());
+    let inside = Arc::new(Inside::default());
     let header = HeaderName::from_static;
     let app = Router::new()
         .route("/one", get(hold))
@@ -173,8 +198,8 @@ async fn keys_joined_from_parts_cannot_spell_each_other() {
 }
 
 /// An app with `/o/{*rest}` under `by_path()`, a gauge of the handlers inside.
-async fn wildcard_server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc<Gauge>) {
-    let inside = Arc::new(Gauge::default());
+async fn wildcard_server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc<Inside>) {
+    let inside = Arc::new(Inside::default());
     let app = Router::new()
         .route("/o/{*rest}", get(hold).post(hold))
         .with_state(inside.clone())
@@ -240,15 +265,15 @@ async fn a_60_kb_path_puts_a_bounded_key_on_every_node() {
     let sibling = format!("/o/{}b", "a".repeat(59_999));
 
     let first = tokio::spawn({
-        let (client, url) = (client.clone(), server.url(&format!("{long}?hold=3000")));
+        let (client, url) = (client.clone(), server.url(&format!("{long}?gate")));
         async move { http_get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the first request never reached its handler"
     );
     assert!(
-        eventually(Duration::from_secs(5), || cluster
+        eventually(timing::settled(), || cluster
             .nodes()
             .iter()
             .all(|n| !n.keys().is_empty()))
@@ -267,6 +292,7 @@ async fn a_60_kb_path_puts_a_bounded_key_on_every_node() {
     let other = http_get(&client, &server.url(&sibling)).await;
     assert_eq!(other.status, StatusCode::OK, "another path, another key");
     assert!(!first.is_finished(), "the first request still holds");
+    inside.gate.open();
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::OK);
     let key = first.text();
@@ -375,7 +401,8 @@ async fn ten_thousand_60_kb_paths_stay_within_a_memory_bound() {
     // A loaded machine may time a node out now and then (503); the bound
     // above is only worth something if most requests took their lock.
     assert!(ok >= REQUESTS * 9 / 10, "only {ok} of {REQUESTS} locked");
-    let settled = eventually(TTL + Duration::from_secs(10), || {
+    // The keys expire within the TTL; the last releases within a node timeout.
+    let settled = eventually(liveness(TTL + ms(500)), || {
         cluster.nodes().iter().enumerate().all(|(i, n)| {
             n.raw::<u64>(&["DBSIZE"]).expect("DBSIZE") == 0
                 && memory(n, "used_memory") <= baseline[i] + 256 * 1024
@@ -389,7 +416,8 @@ async fn ten_thousand_60_kb_paths_stay_within_a_memory_bound() {
         .collect();
     assert!(
         settled,
-        "nodes not back near the baseline {baseline:?} within the TTL and 10 s: {now:?}"
+        "nodes not back near the baseline {baseline:?} within {:?}: {now:?}",
+        liveness(TTL + ms(500))
     );
 }
 
@@ -404,7 +432,7 @@ async fn a_lost_lock_s_503_names_the_resource() {
         .key_prefix("app1:")
         .build()
         .unwrap();
-    let inside = Arc::new(Gauge::default());
+    let inside = Arc::new(Inside::default());
     let app = Router::new()
         .route("/o/{*rest}", get(hold))
         .with_state(inside.clone())
@@ -414,11 +442,12 @@ async fn a_lost_lock_s_503_names_the_resource() {
     let client = client();
 
     let request = tokio::spawn({
-        let (client, url) = (client.clone(), server.url("/o/work?hold=10000"));
+        // Held until the loss drops the handler (the gate never opens).
+        let (client, url) = (client.clone(), server.url("/o/work?gate"));
         async move { http_get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the handler never ran"
     );
     let key = "app1:redlock:/o/work";
@@ -432,7 +461,7 @@ async fn a_lost_lock_s_503_names_the_resource() {
     for i in 0..2 {
         cluster.node(i).cmd(&["DEL", key]);
     }
-    let reply = within(Duration::from_secs(8), "the 503", request)
+    let reply = within(liveness(Duration::from_secs(2)), "the 503", request)
         .await
         .unwrap();
     assert_eq!(

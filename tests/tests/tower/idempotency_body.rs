@@ -21,7 +21,10 @@ use redlock_tests::http::{send, send_retrying_busy};
 use redlock_tower::idempotency::IdempotencyLayer;
 use tokio::sync::mpsc;
 
-use crate::common::{Server, client, ms, receive, redlock, within};
+use crate::common::{
+    Server, answered, client, ms, receive, redlock, short_ttl_redlock, timing, within,
+};
+use redlock_tests::http_timing::busy_retries;
 
 type Chunk = Result<Bytes, std::io::Error>;
 
@@ -30,6 +33,7 @@ type Chunk = Result<Bytes, std::io::Error>;
 fn app(
     cluster: &Cluster,
     policy: IdempotencyPolicy,
+    short_ttl: bool,
     runs: Arc<AtomicUsize>,
     first: mpsc::UnboundedReceiver<Chunk>,
 ) -> Router {
@@ -54,7 +58,14 @@ fn app(
                 }
             }),
         )
-        .layer(IdempotencyLayer::new(redlock(cluster)).policy(policy.max_response_body(8)))
+        .layer(
+            IdempotencyLayer::new(if short_ttl {
+                short_ttl_redlock(cluster)
+            } else {
+                redlock(cluster)
+            })
+            .policy(policy.max_response_body(8)),
+        )
 }
 
 /// Sends the first request and waits for its head: the body streams on.
@@ -65,7 +76,7 @@ async fn open_pay(server: &Server, key: &str) -> Response<hyper::body::Incoming>
         .unwrap();
     let client = client();
     within(
-        Duration::from_secs(5),
+        answered(Duration::ZERO),
         "the first response's head",
         async move { client.request(req).await.unwrap() },
     )
@@ -85,6 +96,7 @@ async fn a_body_that_fails_midway_is_not_recorded_and_the_key_runs_again() {
     let server = Server::start(app(
         &cluster,
         IdempotencyPolicy::default(),
+        false,
         Arc::clone(&runs),
         rx,
     ))
@@ -101,7 +113,7 @@ async fn a_body_that_fails_midway_is_not_recorded_and_the_key_runs_again() {
         &server.url("/pay"),
         &[("idempotency-key", "\"fails-midway\"")],
         "x",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await
@@ -124,7 +136,7 @@ async fn a_body_still_streaming_when_the_lock_is_lost_is_not_recorded() {
     let (tx, rx) = mpsc::unbounded_channel();
     let policy = IdempotencyPolicy::default()
         .lock(|l| l.ttl(ms(500)).max_hold(ms(200)).on_lost(LostPolicy::Abort));
-    let server = Server::start(app(&cluster, policy, Arc::clone(&runs), rx)).await;
+    let server = Server::start(app(&cluster, policy, true, Arc::clone(&runs), rx)).await;
     tx.send(Ok(Bytes::from_static(OVER_CAP))).unwrap();
     let first = open_pay(&server, "\"lost-midway\"").await;
     assert_eq!(first.status(), StatusCode::CREATED);
@@ -144,7 +156,7 @@ async fn a_body_still_streaming_when_the_lock_is_lost_is_not_recorded() {
         &server.url("/pay"),
         &[("idempotency-key", "\"lost-midway\"")],
         "x",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await
@@ -169,6 +181,7 @@ async fn an_oversize_body_holds_the_lock_until_it_has_streamed() {
     let server = Server::start(app(
         &cluster,
         IdempotencyPolicy::default(),
+        false,
         Arc::clone(&runs),
         rx,
     ))
@@ -197,7 +210,7 @@ async fn an_oversize_body_holds_the_lock_until_it_has_streamed() {
         &server.url("/pay"),
         &key,
         "x",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await

@@ -15,7 +15,9 @@ use redlock_core::LockHandle;
 use redlock_tests::Cluster;
 use redlock_tower::{LostPolicy, RedlockLayer};
 
-const TTL: Duration = Duration::from_secs(2);
+/// Long enough that the patient handle renews it (a renewal needs two node
+/// timeouts of validity).
+const TTL: Duration = PATIENT_NODE_TIMEOUT.saturating_mul(4);
 const KEY: &str = "redlock:/work";
 
 /// What the handler leaves behind for the test.
@@ -27,14 +29,15 @@ struct Seen {
     lost_seen_at: Mutex<Option<Instant>>,
 }
 
-/// Publishes its lock handle, then works for 10 s unless dropped.
+/// Publishes its lock handle, then works for longer than any bound of the
+/// tests unless dropped.
 async fn long_work(
     State(seen): State<Arc<Seen>>,
     Extension(lock): Extension<LockHandle>,
 ) -> &'static str {
     let _recorder = DropRecorder(seen.dropped_at.clone());
     *seen.handle.lock().unwrap() = Some(lock);
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(liveness(TTL) * 2).await;
     *seen.finished.lock().unwrap() = true;
     "finished"
 }
@@ -51,7 +54,7 @@ async fn start_and_wait_for_handler(
         async move { http_get(&client(), &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(5), || seen
+        eventually(answered(Duration::ZERO), || seen
             .handle
             .lock()
             .unwrap()
@@ -92,9 +95,7 @@ async fn lost_lock_drops_the_handler_before_its_validity_ends_and_answers_503() 
     let valid_until = handle.valid_until();
     assert!(valid_until > Instant::now(), "validity already over");
 
-    let reply = within(Duration::from_secs(8), "the 503", request)
-        .await
-        .unwrap();
+    let reply = within(liveness(TTL), "the 503", request).await.unwrap();
     assert_eq!(
         reply.status,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -122,7 +123,7 @@ async fn lost_lock_drops_the_handler_before_its_validity_ends_and_answers_503() 
     );
     assert!(handle.is_lost());
     assert!(
-        eventually(Duration::from_secs(2), || cluster.count_with_key(KEY) == 0).await,
+        on_no_node(&cluster, KEY).await,
         "the remaining key is released"
     );
 }
@@ -138,8 +139,8 @@ async fn signal_mode_lets_the_handler_see_the_loss_and_send_its_own_response() {
                 |State(seen): State<Arc<Seen>>, Extension(lock): Extension<LockHandle>| async move {
                     *seen.handle.lock().unwrap() = Some(lock.clone());
                     let started = Instant::now();
-                    // Poll the flag every 20 ms for up to 8 s.
-                    for _ in 0..400 {
+                    // Poll the flag every 20 ms, within a liveness bound.
+                    while started.elapsed() < liveness(TTL) {
                         if lock.is_lost() {
                             *seen.lost_seen_at.lock().unwrap() = Some(Instant::now());
                             return (
@@ -165,7 +166,7 @@ async fn signal_mode_lets_the_handler_see_the_loss_and_send_its_own_response() {
     steal_majority(&cluster);
     let valid_until = handle.valid_until();
 
-    let reply = within(Duration::from_secs(12), "the response", request)
+    let reply = within(answered(TTL), "the response", request)
         .await
         .unwrap();
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
@@ -188,12 +189,12 @@ async fn max_hold_stops_renewing_and_aborts_the_handler_when_the_last_validity_e
         .route("/work", get(long_work))
         .with_state(seen.clone())
         .layer(RedlockLayer::by_path().ttl(ttl).max_hold(max_hold))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(short_ttl_redlock(&cluster)));
     let server = Server::start(app).await;
 
     let (request, _handle) = start_and_wait_for_handler(&server, &cluster, &seen).await;
     let started = Instant::now();
-    let reply = within(Duration::from_secs(8), "the 503", request)
+    let reply = within(liveness(max_hold + ttl), "the 503", request)
         .await
         .unwrap();
     assert_eq!(
@@ -209,10 +210,10 @@ async fn max_hold_stops_renewing_and_aborts_the_handler_when_the_last_validity_e
         .expect("the handler's future must be dropped")
         - started;
     // The holder is told at its last validity less the loss margin (the node
-    // timeout, 200 ms here).
-    let margin = ms(200);
+    // timeout): not before (safety); and within a liveness bound after.
+    let margin = short_ttl_redlock(&cluster).node_timeout();
     assert!(
-        held >= max_hold - ttl - margin && held <= max_hold + ttl + Duration::from_secs(1),
+        held >= max_hold - ttl - margin && held <= liveness(max_hold + ttl),
         "handler dropped {held:?} after it started; max_hold {max_hold:?}, ttl {ttl:?}"
     );
     assert!(!*seen.finished.lock().unwrap());

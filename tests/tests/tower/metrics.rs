@@ -33,10 +33,9 @@ fn a_request_without_a_key_is_counted_unlocked() {
             .unwrap()
             .block_on(async {
                 let header = http::HeaderName::from_static("x-tenant");
-                let app = Router::new().route("/pass", get(|| async { "ok" })).layer(
-                    RedlockLayer::by_header(header)
-                        .with_redlock(redlock_with_timeout(&cluster, ms(2000))),
-                );
+                let app = Router::new()
+                    .route("/pass", get(|| async { "ok" }))
+                    .layer(RedlockLayer::by_header(header).with_redlock(redlock(&cluster)));
                 let server = Server::start(app).await;
                 let client = client();
                 for _ in 0..2 {

@@ -15,23 +15,43 @@ use futures_util::future::join_all;
 use http::StatusCode;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
+use redlock_tests::http_timing::Gate;
 use redlock_tower::RedlockLayer;
 
-/// Inside the gauge for `?hold=<ms>`; answers with the parameter as the
-/// handler sees it and the lock's key.
+/// The requests inside the handler, and the gate a `?gate` request waits at.
+#[derive(Default)]
+struct Inside {
+    gauge: Gauge,
+    gate: Gate,
+}
+
+impl std::ops::Deref for Inside {
+    type Target = Gauge;
+
+    fn deref(&self) -> &Gauge {
+        &self.gauge
+    }
+}
+
+/// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
+/// gate; answers with the parameter as the handler sees it and the lock's key.
 async fn hold(
-    State(inside): State<Arc<Gauge>>,
+    State(inside): State<Arc<Inside>>,
     Path(id): Path<String>,
     uri: Uri,
     lock: Extension<LockHandle>,
 ) -> String {
     let _inside = inside.enter();
-    tokio::time::sleep(hold_of(&uri)).await;
+    if uri.query() == Some("gate") {
+        inside.gate.passed().await;
+    } else {
+        tokio::time::sleep(hold_of(&uri)).await;
+    }
     format!("{id} {}", lock.key())
 }
 
-async fn server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc<Gauge>) {
-    let inside = Arc::new(Gauge::default());
+async fn server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc<Inside>) {
+    let inside = Arc::new(Inside::default());
     let app = Router::new()
         .route("/orders/{id}", get(hold))
         .route("/users/{id}", get(hold))
@@ -42,21 +62,25 @@ async fn server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc<Gauge>) 
     (Server::start(app).await, inside)
 }
 
-/// Sends `first` (holding for 1.5 s), waits until its handler is inside, then
-/// sends each of `others` at once; returns every reply, `first`'s first.
+/// Sends `first`, waits until its handler is inside, then sends each of
+/// `others` at once; returns every reply, `first`'s first. With `gated`, the
+/// first holds until the others were answered; else (when the others wait for
+/// it) for 1.5 s.
 async fn while_the_first_holds(
     server: &Server,
-    inside: &Gauge,
+    inside: &Inside,
     first: &str,
     others: &[&str],
+    gated: bool,
 ) -> Vec<Reply> {
     let client = client();
+    let hold = if gated { "gate" } else { "hold=1500" };
     let first = tokio::spawn({
-        let (client, url) = (client.clone(), server.url(&format!("{first}?hold=1500")));
+        let (client, url) = (client.clone(), server.url(&format!("{first}?{hold}")));
         async move { http_get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the first request never reached its handler"
     );
     let others = others.iter().map(|path| {
@@ -64,6 +88,7 @@ async fn while_the_first_holds(
         tokio::spawn(async move { http_get(&client, &url).await })
     });
     let others = join_all(others).await;
+    inside.gate.open();
     let mut replies = vec![first.await.unwrap()];
     replies.extend(others.into_iter().map(|r| r.unwrap()));
     replies
@@ -76,10 +101,11 @@ fn bodies(replies: &[Reply]) -> Vec<(StatusCode, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_percent_encoded_spelling_of_a_path_waits_for_the_same_lock() {
     let cluster = Cluster::start(3);
-    let layer = RedlockLayer::by_path().wait(Duration::from_secs(10));
+    let layer = RedlockLayer::by_path().wait(answered(ms(1500)));
     let (server, inside) = server(&cluster, layer).await;
 
-    let replies = while_the_first_holds(&server, &inside, "/orders/42", &["/orders/%34%32"]).await;
+    let replies =
+        while_the_first_holds(&server, &inside, "/orders/42", &["/orders/%34%32"], false).await;
     assert_eq!(
         inside.max(),
         1,
@@ -98,8 +124,14 @@ async fn percent_escapes_in_either_case_and_the_raw_letter_take_one_lock() {
     let cluster = Cluster::start(3);
     let (server, inside) = server(&cluster, RedlockLayer::by_path()).await;
 
-    let replies =
-        while_the_first_holds(&server, &inside, "/users/J", &["/users/%4a", "/users/%4A"]).await;
+    let replies = while_the_first_holds(
+        &server,
+        &inside,
+        "/users/J",
+        &["/users/%4a", "/users/%4A"],
+        true,
+    )
+    .await;
     assert_eq!(
         (replies[0].status, replies[0].text().as_str()),
         (StatusCode::OK, "J redlock:/users/J")
@@ -121,7 +153,8 @@ async fn an_encoded_slash_is_another_key_than_a_real_one() {
     let cluster = Cluster::start(3);
     let (server, inside) = server(&cluster, RedlockLayer::by_path()).await;
 
-    let replies = while_the_first_holds(&server, &inside, "/files/a%2Fb", &["/files/a/b"]).await;
+    let replies =
+        while_the_first_holds(&server, &inside, "/files/a%2Fb", &["/files/a/b"], true).await;
     assert_eq!(
         bodies(&replies),
         [

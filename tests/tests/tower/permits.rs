@@ -14,11 +14,21 @@ use futures_util::future::join_all;
 use http::{Method, StatusCode};
 use redlock_tests::Cluster;
 use redlock_tests::http::send;
+use redlock_tests::http_timing::Gate;
 use redlock_tower::RedlockLayer;
 
-async fn inside(State(g): State<Arc<Gauge>>) -> &'static str {
-    let _in = g.enter();
-    tokio::time::sleep(ms(1000)).await;
+/// A gauge of the requests inside, and the gate they wait at until the test
+/// saw what it needs of the others (bounded: a request never let through
+/// leaves after a liveness bound).
+#[derive(Default)]
+struct Inside {
+    gauge: Gauge,
+    gate: Gate,
+}
+
+async fn inside(State(s): State<Arc<Inside>>) -> &'static str {
+    let _in = s.gauge.enter();
+    let _ = tokio::time::timeout(answered(Duration::ZERO), s.gate.passed()).await;
     "done"
 }
 
@@ -35,21 +45,27 @@ async fn permits_admit_n_requests_per_key_and_answer_the_rest_429() {
     let cluster = Cluster::start(3);
     let redlock = redlock(&cluster);
     warm(&redlock).await;
-    let gauge = Arc::new(Gauge::default());
+    let state = Arc::new(Inside::default());
+    let gauge = &state.gauge;
     let app = Router::new()
         .route("/exports", get(inside))
-        .with_state(Arc::clone(&gauge))
+        .with_state(Arc::clone(&state))
         .layer(RedlockLayer::by_header(http::HeaderName::from_static("x-tenant")).permits(2))
         .layer(Extension(redlock));
     let server = Server::start(app).await;
     let client = client();
     let url = server.url("/exports");
+    // The admitted requests stay inside until a client was answered 429.
     let replies = join_all((0..6).map(|_| {
-        let (client, url) = (client.clone(), url.clone());
+        let (client, url, state) = (client.clone(), url.clone(), state.clone());
         async move {
-            send(&client, Method::GET, &url, &[("x-tenant", "7")], "")
+            let reply = send(&client, Method::GET, &url, &[("x-tenant", "7")], "")
                 .await
-                .unwrap()
+                .unwrap();
+            if reply.status == StatusCode::TOO_MANY_REQUESTS {
+                state.gate.open();
+            }
+            reply
         }
     }))
     .await;
@@ -88,10 +104,11 @@ async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
     let cluster = Cluster::start(3);
     let redlock = redlock(&cluster);
     warm(&redlock).await;
-    let gauge = Arc::new(Gauge::default());
+    let state = Arc::new(Inside::default());
+    let gauge = &state.gauge;
     let app = Router::new()
         .route("/reports/7", get(inside).post(inside))
-        .with_state(Arc::clone(&gauge))
+        .with_state(Arc::clone(&state))
         .layer(RedlockLayer::by_path().shared_for_safe_methods())
         .layer(Extension(redlock));
     let server = Server::start(app).await;
@@ -102,9 +119,12 @@ async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
         async move { send(&client, Method::GET, &url, &[], "").await.unwrap() }
     }));
     let write = async {
-        // Once the reads are inside: the write is refused (fail fast).
-        assert!(eventually(Duration::from_secs(5), || gauge.now() >= 2).await);
-        send(&client, Method::POST, &url, &[], "").await.unwrap()
+        // Once the reads are inside: the write is refused (fail fast). The
+        // reads stay inside until it was answered.
+        assert!(eventually(answered(Duration::ZERO), || gauge.now() >= 2).await);
+        let write = send(&client, Method::POST, &url, &[], "").await.unwrap();
+        state.gate.open();
+        write
     };
     let (reads, write) = tokio::join!(reads, write);
     assert!(reads.iter().all(|r| r.status == StatusCode::OK));
@@ -117,7 +137,7 @@ async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
     // Alone, the write runs (once the readers' releases, sent as their
     // bodies ended, have landed).
     let mut alone = StatusCode::CONFLICT;
-    let end = std::time::Instant::now() + Duration::from_secs(5);
+    let end = std::time::Instant::now() + timing::settled();
     while alone == StatusCode::CONFLICT && std::time::Instant::now() < end {
         alone = send(&client, Method::POST, &url, &[], "")
             .await
@@ -145,7 +165,7 @@ async fn reads_of_many_distinct_paths_leave_no_key_on_the_nodes() {
         assert_eq!(r.status, StatusCode::OK, "GET /r/{id}");
     }
     // Each read's release is sent as its body ends; wait for them to land.
-    let clean = cluster.wait_until(Duration::from_secs(10), |c| {
+    let clean = cluster.wait_until(timing::settled(), |c| {
         c.nodes().iter().all(|n| n.keys().is_empty())
     });
     let left: Vec<Vec<String>> = cluster.nodes().iter().map(|n| n.keys()).collect();

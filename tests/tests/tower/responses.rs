@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use crate::common::*;
 use axum::body::Body;
 use axum::http::Uri;
@@ -14,31 +16,45 @@ use axum::{Extension, Router};
 use http::{HeaderName, Request, StatusCode};
 use redlock_core::{LockHandle, Redlock};
 use redlock_tests::Cluster;
+use redlock_tests::http_timing::Gate;
 use redlock_tower::{MissingKeyPolicy, RedlockLayer, Rejection};
 use tower::ServiceExt;
 
-/// Holds the lock for `?hold=<ms>`; answers with the lock's key, or `unlocked`.
-async fn hold(uri: Uri, lock: Option<Extension<LockHandle>>) -> String {
-    tokio::time::sleep(hold_of(&uri)).await;
+/// Holds the lock for `?hold=<ms>`, or with `?gate` until the test opens the
+/// gate; answers with the lock's key, or `unlocked`.
+async fn hold(
+    uri: Uri,
+    gate: Option<Extension<Arc<Gate>>>,
+    lock: Option<Extension<LockHandle>>,
+) -> String {
+    match gate {
+        Some(Extension(gate)) if uri.query() == Some("gate") => gate.passed().await,
+        _ => tokio::time::sleep(hold_of(&uri)).await,
+    }
     lock.map_or_else(|| "unlocked".to_owned(), |l| l.key().to_owned())
 }
 
-/// Serves `app`, starts a request that holds `/busy` for 3 s, and waits until its
-/// lock is on every node. Returns the server and the holder's task.
-async fn with_busy_key(cluster: &Cluster, app: Router) -> (Server, tokio::task::JoinHandle<Reply>) {
-    let server = Server::start(app).await;
+/// Serves `app`, starts a request that holds `/busy` until the returned gate
+/// opens, and waits until its lock is on every node. Returns the server, the
+/// holder's task and its gate.
+async fn with_busy_key(
+    cluster: &Cluster,
+    app: Router,
+) -> (Server, tokio::task::JoinHandle<Reply>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let server = Server::start(app.layer(Extension(gate.clone()))).await;
     let holder = tokio::spawn({
-        let url = server.url("/busy?hold=3000");
+        let url = server.url("/busy?gate");
         async move { http_get(&client(), &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(5), || cluster
+        eventually(answered(Duration::ZERO), || cluster
             .count_with_key("redlock:/busy")
             == 3)
         .await,
         "the holder never took the lock"
     );
-    (server, holder)
+    (server, holder, gate)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,7 +64,7 @@ async fn busy_key_answers_409_with_retry_after_and_a_problem_json_body() {
         .route("/busy", get(hold))
         .layer(RedlockLayer::by_path())
         .layer(Extension(redlock(&cluster)));
-    let (server, holder) = with_busy_key(&cluster, app).await;
+    let (server, holder, gate) = with_busy_key(&cluster, app).await;
 
     let busy = http_get(&client(), &server.url("/busy")).await;
     assert_eq!(busy.status, StatusCode::CONFLICT);
@@ -66,14 +82,12 @@ async fn busy_key_answers_409_with_retry_after_and_a_problem_json_body() {
     assert_eq!(doc["key"], "redlock:/busy", "{doc}");
     assert!(doc["title"].is_string(), "{doc}");
 
+    gate.open();
     let held = holder.await.unwrap();
     assert_eq!(held.status, StatusCode::OK);
     assert_eq!(held.text(), "redlock:/busy");
     assert!(
-        eventually(Duration::from_secs(2), || cluster
-            .count_with_key("redlock:/busy")
-            == 0)
-        .await,
+        on_no_node(&cluster, "redlock:/busy").await,
         "the lock is released after the response"
     );
 }
@@ -85,12 +99,13 @@ async fn busy_status_locked_answers_423() {
         .route("/busy", get(hold))
         .layer(RedlockLayer::by_path().busy_status(StatusCode::LOCKED))
         .layer(Extension(redlock(&cluster)));
-    let (server, holder) = with_busy_key(&cluster, app).await;
+    let (server, holder, gate) = with_busy_key(&cluster, app).await;
 
     let busy = http_get(&client(), &server.url("/busy")).await;
     assert_eq!(busy.status, StatusCode::LOCKED);
     assert!(busy.retry_after().is_some_and(|s| s >= 1));
     assert_eq!(busy.json()["status"], 423);
+    gate.open();
     assert_eq!(holder.await.unwrap().status, StatusCode::OK);
 }
 
@@ -109,13 +124,14 @@ async fn custom_rejection_handler_builds_the_busy_response() {
         .route("/busy", get(hold))
         .layer(layer)
         .layer(Extension(redlock(&cluster)));
-    let (server, holder) = with_busy_key(&cluster, app).await;
+    let (server, holder, gate) = with_busy_key(&cluster, app).await;
 
     let busy = http_get(&client(), &server.url("/busy")).await;
     assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(busy.header("x-rejection-status"), Some("409"));
     assert_eq!(busy.header("content-type"), Some("text/plain"));
     assert_eq!(busy.text(), "custom: Resource is locked");
+    gate.open();
     assert_eq!(holder.await.unwrap().status, StatusCode::OK);
 }
 
@@ -150,10 +166,7 @@ async fn two_of_three_nodes_down_answers_503_with_retry_after() {
     );
     assert_eq!(down.json()["status"], 503);
     assert!(
-        eventually(Duration::from_secs(2), || cluster
-            .count_with_key("redlock:/job")
-            == 0)
-        .await,
+        on_no_node(&cluster, "redlock:/job").await,
         "the failed attempt is released on the live node"
     );
 }
@@ -266,13 +279,13 @@ async fn handle_bound_on_the_layer_wins_over_the_extension() {
     let cluster = Cluster::start(3);
     let bound = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(100))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .key_prefix("bound:")
         .build()
         .unwrap();
     let extension = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(100))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .key_prefix("extension:")
         .build()
         .unwrap();

@@ -84,14 +84,14 @@ pub(super) async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &st
         .route("/stalled-stream", get(stalled_stream))
         .with_state(producer.clone())
         .layer(layer.ttl(LOSS_TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(short_ttl_redlock(&cluster)));
     let server = Server::start(app).await;
 
     let response = open(&client(), &server.url(path)).await;
     assert_eq!(response.status(), StatusCode::OK);
     let reader = tokio::spawn(receive(response.into_body()));
     assert!(
-        eventually(Duration::from_secs(5), || producer
+        eventually(answered(ms(250)), || producer
             .produced
             .load(Ordering::SeqCst)
             >= 5)
@@ -108,7 +108,7 @@ pub(super) async fn stream_and_take_the_lock_away(layer: RedlockLayer, path: &st
     }
     let stolen_at = Instant::now();
     assert!(
-        eventually(LOSS_TTL + Duration::from_secs(1), || handle.is_lost()).await,
+        eventually(liveness(LOSS_TTL), || handle.is_lost()).await,
         "the holder never saw the loss"
     );
     let produced_at_loss = producer.produced.load(Ordering::SeqCst);
@@ -155,7 +155,7 @@ pub(super) async fn assert_cut_off(run: AfterLoss) {
         run.produced_after_loss
     );
     assert!(
-        after <= LOSS_TTL + Duration::from_secs(1),
+        after <= liveness(LOSS_TTL),
         "the body went on for {after:?} after the loss"
     );
     assert!(
@@ -240,7 +240,7 @@ pub(super) async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_g
     });
     let mut service = RedlockLayer::by_path()
         .ttl(LOSS_TTL)
-        .with_redlock(redlock(&cluster))
+        .with_redlock(short_ttl_redlock(&cluster))
         .layer(handler);
     let request = http::Request::get("/across").body(Body::empty()).unwrap();
     let response = service.ready().await.unwrap().call(request).await.unwrap();
@@ -249,7 +249,7 @@ pub(super) async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_g
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     assert_eq!(first, "before the loss\n");
 
-    let second = within(Duration::from_secs(15), "the second frame", body.frame()).await;
+    let second = within(liveness(LOSS_TTL), "the second frame", body.frame()).await;
     assert!(
         state.made_after_the_loss.load(Ordering::SeqCst),
         "the producer never saw the loss"
@@ -292,7 +292,7 @@ impl hyper::body::Body for WholeAfterTheLoss {
         }
         self.done = true;
         let started = Instant::now();
-        while !self.lock.is_lost() && started.elapsed() < Duration::from_secs(10) {
+        while !self.lock.is_lost() && started.elapsed() < liveness(LOSS_TTL) {
             std::thread::sleep(ms(5));
         }
         let lost = self.lock.is_lost();
@@ -333,11 +333,11 @@ pub(super) async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_
     });
     let mut service = RedlockLayer::by_path()
         .ttl(LOSS_TTL)
-        .with_redlock(redlock(&cluster))
+        .with_redlock(short_ttl_redlock(&cluster))
         .layer(handler);
     let request = http::Request::get("/whole").body(Body::empty()).unwrap();
     let response = within(
-        Duration::from_secs(15),
+        liveness(LOSS_TTL),
         "the response",
         service.ready().await.unwrap().call(request),
     )
@@ -348,7 +348,7 @@ pub(super) async fn a_whole_body_made_in_the_poll_in_which_the_lock_was_lost_is_
         "the body never saw the loss"
     );
     let (head, body) = response.into_parts();
-    let body = within(Duration::from_secs(15), "the body", body.collect())
+    let body = within(liveness(LOSS_TTL), "the body", body.collect())
         .await
         .map(|body| String::from_utf8_lossy(&body.to_bytes()).into_owned());
     assert_eq!(
@@ -410,12 +410,7 @@ pub(super) async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_
     .unwrap();
     assert_eq!(reply.status, StatusCode::ACCEPTED);
     // The response is done: the layer released the lock.
-    assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:/jobs/7")
-            == 0)
-        .await
-    );
+    assert!(on_no_node(&cluster, "redlock:/jobs/7").await);
     go.notify_one();
     let (lost, remaining) = within(CLIENT_TIMEOUT, "the task's report", rx.recv())
         .await

@@ -17,43 +17,63 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use redlock_core::LockHandle;
+use std::sync::Arc;
+
+use axum::extract::State;
 use redlock_tests::Cluster;
+use redlock_tests::http_timing::Gate;
 use redlock_tower::{RedlockLayer, ReleasePolicy};
 
 mod cut_off;
 
+/// The TTL is the subject here (renewals through several of them), too short
+/// for the patient node timeout: the handles have `short_ttl_redlock`'s.
 const TTL: Duration = Duration::from_millis(300);
 const KEY: &str = "redlock:/stream";
 
-/// A body of 11 chunks, the first at once, then one every 100 ms: about 1 s in
-/// all, more than three TTLs.
-async fn stream() -> Body {
-    let chunks = futures_util::stream::unfold(0u32, |i| async move {
-        if i > 10 {
-            return None;
+/// A body of 11 chunks, the first at once, then, once the gate is open, one
+/// every 100 ms: about 1 s in all, more than three TTLs.
+async fn stream(State(gate): State<Arc<Gate>>) -> Body {
+    let chunks = futures_util::stream::unfold(0u32, move |i| {
+        let gate = gate.clone();
+        async move {
+            if i > 10 {
+                return None;
+            }
+            if i == 1 {
+                gate.passed().await;
+            }
+            if i > 0 {
+                tokio::time::sleep(ms(100)).await;
+            }
+            Some((
+                Ok::<_, Infallible>(Bytes::from(format!("chunk {i}\n"))),
+                i + 1,
+            ))
         }
-        if i > 0 {
-            tokio::time::sleep(ms(100)).await;
-        }
-        Some((
-            Ok::<_, Infallible>(Bytes::from(format!("chunk {i}\n"))),
-            i + 1,
-        ))
     });
     Body::from_stream(chunks)
 }
 
-fn stream_app(cluster: &Cluster, layer: RedlockLayer) -> Router {
+/// The node timeout of the handles here.
+fn node_timeout(cluster: &Cluster) -> Duration {
+    short_ttl_redlock(cluster).node_timeout()
+}
+
+fn stream_app(cluster: &Cluster, layer: RedlockLayer, gate: Arc<Gate>) -> Router {
     Router::new()
         .route("/stream", get(stream))
+        .with_state(gate)
         .layer(layer.ttl(TTL))
-        .layer(Extension(redlock(cluster)))
+        .layer(Extension(short_ttl_redlock(cluster)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
     let cluster = Cluster::start(3);
-    let server = Server::start(stream_app(&cluster, RedlockLayer::by_path())).await;
+    let gate = Arc::new(Gate::default());
+    gate.open();
+    let server = Server::start(stream_app(&cluster, RedlockLayer::by_path(), gate)).await;
     let client = client();
     let url = server.url("/stream");
 
@@ -101,11 +121,12 @@ async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
         "one probe must come after two TTLs: {probes:?}"
     );
 
-    let freed = eventually_at(Duration::from_secs(5), || cluster.count_with_key(KEY) == 0)
+    let settle = timing::settle(node_timeout(&cluster));
+    let freed = eventually_at(settle, || cluster.count_with_key(KEY) == 0)
         .await
         .expect("the key must go once the body has ended");
     assert!(
-        freed - end_at < Duration::from_secs(1),
+        freed - end_at <= settle,
         "released {:?} after the body's end",
         freed - end_at
     );
@@ -117,7 +138,8 @@ async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
 async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
     let cluster = Cluster::start(3);
     let layer = RedlockLayer::by_path().release_on(ReleasePolicy::ResponseHead);
-    let server = Server::start(stream_app(&cluster, layer)).await;
+    let gate = Arc::new(Gate::default());
+    let server = Server::start(stream_app(&cluster, layer, gate.clone())).await;
     let client = client();
     let url = server.url("/stream");
 
@@ -130,9 +152,10 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
         .unwrap();
     assert_eq!(first.data_ref().map(|b| &b[..]), Some(&b"chunk 0\n"[..]));
 
-    // The body streams for ~1 s more; with the lock held to the body's end the
-    // key would stay that long.
-    let freed = eventually_at(ms(500), || cluster.count_with_key(KEY) == 0).await;
+    // The body waits at the gate after its first chunk; with the lock held to
+    // the body's end the key would stay (renewed) until the test opens it.
+    let settle = timing::settle(node_timeout(&cluster));
+    let freed = eventually_at(settle, || cluster.count_with_key(KEY) == 0).await;
     assert!(freed.is_some(), "the key must go at the response head");
     let other = open(&client, &url).await;
     assert_eq!(
@@ -141,6 +164,7 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
         "a second request runs while the first body streams"
     );
     drop(other);
+    gate.open();
 
     // The first body was still streaming all along: its remaining chunks arrive.
     let rest = within(CLIENT_TIMEOUT, "rest of the body", body.collect())
@@ -157,16 +181,22 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
     let cluster = Cluster::start(3);
+    let gate = Arc::new(Gate::default());
     let app = Router::new()
         .route(
             "/long",
-            get(|Extension(lock): Extension<LockHandle>| async move {
-                tokio::time::sleep(TTL * 3 + ms(100)).await;
-                format!("extensions={}", lock.extensions())
-            }),
+            get(
+                |State(gate): State<Arc<Gate>>, Extension(lock): Extension<LockHandle>| async move {
+                    // Three TTLs at least, and until the test has probed.
+                    tokio::time::sleep(TTL * 3 + ms(100)).await;
+                    gate.passed().await;
+                    format!("extensions={}", lock.extensions())
+                },
+            ),
         )
+        .with_state(gate.clone())
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(short_ttl_redlock(&cluster)));
     let server = Server::start(app).await;
     let client = client();
     let url = server.url("/long");
@@ -176,23 +206,27 @@ async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
         async move { http_get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:/long")
-            == 3)
-        .await,
+        on_every_node(&cluster, "redlock:/long").await,
         "the long handler never took the lock"
     );
     let started = Instant::now();
     let mut probes = Vec::new();
-    // One probe every ~100 ms while the long handler runs (bounded count).
-    while !long.is_finished() && probes.len() < 40 {
+    // One probe every ~100 ms while the long handler runs, until five probes
+    // and one after two TTLs were made (the handler waits for them), within a
+    // liveness bound.
+    let end = started + liveness(TTL * 3 + ms(500));
+    while !long.is_finished() && Instant::now() < end {
         let reply = http_get(&client, &url).await;
         if long.is_finished() {
             break; // the probe may have raced the release
         }
         probes.push((started.elapsed(), reply.status));
+        if probes.len() >= 5 && probes.iter().any(|(t, _)| *t > TTL * 2) {
+            break;
+        }
         tokio::time::sleep(ms(100)).await;
     }
+    gate.open();
     let long = long.await.unwrap();
     assert_eq!(long.status, StatusCode::OK);
     let extensions: u32 = long
