@@ -19,20 +19,49 @@ pub(crate) use redlock_tests::http::{
     CLIENT_TIMEOUT, HttpClient, Received, Reply, burst, client, count, counted_chunks, get, open,
     receive, try_get,
 };
+pub(crate) use redlock_tests::http_timing::{Gate, answered, answered_with};
+pub(crate) use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT, liveness};
 pub(crate) use redlock_tests::util::{DropRecorder, Gauge, eventually, within};
 
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A `Redlock` over the cluster with a per-node timeout that tolerates a loaded
-/// machine (tests run next to other builds on two cores).
+/// A `Redlock` over the cluster for a test whose subject is not a slow node:
+/// [`timing::PATIENT_NODE_TIMEOUT`], so every call gets its answers on a
+/// loaded machine. Its locks need a TTL of at least twice that to be renewed
+/// (the middleware's default, 5 s).
 pub(crate) fn redlock(cluster: &Cluster) -> Redlock {
+    redlock_with_timeout(cluster, PATIENT_NODE_TIMEOUT)
+}
+
+/// A `Redlock` for a test whose TTL is its subject and is too short for
+/// [`redlock`]'s patient node timeout: 100 ms. Such a test must accept the
+/// library's honest answer to a node slower than that (a 503, a loss) as long
+/// as safety held.
+pub(crate) fn short_ttl_redlock(cluster: &Cluster) -> Redlock {
+    redlock_with_timeout(cluster, ms(100))
+}
+
+/// A `Redlock` over the cluster with this per-node timeout.
+pub(crate) fn redlock_with_timeout(cluster: &Cluster, node_timeout: Duration) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(100))
+        .node_timeout(node_timeout)
         .build()
         .unwrap()
+}
+
+/// Waits (up to [`timing::settled`]) until every node of `cluster` has `key`:
+/// an acquire returns at quorum, the last node's key may land a moment later.
+pub(crate) async fn on_every_node(cluster: &Cluster, key: &str) -> bool {
+    cluster.settled_count(key, cluster.len()).await == cluster.len()
+}
+
+/// Waits (up to [`timing::settled`]) until no node of `cluster` has `key`: a
+/// release returns at quorum, the last node's deletion may land a moment later.
+pub(crate) async fn on_no_node(cluster: &Cluster, key: &str) -> bool {
+    cluster.settled_count(key, 0).await == 0
 }
 
 /// Starts `HttpServer::new($factory)` on 127.0.0.1:0 with `$workers` workers

@@ -22,15 +22,41 @@ fn order_config() -> HeldLockConfig {
     HeldLockConfig::new().key(|req| req.match_info().get("order").map(|o| format!("order:{o}")))
 }
 
-/// Holds the extracted lock for `?hold=<ms>`, then answers with its key (or
-/// `unlocked`).
-async fn settle(req: HttpRequest, lock: HeldLock) -> String {
-    let hold = req
-        .query_string()
-        .strip_prefix("hold=")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    actix_web::rt::time::sleep(ms(hold)).await;
+/// What a test sees of a gated handler: whether it is inside (under its
+/// lock), and the gates it waits at until the test checked what others get.
+#[derive(Default)]
+struct Probe {
+    inside: Gauge,
+    gate: Gate,
+    /// For a handler that waits twice (the export's body).
+    second_gate: Gate,
+}
+
+impl Probe {
+    /// Waits (within a liveness bound) until a gated handler is inside.
+    async fn entered(&self) {
+        assert!(
+            eventually(answered(Duration::ZERO), || self.inside.now() >= 1).await,
+            "the first request never reached its handler"
+        );
+    }
+}
+
+/// Holds the extracted lock for `?hold=<ms>`, or with `?gate` until the test
+/// opens the app's [`Probe`], then answers with its key (or `unlocked`).
+async fn settle(req: HttpRequest, probe: Option<web::Data<Probe>>, lock: HeldLock) -> String {
+    if req.query_string() == "gate" {
+        let probe = probe.expect("a `?gate` request needs the app's Probe");
+        let _inside = probe.inside.enter();
+        probe.gate.passed().await;
+    } else {
+        let hold = req
+            .query_string()
+            .strip_prefix("hold=")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        actix_web::rt::time::sleep(ms(hold)).await;
+    }
     match lock.handle() {
         Some(handle) => handle.key().to_owned(),
         None => "unlocked".to_owned(),
@@ -40,18 +66,21 @@ async fn settle(req: HttpRequest, lock: HeldLock) -> String {
 #[actix_web::test]
 async fn extracted_lock_admits_one_of_two_concurrent_requests_for_a_key() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
+            .app_data(probe.clone())
             .app_data(order_config())
             .route("/orders/{order}/settle", web::get().to(settle)),
     )
     .await;
 
-    let (first, (second, other)) = join(call!(&app, "/orders/1/settle?hold=800"), async {
-        actix_web::rt::time::sleep(ms(200)).await;
+    let (first, (second, other)) = join(call!(&app, "/orders/1/settle?gate"), async {
+        probe.entered().await;
         let second = call!(&app, "/orders/1/settle").await;
         let other = call!(&app, "/orders/2/settle").await;
+        probe.gate.open();
         (second, other)
     })
     .await;
@@ -77,30 +106,45 @@ async fn extracted_lock_admits_one_of_two_concurrent_requests_for_a_key() {
 async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end() {
     let cluster = Cluster::start(3);
     let redlock = redlock(&cluster);
+    let probe = web::Data::new(Probe::default());
+    let shared = probe.clone();
     let server = serve!(move || {
         App::new()
             .app_data(redlock.clone())
+            .app_data(shared.clone())
             .app_data(order_config())
             .route(
                 "/orders/{order}/export",
-                web::get().to(|lock: HeldLock| async move {
+                web::get().to(|lock: HeldLock, probe: web::Data<Probe>| async move {
                     // A closure's argument must be moved into the async block,
                     // or it is dropped (released) before the work starts.
                     let _lock = lock;
-                    // 300 ms of work under the lock, then a body that streams
-                    // for ~1 s after the handler has returned.
-                    actix_web::rt::time::sleep(ms(300)).await;
-                    let chunks = futures_util::stream::unfold(0u32, |i| async move {
-                        if i > 10 {
-                            return None;
+                    // Work under the lock until the test has seen it busy (the
+                    // first export only), then a body that streams after the
+                    // handler has returned: its first row at once, the rest
+                    // once the test has seen the lock go.
+                    let first = probe.inside.max() == 0;
+                    if first {
+                        let _inside = probe.inside.enter();
+                        probe.gate.passed().await;
+                    }
+                    let chunks = futures_util::stream::unfold(0u32, move |i| {
+                        let probe = probe.clone();
+                        async move {
+                            if i > 10 {
+                                return None;
+                            }
+                            if i == 1 && first {
+                                probe.second_gate.passed().await;
+                            }
+                            if i > 0 {
+                                actix_web::rt::time::sleep(ms(100)).await;
+                            }
+                            Some((
+                                Ok::<_, Infallible>(Bytes::from(format!("row {i}\n"))),
+                                i + 1,
+                            ))
                         }
-                        if i > 0 {
-                            actix_web::rt::time::sleep(ms(100)).await;
-                        }
-                        Some((
-                            Ok::<_, Infallible>(Bytes::from(format!("row {i}\n"))),
-                            i + 1,
-                        ))
                     });
                     HttpResponse::Ok().streaming(chunks)
                 }),
@@ -110,8 +154,10 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
     let url = server.url("/orders/5/export");
 
     let (response, during) = join(open(&client, &url), async {
-        actix_web::rt::time::sleep(ms(150)).await;
-        get(&client, &url).await
+        probe.entered().await;
+        let during = get(&client, &url).await;
+        probe.gate.open();
+        during
     })
     .await;
     assert_eq!(
@@ -125,8 +171,10 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
         .unwrap()
         .unwrap();
     assert_eq!(first.data_ref().map(|b| &b[..]), Some(&b"row 0\n"[..]));
+    // The body waits after its first row: held to the body's end, the key
+    // would stay until the test lets it go on.
     assert!(
-        eventually(ms(500), || cluster.count_with_key("redlock:order:5") == 0).await,
+        on_no_node(&cluster, "redlock:order:5").await,
         "the lock must go when the handler returns"
     );
     let meanwhile = get(&client, &url).await;
@@ -134,6 +182,7 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
         meanwhile.status, 200,
         "a second export runs while the first streams"
     );
+    probe.second_gate.open();
     let rest = within(CLIENT_TIMEOUT, "rest of the body", body.collect())
         .await
         .unwrap()
@@ -141,14 +190,19 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
     assert!(String::from_utf8_lossy(&rest).ends_with("row 10\n"));
 }
 
-/// Locks on the `from` account of its JSON body, then works for 800 ms.
+/// Locks on the `from` account of its JSON body, then (for account 7) works
+/// until the test opens the app's [`Probe`].
 async fn transfer(
     req: HttpRequest,
+    probe: web::Data<Probe>,
     body: web::Json<serde_json::Value>,
 ) -> Result<String, LockRejection> {
     let from = body["from"].as_u64().unwrap_or_default();
     let lock = HeldLock::acquire(&req, format!("account:{from}")).await?;
-    actix_web::rt::time::sleep(ms(800)).await;
+    if from == 7 {
+        let _inside = probe.inside.enter();
+        probe.gate.passed().await;
+    }
     Ok(lock
         .handle()
         .map(|h| h.key().to_owned())
@@ -158,9 +212,11 @@ async fn transfer(
 #[actix_web::test]
 async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(web::Data::new(redlock(&cluster)))
+            .app_data(probe.clone())
             .route("/transfers", web::post().to(transfer)),
     )
     .await;
@@ -173,8 +229,10 @@ async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
     };
 
     let (first, (second, other)) = join(post(7), async {
-        actix_web::rt::time::sleep(ms(200)).await;
-        (post(7).await, post(8).await)
+        probe.entered().await;
+        let both = (post(7).await, post(8).await);
+        probe.gate.open();
+        both
     })
     .await;
     assert_eq!(
@@ -189,10 +247,7 @@ async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
         (200, "redlock:account:8")
     );
     assert!(
-        eventually(Duration::from_secs(2), || cluster
-            .count_with_key("redlock:account:7")
-            == 0)
-        .await,
+        on_no_node(&cluster, "redlock:account:7").await,
         "released after the handler"
     );
 }
@@ -269,6 +324,8 @@ async fn rejections_and_config_lookup() {
     assert_eq!((open.status, open.body.as_str()), (200, "unlocked"));
 }
 
+const RUN_TTL: Duration = PATIENT_NODE_TIMEOUT.saturating_mul(4);
+
 #[actix_web::test]
 async fn run_drops_the_work_when_the_lock_is_lost() {
     let cluster = Cluster::start(3);
@@ -278,7 +335,8 @@ async fn run_drops_the_work_when_the_lock_is_lost() {
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
-            .app_data(order_config().policy(LockPolicy::default().ttl(Duration::from_secs(2))))
+            // A TTL the patient handle renews (two node timeouts).
+            .app_data(order_config().policy(LockPolicy::default().ttl(RUN_TTL)))
             .route(
                 "/orders/{order}/settle",
                 web::get().to(move |lock: HeldLock| {
@@ -287,7 +345,7 @@ async fn run_drops_the_work_when_the_lock_is_lost() {
                         *publish.lock().unwrap() = lock.handle();
                         lock.run(async {
                             let _recorder = DropRecorder(recorder);
-                            actix_web::rt::time::sleep(Duration::from_secs(10)).await;
+                            actix_web::rt::time::sleep(liveness(RUN_TTL) * 2).await;
                             "finished"
                         })
                         .await
@@ -300,7 +358,7 @@ async fn run_drops_the_work_when_the_lock_is_lost() {
 
     let (answer, valid_until) = join(call!(&app, "/orders/1/settle"), async {
         assert!(
-            eventually(Duration::from_secs(5), || published
+            eventually(answered(Duration::ZERO), || published
                 .lock()
                 .unwrap()
                 .is_some())

@@ -18,7 +18,7 @@ async fn job(lock: Option<web::ReqData<LockHandle>>) -> String {
 fn redlock_over(urls: Vec<String>) -> Redlock {
     Redlock::builder()
         .urls(urls)
-        .node_timeout(ms(100))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }

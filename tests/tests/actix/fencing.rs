@@ -20,7 +20,7 @@ async fn the_handler_and_the_response_carry_a_growing_fencing_token() {
     let cluster = Cluster::start(3);
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .fencing(FencingMode::Hybrid)
         .build()
         .unwrap();

@@ -13,20 +13,40 @@ use redlock_actix::{LockHandle, Redlock, RedlockMiddleware};
 use redlock_core::request::MAX_KEY_BYTES;
 use redlock_tests::{Cluster, RedisNode};
 
-/// Inside the gauge for `?hold=<ms>`; answers with the lock's key.
+/// The requests inside the handler, and the gate a `?gate` request waits at.
+#[derive(Default)]
+struct Inside {
+    gauge: Gauge,
+    gate: Gate,
+}
+
+impl std::ops::Deref for Inside {
+    type Target = Gauge;
+
+    fn deref(&self) -> &Gauge {
+        &self.gauge
+    }
+}
+
+/// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
+/// gate; answers with the lock's key.
 async fn hold(
-    inside: web::Data<Gauge>,
+    inside: web::Data<Inside>,
     req: HttpRequest,
     lock: web::ReqData<LockHandle>,
 ) -> String {
     let _inside = inside.enter();
-    let hold = req
-        .query_string()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("hold="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    actix_web::rt::time::sleep(ms(hold)).await;
+    if req.query_string() == "gate" {
+        inside.gate.passed().await;
+    } else {
+        let hold = req
+            .query_string()
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("hold="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        actix_web::rt::time::sleep(ms(hold)).await;
+    }
     lock.key().to_owned()
 }
 
@@ -34,8 +54,8 @@ async fn hold(
 fn server(
     redlock: Redlock,
     routes: Vec<(&'static str, RedlockMiddleware)>,
-) -> (Server, web::Data<Gauge>) {
-    let inside = web::Data::new(Gauge::default());
+) -> (Server, web::Data<Inside>) {
+    let inside = web::Data::new(Inside::default());
     let shared = inside.clone();
     let server = serve!(move || {
         let mut app = App::new()
@@ -53,18 +73,21 @@ fn server(
     (server, inside)
 }
 
-/// Sends `first` (with its headers, holding 1.5 s), waits until its handler
-/// is inside, then sends `second`; returns both replies.
+/// Sends `first` (with its headers, holding until the second was answered),
+/// waits until its handler is inside, then sends `second`; returns both
+/// replies.
 async fn while_the_first_holds(
     server: &Server,
-    inside: &Gauge,
+    inside: &Inside,
     first: (&str, &[(&str, &str)]),
     second: (&str, &[(&str, &str)]),
 ) -> (Reply, Reply) {
+    // Closed for this first request (an earlier one of the test opened it).
+    inside.gate.close();
     let client = client();
     let first = actix_web::rt::spawn({
         let client = client.clone();
-        let url = server.url(&format!("{}?hold=1500", first.0));
+        let url = server.url(&format!("{}?gate", first.0));
         let headers: Vec<(String, String)> = first
             .1
             .iter()
@@ -79,7 +102,7 @@ async fn while_the_first_holds(
         }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the first request never reached its handler"
     );
     let second = redlock_tests::http::get_with(&client, &server.url(second.0), second.1).await;
@@ -87,6 +110,7 @@ async fn while_the_first_holds(
         !first.is_finished(),
         "the first request must still hold its lock when the second is answered"
     );
+    inside.gate.open();
     (first.await.unwrap(), second)
 }
 
@@ -240,15 +264,15 @@ async fn a_60_kb_path_puts_a_bounded_key_on_every_node() {
     let sibling = format!("/o/{}b", "a".repeat(59_999));
 
     let first = actix_web::rt::spawn({
-        let (client, url) = (client.clone(), server.url(&format!("{long}?hold=3000")));
+        let (client, url) = (client.clone(), server.url(&format!("{long}?gate")));
         async move { get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the first request never reached its handler"
     );
     assert!(
-        eventually(Duration::from_secs(5), || cluster
+        eventually(timing::settled(), || cluster
             .nodes()
             .iter()
             .all(|n| !n.keys().is_empty()))
@@ -267,6 +291,7 @@ async fn a_60_kb_path_puts_a_bounded_key_on_every_node() {
     let other = get(&client, &server.url(&sibling)).await;
     assert_eq!(other.status, 200, "another path, another key");
     assert!(!first.is_finished(), "the first request still holds");
+    inside.gate.open();
     let first = first.await.unwrap();
     assert_eq!(first.status, 200, "{}", first.text());
     let key = first.text();
@@ -285,29 +310,29 @@ async fn a_lost_lock_s_503_names_the_resource() {
     let cluster = Cluster::start(3);
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(100))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .key_prefix("app1:")
         .build()
         .unwrap();
+    // A TTL the patient handle renews (two node timeouts).
+    let ttl = PATIENT_NODE_TIMEOUT * 4;
     let (server, inside) = server(
         redlock,
-        vec![(
-            "/o/{rest:.*}",
-            RedlockMiddleware::by_path().ttl(Duration::from_secs(2)),
-        )],
+        vec![("/o/{rest:.*}", RedlockMiddleware::by_path().ttl(ttl))],
     );
     let client = client();
     let request = actix_web::rt::spawn({
-        let (client, url) = (client.clone(), server.url("/o/work?hold=10000"));
+        // Held until the loss drops the handler (the gate never opens).
+        let (client, url) = (client.clone(), server.url("/o/work?gate"));
         async move { get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the handler never ran"
     );
     let key = "app1:redlock:/o/work";
     assert!(
-        eventually(Duration::from_secs(5), || cluster.count_with_key(key) == 3).await,
+        on_every_node(&cluster, key).await,
         "the lock is on every node"
     );
     let busy = get(&client, &server.url("/o/work")).await;
@@ -316,9 +341,7 @@ async fn a_lost_lock_s_503_names_the_resource() {
     for i in 0..2 {
         cluster.node(i).cmd(&["DEL", key]);
     }
-    let reply = within(Duration::from_secs(8), "the 503", request)
-        .await
-        .unwrap();
+    let reply = within(liveness(ttl), "the 503", request).await.unwrap();
     assert_eq!(reply.status, 503, "{}", reply.text());
     let doc = reply.json();
     assert_eq!(doc["title"], "Lock lost", "{doc}");

@@ -14,7 +14,8 @@ use redlock_core::request::LostPolicy;
 use redlock_tests::Cluster;
 use redlock_tests::http::{send, send_retrying_busy};
 
-use crate::common::{Server, client, ms, redlock};
+use crate::common::{Server, answered, client, ms, redlock, short_ttl_redlock, timing};
+use redlock_tests::http_timing::busy_retries;
 
 /// `POST /pay`: counts its runs, takes `?hold=<ms>`, answers 201 with the run
 /// number and the body. `POST /fail`: counts, answers 500.
@@ -70,20 +71,16 @@ async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
     // runtime) opens its own: one request on a connection of its own per
     // worker, which actix hands to its workers in turn. Each worker's thread
     // also reads its own connections' answers, between the 25 copies it
-    // serves: in a debug build on a loaded machine that outlasts 100 ms, so
-    // the node timeout is 1 s here.
-    let redlock = Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(ms(1000))
-        .build()
-        .unwrap();
+    // serves: the handle is patient.
+    let redlock = redlock(&cluster);
     let server = server_on(redlock, IdempotencyPolicy::default(), Arc::clone(&runs));
     // A cold worker may answer 503 while it connects: its connection attempt
     // goes on, and the same client (the same worker) asks again.
     for i in 0..2 {
         let (warm_client, key) = (client(), format!("\"warm-{i}\""));
         let mut statuses = Vec::new();
-        for _ in 0..20 {
+        let end = std::time::Instant::now() + answered(std::time::Duration::ZERO);
+        while std::time::Instant::now() < end {
             let warm = send(
                 &warm_client,
                 Method::POST,
@@ -114,7 +111,7 @@ async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
             &url,
             &[("idempotency-key", "\"burst-1\"")],
             "42 EUR",
-            400,
+            busy_retries(answered(ms(300)), ms(50)),
             ms(50),
         )
     });
@@ -182,7 +179,7 @@ async fn replay_mismatch_missing_key_and_5xx() {
             &server.url("/fail"),
             &fail_key,
             "",
-            100,
+            busy_retries(timing::settled(), ms(50)),
             ms(50),
         )
         .await
@@ -199,7 +196,8 @@ async fn a_lock_lost_before_the_record_leaves_none_and_the_next_copy_runs() {
         let runs = Arc::new(AtomicUsize::new(0));
         let policy =
             IdempotencyPolicy::default().lock(|l| l.ttl(ms(500)).max_hold(ms(200)).on_lost(lost));
-        let server = server(&cluster, policy, Arc::clone(&runs));
+        // The TTL is the subject: the short node timeout.
+        let server = server_on(short_ttl_redlock(&cluster), policy, Arc::clone(&runs));
         let client = client();
         let name = format!("stalled-{lost:?}");
         let key = [("idempotency-key", name.as_str())];
@@ -220,7 +218,7 @@ async fn a_lock_lost_before_the_record_leaves_none_and_the_next_copy_runs() {
             &server.url("/pay"),
             &key,
             "s",
-            100,
+            busy_retries(timing::settled(), ms(50)),
             ms(50),
         )
         .await
@@ -252,7 +250,7 @@ async fn an_oversize_response_is_passed_through_then_not_replayed_nor_run_again(
         &url,
         &key,
         "a long body",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await

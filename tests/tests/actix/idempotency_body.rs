@@ -18,7 +18,8 @@ use redlock_tests::Cluster;
 use redlock_tests::http::{receive, send, send_retrying_busy};
 use tokio::sync::mpsc;
 
-use crate::common::{Server, client, ms, redlock, within};
+use crate::common::{Server, answered, client, ms, redlock, short_ttl_redlock, timing, within};
+use redlock_tests::http_timing::busy_retries;
 
 type Chunk = Result<Bytes, std::io::Error>;
 
@@ -67,7 +68,7 @@ async fn open_pay(server: &Server, key: &str) -> http::Response<hyper::body::Inc
         .unwrap();
     let client = client();
     within(
-        Duration::from_secs(5),
+        answered(Duration::ZERO),
         "the first response's head",
         async move { client.request(req).await.unwrap() },
     )
@@ -101,7 +102,7 @@ async fn a_body_that_fails_midway_is_not_recorded_and_the_key_runs_again() {
         &server.url("/pay"),
         &[("idempotency-key", "\"fails-midway\"")],
         "x",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await
@@ -124,7 +125,8 @@ async fn a_body_still_streaming_when_the_lock_is_lost_is_not_recorded() {
     let (tx, rx) = mpsc::unbounded_channel();
     let policy = IdempotencyPolicy::default()
         .lock(|l| l.ttl(ms(500)).max_hold(ms(200)).on_lost(LostPolicy::Abort));
-    let server = server(redlock(&cluster), policy, Arc::clone(&runs), rx);
+    // The TTL is the subject: the short node timeout.
+    let server = server(short_ttl_redlock(&cluster), policy, Arc::clone(&runs), rx);
     tx.send(Ok(Bytes::from_static(OVER_CAP))).unwrap();
     let first = open_pay(&server, "\"lost-midway\"").await;
     assert_eq!(first.status(), StatusCode::CREATED);
@@ -144,7 +146,7 @@ async fn a_body_still_streaming_when_the_lock_is_lost_is_not_recorded() {
         &server.url("/pay"),
         &[("idempotency-key", "\"lost-midway\"")],
         "x",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await
@@ -196,7 +198,7 @@ async fn an_oversize_body_holds_the_lock_until_it_has_streamed() {
         &server.url("/pay"),
         &key,
         "x",
-        100,
+        busy_retries(timing::settled(), ms(50)),
         ms(50),
     )
     .await

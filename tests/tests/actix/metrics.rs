@@ -6,19 +6,19 @@
 //! count.
 
 use actix_web::http::header::HeaderName;
-use std::time::Duration;
 
 use actix_web::{App, web};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use redlock_actix::{Redlock, RedlockMiddleware};
 use redlock_tests::Cluster;
+use redlock_tests::timing::PATIENT_NODE_TIMEOUT;
 
 /// A `Redlock` over the cluster whose node timeout leaves room for a loaded
 /// machine: a 503 here would be the machine, not the case under test.
 fn patient_redlock(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(2))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }

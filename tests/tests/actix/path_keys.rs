@@ -11,27 +11,46 @@ use futures_util::future::join_all;
 use redlock_actix::{LockHandle, RedlockMiddleware};
 use redlock_tests::Cluster;
 
-/// Inside the gauge for `?hold=<ms>`; answers with the parameter as the
-/// handler sees it and the lock's key.
+/// The requests inside the handler, and the gate a `?gate` request waits at.
+#[derive(Default)]
+struct Inside {
+    gauge: Gauge,
+    gate: Gate,
+}
+
+impl std::ops::Deref for Inside {
+    type Target = Gauge;
+
+    fn deref(&self) -> &Gauge {
+        &self.gauge
+    }
+}
+
+/// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
+/// gate; answers with the parameter as the handler sees it and the lock's key.
 async fn hold(
-    inside: web::Data<Gauge>,
+    inside: web::Data<Inside>,
     id: web::Path<String>,
     req: HttpRequest,
     lock: web::ReqData<LockHandle>,
 ) -> String {
     let _inside = inside.enter();
-    let hold = req
-        .query_string()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("hold="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    actix_web::rt::time::sleep(ms(hold)).await;
+    if req.query_string() == "gate" {
+        inside.gate.passed().await;
+    } else {
+        let hold = req
+            .query_string()
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("hold="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        actix_web::rt::time::sleep(ms(hold)).await;
+    }
     format!("{} {}", id.into_inner(), lock.key())
 }
 
-fn server(cluster: &Cluster, middleware: RedlockMiddleware) -> (Server, web::Data<Gauge>) {
-    let inside = web::Data::new(Gauge::default());
+fn server(cluster: &Cluster, middleware: RedlockMiddleware) -> (Server, web::Data<Inside>) {
+    let inside = web::Data::new(Inside::default());
     let redlock = redlock(cluster);
     let shared = inside.clone();
     let server = serve!(move || {
@@ -46,21 +65,25 @@ fn server(cluster: &Cluster, middleware: RedlockMiddleware) -> (Server, web::Dat
     (server, inside)
 }
 
-/// Sends `first` (holding for 1.5 s), waits until its handler is inside, then
-/// sends each of `others` at once; returns every reply, `first`'s first.
+/// Sends `first`, waits until its handler is inside, then sends each of
+/// `others` at once; returns every reply, `first`'s first. With `gated`, the
+/// first holds until the others were answered; else (when the others wait for
+/// it) for 1.5 s.
 async fn while_the_first_holds(
     server: &Server,
-    inside: &Gauge,
+    inside: &Inside,
     first: &str,
     others: &[&str],
+    gated: bool,
 ) -> Vec<Reply> {
     let client = client();
+    let hold = if gated { "gate" } else { "hold=1500" };
     let first = actix_web::rt::spawn({
-        let (client, url) = (client.clone(), server.url(&format!("{first}?hold=1500")));
+        let (client, url) = (client.clone(), server.url(&format!("{first}?{hold}")));
         async move { get(&client, &url).await }
     });
     assert!(
-        eventually(Duration::from_secs(10), || inside.now() == 1).await,
+        eventually(answered(Duration::ZERO), || inside.now() == 1).await,
         "the first request never reached its handler"
     );
     let others = others.iter().map(|path| {
@@ -68,6 +91,7 @@ async fn while_the_first_holds(
         async move { get(&client, &url).await }
     });
     let others = join_all(others).await;
+    inside.gate.open();
     let mut replies = vec![first.await.unwrap()];
     replies.extend(others);
     replies
@@ -83,10 +107,11 @@ fn bodies(replies: &[Reply]) -> Vec<(u16, String)> {
 #[actix_web::test]
 async fn a_percent_encoded_spelling_of_a_path_waits_for_the_same_lock() {
     let cluster = Cluster::start(3);
-    let middleware = RedlockMiddleware::by_path().wait(Duration::from_secs(10));
+    let middleware = RedlockMiddleware::by_path().wait(answered(ms(1500)));
     let (server, inside) = server(&cluster, middleware);
 
-    let replies = while_the_first_holds(&server, &inside, "/orders/42", &["/orders/%34%32"]).await;
+    let replies =
+        while_the_first_holds(&server, &inside, "/orders/42", &["/orders/%34%32"], false).await;
     assert_eq!(
         inside.max(),
         1,
@@ -105,8 +130,14 @@ async fn percent_escapes_in_either_case_and_the_raw_letter_take_one_lock() {
     let cluster = Cluster::start(3);
     let (server, inside) = server(&cluster, RedlockMiddleware::by_path());
 
-    let replies =
-        while_the_first_holds(&server, &inside, "/users/J", &["/users/%4a", "/users/%4A"]).await;
+    let replies = while_the_first_holds(
+        &server,
+        &inside,
+        "/users/J",
+        &["/users/%4a", "/users/%4A"],
+        true,
+    )
+    .await;
     assert_eq!(
         (replies[0].status.as_u16(), replies[0].text().as_str()),
         (200, "J redlock:/users/J")
@@ -128,7 +159,8 @@ async fn an_encoded_slash_is_another_key_than_a_real_one() {
     let cluster = Cluster::start(3);
     let (server, inside) = server(&cluster, RedlockMiddleware::by_path());
 
-    let replies = while_the_first_holds(&server, &inside, "/files/a%2Fb", &["/files/a/b"]).await;
+    let replies =
+        while_the_first_holds(&server, &inside, "/files/a%2Fb", &["/files/a/b"], true).await;
     assert_eq!(
         bodies(&replies),
         [

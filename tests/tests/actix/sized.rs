@@ -22,12 +22,11 @@ use crate::common::*;
 /// A `Redlock` over the cluster whose node timeout leaves room for a loaded
 /// machine: a 503 here would be the machine, not the case under test.
 fn patient_redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap()
+    redlock(cluster)
 }
+
+/// The delay the proxies add to every request, once the race is on.
+const PROXY_DELAY: Duration = Duration::from_millis(300);
 
 const FIRST: &str = "first chunk, ";
 const LAST: &str = "last chunk";
@@ -61,10 +60,10 @@ async fn the_last_chunk_of_a_sized_stream_goes_out_after_the_release() {
         proxies.push(FaultProxy::start(i, node.port(), None).await.unwrap());
     }
     // The replica under test reaches the nodes through the proxies (node
-    // timeout well above their delay); the other one directly.
+    // timeout the patient one on top of their delay); the other one directly.
     let behind_proxies = Redlock::builder()
         .urls(proxies.iter().map(FaultProxy::url))
-        .node_timeout(Duration::from_secs(3))
+        .node_timeout(PATIENT_NODE_TIMEOUT + PROXY_DELAY)
         .build()
         .unwrap();
     let go = web::Data::new(Notify::new());
@@ -89,7 +88,7 @@ async fn the_last_chunk_of_a_sized_stream_goes_out_after_the_release() {
     // A connection to the other replica, open before the race.
     assert_eq!(get(&other_client, &other.url("/sized")).await.status, 200);
     assert!(
-        eventually(Duration::from_secs(2), || cluster.count_with_key(KEY) == 0).await,
+        on_no_node(&cluster, KEY).await,
         "the other replica released"
     );
 
@@ -101,7 +100,7 @@ async fn the_last_chunk_of_a_sized_stream_goes_out_after_the_release() {
     );
     assert!(cluster.count_with_key(KEY) >= 2, "held on a quorum");
     for proxy in &proxies {
-        proxy.delay(Direction::Request, ms(300), Duration::ZERO);
+        proxy.delay(Direction::Request, PROXY_DELAY, Duration::ZERO);
     }
     go.notify_one();
     let received = receive(response.into_body()).await;

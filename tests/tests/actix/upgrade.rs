@@ -18,11 +18,7 @@ use crate::common::*;
 /// A `Redlock` over the cluster whose node timeout leaves room for a loaded
 /// machine: a 503 here would be the machine, not the case under test.
 fn patient_redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap()
+    redlock(cluster)
 }
 
 /// How long a session of the scenario runs.
@@ -66,9 +62,9 @@ impl Sessions {
         self.changed.notify_waiters();
     }
 
-    /// Waits (up to 10 s) until two sessions have run at once.
+    /// Waits (within a liveness bound) until two sessions have run at once.
     async fn meet(&self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + answered(SESSION);
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -125,7 +121,7 @@ async fn ws(
         if linger {
             // The frames have ended; the session still has work to do under
             // its lock.
-            let go = tokio::time::timeout(Duration::from_secs(10), sessions.go.notified()).await;
+            let go = tokio::time::timeout(answered(Duration::ZERO), sessions.go.notified()).await;
             *sessions.held_after_close.lock().unwrap() = Some(go.is_ok() && held(&lock));
         }
         drop(lock);
@@ -142,7 +138,7 @@ fn server(cluster: &Cluster, sessions: &web::Data<Sessions>) -> Server {
             .app_data(sessions.clone())
             .service(
                 web::resource("/ws/{doc}")
-                    .wrap(RedlockMiddleware::by_path().wait(Duration::from_secs(5)))
+                    .wrap(RedlockMiddleware::by_path().wait(answered(SESSION)))
                     .route(web::get().to(ws)),
             )
     })
@@ -152,7 +148,7 @@ fn server(cluster: &Cluster, sessions: &web::Data<Sessions>) -> Server {
 /// connection (the close handshake is answered on the way). Returns the
 /// upgrade's status and the text messages received.
 async fn client(url: String) -> (u16, Vec<String>) {
-    within(Duration::from_secs(20), "a WebSocket session", async move {
+    within(answered(SESSION * 2), "a WebSocket session", async move {
         let (mut stream, response) = tokio_tungstenite::connect_async(&url)
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -199,10 +195,7 @@ async fn two_sessions_on_one_doc_never_overlap_and_each_holds_the_lock() {
         "the sessions on one doc overlapped: {seen:?}"
     );
     assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:/ws/doc-1")
-            == 0)
-        .await,
+        on_no_node(&cluster, "redlock:/ws/doc-1").await,
         "the lock is released when the session ends"
     );
 }
@@ -256,7 +249,7 @@ async fn a_session_that_closed_its_frames_keeps_the_lock_while_it_holds_the_hand
     );
     sessions.go.notify_one();
     assert!(
-        eventually(Duration::from_secs(10), || sessions
+        eventually(answered(Duration::ZERO), || sessions
             .held_after_close
             .lock()
             .unwrap()
@@ -270,10 +263,7 @@ async fn a_session_that_closed_its_frames_keeps_the_lock_while_it_holds_the_hand
         "the handle said lost after the frames ended"
     );
     assert!(
-        eventually(Duration::from_secs(5), || cluster
-            .count_with_key("redlock:/ws/doc-l")
-            == 0)
-        .await,
+        on_no_node(&cluster, "redlock:/ws/doc-l").await,
         "released once the session dropped its handle"
     );
 }

@@ -6,7 +6,7 @@
 //! connections, renewals and background calls per runtime.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -15,11 +15,11 @@ use actix_web::{App, HttpResponse, web};
 use redlock_actix::RedlockMiddleware;
 use redlock_tests::Cluster;
 
-const TTL: Duration = Duration::from_secs(1);
-/// How long A blocks its worker's thread.
-const BLOCK: Duration = Duration::from_secs(3);
-/// How long B holds its lock, off its worker's thread (`web::block`).
-const HOLD: Duration = Duration::from_secs(2);
+/// The shortest TTL the patient handle renews (two node timeouts).
+const TTL: Duration = PATIENT_NODE_TIMEOUT.saturating_mul(2);
+/// How long B holds its lock, off its worker's thread (`web::block`): two
+/// TTLs, so that its lock must be renewed.
+const HOLD: Duration = TTL.saturating_mul(2);
 const KEY_B: &str = "redlock:/locked/b";
 
 /// What the handlers tell the test: where each ran, and when A and B are in.
@@ -31,12 +31,30 @@ struct Seen {
     b_in: AtomicBool,
     /// B's work is over: its lock is released from then on.
     b_done: AtomicBool,
+    /// Set by the test to let A's blocked thread go (once B was answered).
+    release_a: (Mutex<bool>, Condvar),
 }
 
 impl Seen {
     fn ran(&self, who: &'static str) {
         let mut threads = self.threads.lock().unwrap();
         threads.push((who, std::thread::current().id()));
+    }
+
+    /// Blocks the calling thread until the test lets A go (bounded, so that a
+    /// failing test does not leave a worker stuck for ever).
+    fn block_until_released(&self) {
+        let (released, cv) = &self.release_a;
+        let bound = liveness(HOLD) * 2;
+        let released = released.lock().unwrap();
+        drop(cv.wait_timeout_while(released, bound, |r| !*r).unwrap());
+    }
+
+    /// Lets A's blocked thread go.
+    fn release_a(&self) {
+        let (released, cv) = &self.release_a;
+        *released.lock().unwrap() = true;
+        cv.notify_all();
     }
 
     fn thread(&self, who: &str) -> ThreadId {
@@ -49,9 +67,10 @@ impl Seen {
     }
 }
 
-/// Two workers, one handle, `by_path().ttl(1 s)` on `/locked`: `/locked/a`
-/// blocks its thread for [`BLOCK`], `/locked/b` holds its lock for [`HOLD`]
-/// in `web::block`, `/locked/w` returns at once.
+/// Two workers, one handle, `by_path().ttl(TTL)` on `/locked`: `/locked/a`
+/// blocks its thread until the test lets it go (after B's answer),
+/// `/locked/b` holds its lock for [`HOLD`] in `web::block`, `/locked/w`
+/// returns at once.
 fn server(cluster: &Cluster, seen: &Arc<Seen>) -> Server {
     let redlock = redlock(cluster);
     let seen = web::Data::from(Arc::clone(seen));
@@ -76,7 +95,7 @@ fn server(cluster: &Cluster, seen: &Arc<Seen>) -> Server {
                         seen.ran("a");
                         seen.a_in.store(true, Ordering::SeqCst);
                         // Blocking work done wrong: this worker's thread is stuck.
-                        std::thread::sleep(BLOCK);
+                        seen.block_until_released();
                         seen.a_done.store(true, Ordering::SeqCst);
                         HttpResponse::Ok().finish()
                     }),
@@ -117,7 +136,10 @@ async fn sample_until_answered(
     b: &mut actix_web::rt::task::JoinHandle<(Reply, Instant)>,
 ) -> ((Reply, Instant), Vec<(Duration, usize)>) {
     assert!(
-        eventually(Duration::from_secs(10), || seen.b_in.load(Ordering::SeqCst)).await,
+        eventually(answered(Duration::ZERO), || seen
+            .b_in
+            .load(Ordering::SeqCst))
+        .await,
         "B's handler never ran"
     );
     let b_in = Instant::now();
@@ -140,9 +162,9 @@ async fn sample_until_answered(
 }
 
 /// The scenario: A (first to use the nodes, on one worker) blocks
-/// its thread; 200 ms later B, on the other worker, holds its lock for 2 s.
-/// B must get its lock, keep it on the nodes, and answer 200 after about
-/// 2 s, before A's thread is free again.
+/// its thread; 200 ms later B, on the other worker, holds its lock for
+/// [`HOLD`]. B must get its lock, keep it on the nodes, and answer 200 after
+/// [`HOLD`], while A's thread is still blocked (it is let go only then).
 #[actix_web::test]
 async fn a_blocked_worker_does_not_fail_the_locked_request_of_another() {
     let cluster = Cluster::start(3);
@@ -151,16 +173,19 @@ async fn a_blocked_worker_does_not_fail_the_locked_request_of_another() {
 
     let a = spawn_get(server.url("/locked/a"));
     assert!(
-        eventually(Duration::from_secs(10), || seen.a_in.load(Ordering::SeqCst)).await,
+        eventually(answered(Duration::ZERO), || seen
+            .a_in
+            .load(Ordering::SeqCst))
+        .await,
         "A's handler never ran"
     );
     actix_web::rt::time::sleep(ms(200)).await;
     let sent = Instant::now();
     let mut b = spawn_get(server.url("/locked/b"));
-    let ((reply, answered), samples) = {
+    let ((reply, answered_at), samples) = {
         // B may be refused before its handler runs: then there is nothing to
         // sample, only the answer to report.
-        let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        let refused = tokio::time::timeout(answered(Duration::ZERO), async {
             while !seen.b_in.load(Ordering::SeqCst) {
                 if b.is_finished() {
                     return;
@@ -181,7 +206,7 @@ async fn a_blocked_worker_does_not_fail_the_locked_request_of_another() {
         assert!(refused.is_ok(), "B's handler never ran");
         sample_until_answered(&cluster, &seen, &mut b).await
     };
-    let took = answered - sent;
+    let took = answered_at - sent;
     assert_ne!(
         seen.thread("a"),
         seen.thread("b"),
@@ -197,7 +222,8 @@ async fn a_blocked_worker_does_not_fail_the_locked_request_of_another() {
         samples.len() >= 10 && samples.iter().all(|&(_, n)| n == 3),
         "B's lock not held on every node while B ran: {samples:?}"
     );
-    let (a_reply, _) = within(Duration::from_secs(10), "A's answer", a)
+    seen.release_a();
+    let (a_reply, _) = within(answered(Duration::ZERO), "A's answer", a)
         .await
         .unwrap();
     // A's thread was blocked past its TTL: what it gets is its own affair,
@@ -224,16 +250,22 @@ async fn a_worker_that_blocks_later_does_not_stop_the_renewal_or_release_of_anot
     let sent = Instant::now();
     let mut b = spawn_get(server.url("/locked/b"));
     assert!(
-        eventually(Duration::from_secs(10), || seen.b_in.load(Ordering::SeqCst)).await,
+        eventually(answered(Duration::ZERO), || seen
+            .b_in
+            .load(Ordering::SeqCst))
+        .await,
         "B's handler never ran"
     );
     let a = spawn_get(server.url("/locked/a"));
     assert!(
-        eventually(Duration::from_secs(10), || seen.a_in.load(Ordering::SeqCst)).await,
+        eventually(answered(Duration::ZERO), || seen
+            .a_in
+            .load(Ordering::SeqCst))
+        .await,
         "A's handler never ran"
     );
-    let ((reply, answered), samples) = sample_until_answered(&cluster, &seen, &mut b).await;
-    let took = answered - sent;
+    let ((reply, answered_at), samples) = sample_until_answered(&cluster, &seen, &mut b).await;
+    let took = answered_at - sent;
     assert_eq!(seen.thread("w"), seen.thread("a"), "W and A on one worker");
     assert_ne!(seen.thread("a"), seen.thread("b"), "A and B on one worker");
     assert_eq!(reply.status, 200, "B after {took:?}: {}", reply.text());
@@ -253,21 +285,19 @@ async fn a_worker_that_blocks_later_does_not_stop_the_renewal_or_release_of_anot
             .iter()
             .filter(|&&(t, _)| t < HOLD - ms(100))
             .all(|&(_, n)| n == 3),
-        "B's lock not renewed on every node past its 1 s TTL: {samples:?}"
+        "B's lock not renewed on every node past its {TTL:?} TTL: {samples:?}"
     );
     // The release is not left to A's worker: the key is gone soon after B's
     // answer, while A's thread is still blocked.
-    let gone = eventually(Duration::from_secs(5), || {
-        cluster.count_with_key(KEY_B) == 0
-    })
-    .await;
+    let gone = eventually(timing::settled(), || cluster.count_with_key(KEY_B) == 0).await;
     let a_done_at_gone = seen.a_done.load(Ordering::SeqCst);
     assert!(
         gone && !a_done_at_gone,
         "B's key gone: {gone} ({:?} after B's answer), A's thread free by then: {a_done_at_gone}",
-        answered.elapsed()
+        answered_at.elapsed()
     );
-    let (a_reply, _) = within(Duration::from_secs(10), "A's answer", a)
+    seen.release_a();
+    let (a_reply, _) = within(answered(Duration::ZERO), "A's answer", a)
         .await
         .unwrap();
     assert!(

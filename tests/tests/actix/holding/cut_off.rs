@@ -77,7 +77,7 @@ pub(super) async fn stream_and_take_the_lock_away(
     let cluster = Cluster::start(3);
     let producer = web::Data::new(Producer::default());
     let server = {
-        let (redlock, producer) = (redlock(&cluster), producer.clone());
+        let (redlock, producer) = (short_ttl_redlock(&cluster), producer.clone());
         let middleware = middleware.ttl(LOSS_TTL);
         serve!(move || {
             App::new()
@@ -93,17 +93,14 @@ pub(super) async fn stream_and_take_the_lock_away(
     assert_eq!(response.status(), 200);
     let reader = actix_web::rt::spawn(receive(response.into_body()));
     assert!(
-        eventually(Duration::from_secs(5), || producer
+        eventually(answered(ms(250)), || producer
             .produced
             .load(Ordering::SeqCst)
             >= 5)
         .await,
         "the stream never got going"
     );
-    assert!(
-        eventually(Duration::from_secs(2), || cluster.count_with_key(&key) == 3).await,
-        "held on every node"
-    );
+    assert!(on_every_node(&cluster, &key).await, "held on every node");
     let handle = producer.handle.lock().unwrap().clone().unwrap();
 
     for i in 0..cluster.len() {
@@ -113,7 +110,7 @@ pub(super) async fn stream_and_take_the_lock_away(
     }
     let stolen_at = Instant::now();
     assert!(
-        eventually(LOSS_TTL + Duration::from_secs(1), || handle.is_lost()).await,
+        eventually(liveness(LOSS_TTL), || handle.is_lost()).await,
         "the holder never saw the loss"
     );
     let produced_at_loss = producer.produced.load(Ordering::SeqCst);
@@ -160,7 +157,7 @@ pub(super) async fn assert_cut_off(run: AfterLoss) {
         run.produced_after_loss
     );
     assert!(
-        after <= LOSS_TTL + Duration::from_secs(1),
+        after <= liveness(LOSS_TTL),
         "the body went on for {after:?} after the loss"
     );
     assert!(
@@ -249,7 +246,7 @@ pub(super) async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_g
     let state = web::Data::new(AcrossTheLoss::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(short_ttl_redlock(&cluster))
             .app_data(state.clone())
             .wrap(RedlockMiddleware::by_path().ttl(LOSS_TTL))
             .route("/across", web::get().to(across_the_loss)),
@@ -266,7 +263,7 @@ pub(super) async fn a_chunk_made_in_the_poll_in_which_the_lock_was_lost_is_not_g
     assert_eq!(first, "before the loss\n");
 
     let second = within(
-        Duration::from_secs(15),
+        liveness(LOSS_TTL),
         "the second chunk",
         std::future::poll_fn(|cx| body.as_mut().poll_next(cx)),
     )

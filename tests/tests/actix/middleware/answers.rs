@@ -11,45 +11,97 @@ use futures_util::future::join;
 use redlock_actix::{LockHandle, MissingKeyPolicy, RedlockMiddleware};
 use redlock_tests::Cluster;
 
-/// Sleeps `?hold=<ms>` (0 when absent), then answers with the lock's key, or
-/// `unlocked` when the request runs without one.
-pub(super) async fn hold(req: HttpRequest, lock: Option<web::ReqData<LockHandle>>) -> String {
-    let hold = req
-        .query_string()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("hold="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    actix_web::rt::time::sleep(ms(hold)).await;
+/// What a test sees of a `?gate` request: whether it is inside, and the gate
+/// it waits at until the test has checked what others get meanwhile.
+#[derive(Default)]
+pub(super) struct Probe {
+    inside: Gauge,
+    gate: Gate,
+}
+
+impl Probe {
+    /// Waits (within a liveness bound) until the gated request is inside its
+    /// handler, under its lock.
+    pub(super) async fn entered(&self) {
+        self.holding(1).await;
+    }
+
+    /// Waits (within a liveness bound) until `n` gated requests are inside.
+    pub(super) async fn holding(&self, n: usize) {
+        assert!(
+            eventually(answered(Duration::ZERO), || self.inside.now() >= n).await,
+            "{n} gated requests never were inside at once (now {})",
+            self.inside.now()
+        );
+    }
+
+    /// Lets the gated request finish.
+    pub(super) fn open(&self) {
+        self.gate.open();
+    }
+}
+
+/// Sleeps `?hold=<ms>` (0 when absent), or with `?gate` waits at the app's
+/// [`Probe`], then answers with the lock's key, or `unlocked` when the request
+/// runs without one.
+pub(super) async fn hold(
+    req: HttpRequest,
+    probe: Option<web::Data<Probe>>,
+    lock: Option<web::ReqData<LockHandle>>,
+) -> String {
+    if req.query_string().split('&').any(|kv| kv == "gate") {
+        let probe = probe.expect("a `?gate` request needs the app's Probe");
+        let _inside = probe.inside.enter();
+        probe.gate.passed().await;
+    } else {
+        let hold = req
+            .query_string()
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("hold="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        actix_web::rt::time::sleep(ms(hold)).await;
+    }
     match lock {
         Some(lock) => lock.key().to_owned(),
         None => "unlocked".to_owned(),
     }
 }
 
+/// The TTL of the busy answer's holder: one the patient handle renews (two
+/// node timeouts), and not a whole number of seconds.
+const BUSY_TTL: Duration = PATIENT_NODE_TIMEOUT
+    .saturating_mul(2)
+    .saturating_add(Duration::from_millis(500));
+
 #[actix_web::test]
 pub(super) async fn busy_answer_is_409_with_retry_after_and_a_problem_document() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
-            .wrap(RedlockMiddleware::by_path().ttl(Duration::from_millis(2500)))
+            .app_data(probe.clone())
+            .wrap(RedlockMiddleware::by_path().ttl(BUSY_TTL))
             .route("/reports/9", web::get().to(hold)),
     )
     .await;
 
-    let (first, second) = join(call!(&app, "/reports/9?hold=800"), async {
-        actix_web::rt::time::sleep(ms(200)).await;
-        call!(&app, "/reports/9").await
+    let (first, second) = join(call!(&app, "/reports/9?gate"), async {
+        probe.entered().await;
+        let second = call!(&app, "/reports/9").await;
+        probe.open();
+        second
     })
     .await;
     assert_eq!(first.status, 200, "{first:?}");
     assert_eq!(first.body, "redlock:/reports/9");
     assert_eq!(second.status, 409, "{second:?}");
     let retry_after = second.retry_after.expect("Retry-After on a 409");
+    let most = BUSY_TTL.as_millis().div_ceil(1000) as u64;
     assert!(
-        (1..=3).contains(&retry_after),
-        "Retry-After {retry_after} must round the holder's ~2.3 s left up"
+        (1..=most).contains(&retry_after),
+        "Retry-After {retry_after} must round the holder's time left (under {BUSY_TTL:?}) up"
     );
     assert_eq!(
         second.content_type.as_deref(),
@@ -75,17 +127,21 @@ pub(super) async fn busy_answer_is_409_with_retry_after_and_a_problem_document()
 #[actix_web::test]
 pub(super) async fn busy_status_is_configurable() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
+            .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_path().busy_status(StatusCode::LOCKED))
             .route("/reports/9", web::get().to(hold)),
     )
     .await;
 
-    let (first, second) = join(call!(&app, "/reports/9?hold=600"), async {
-        actix_web::rt::time::sleep(ms(200)).await;
-        call!(&app, "/reports/9").await
+    let (first, second) = join(call!(&app, "/reports/9?gate"), async {
+        probe.entered().await;
+        let second = call!(&app, "/reports/9").await;
+        probe.open();
+        second
     })
     .await;
     assert_eq!(first.status, 200, "{first:?}");
@@ -144,19 +200,24 @@ pub(super) async fn by_header_runs_requests_without_the_header_unlocked_or_rejec
 #[actix_web::test]
 pub(super) async fn by_path_param_on_a_scope_locks_per_tenant() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
-        App::new().app_data(redlock(&cluster)).service(
-            web::scope("/tenants/{tenant}")
-                .wrap(RedlockMiddleware::by_path_param("tenant"))
-                .route("/jobs/{job}", web::get().to(hold)),
-        ),
+        App::new()
+            .app_data(redlock(&cluster))
+            .app_data(probe.clone())
+            .service(
+                web::scope("/tenants/{tenant}")
+                    .wrap(RedlockMiddleware::by_path_param("tenant"))
+                    .route("/jobs/{job}", web::get().to(hold)),
+            ),
     )
     .await;
 
-    let (first, (same, other)) = join(call!(&app, "/tenants/acme/jobs/1?hold=800"), async {
-        actix_web::rt::time::sleep(ms(200)).await;
+    let (first, (same, other)) = join(call!(&app, "/tenants/acme/jobs/1?gate"), async {
+        probe.entered().await;
         let same = call!(&app, "/tenants/acme/jobs/2").await;
         let other = call!(&app, "/tenants/globex/jobs/1").await;
+        probe.open();
         (same, other)
     })
     .await;
@@ -178,33 +239,35 @@ pub(super) async fn by_path_param_on_a_scope_locks_per_tenant() {
 #[actix_web::test]
 pub(super) async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
-        App::new().app_data(redlock(&cluster)).service(
-            web::scope("/transfers/{from}/{to}")
-                .wrap(RedlockMiddleware::by_path_params_as(
-                    ["from", "to"],
-                    "account",
-                ))
-                .route("/go", web::get().to(hold)),
-        ),
+        App::new()
+            .app_data(redlock(&cluster))
+            .app_data(probe.clone())
+            .service(
+                web::scope("/transfers/{from}/{to}")
+                    .wrap(RedlockMiddleware::by_path_params_as(
+                        ["from", "to"],
+                        "account",
+                    ))
+                    .route("/go", web::get().to(hold)),
+            ),
     )
     .await;
-    let (first, (reversed, shared, other)) =
-        join(call!(&app, "/transfers/7/9/go?hold=1500"), async {
-            assert!(
-                redlock_tests::util::eventually(Duration::from_secs(5), || {
-                    cluster.count_with_key("redlock:account=7") == 3
-                        && cluster.count_with_key("redlock:account=9") == 3
-                })
-                .await,
-                "the first transfer never took both accounts"
-            );
-            let reversed = call!(&app, "/transfers/9/7/go").await;
-            let shared = call!(&app, "/transfers/5/9/go").await;
-            let other = call!(&app, "/transfers/1/2/go").await;
-            (reversed, shared, other)
-        })
-        .await;
+    let (first, (reversed, shared, other)) = join(call!(&app, "/transfers/7/9/go?gate"), async {
+        probe.entered().await;
+        assert!(
+            on_every_node(&cluster, "redlock:account=7").await
+                && on_every_node(&cluster, "redlock:account=9").await,
+            "the first transfer never took both accounts"
+        );
+        let reversed = call!(&app, "/transfers/9/7/go").await;
+        let shared = call!(&app, "/transfers/5/9/go").await;
+        let other = call!(&app, "/transfers/1/2/go").await;
+        probe.open();
+        (reversed, shared, other)
+    })
+    .await;
     assert_eq!(
         (first.status, first.body.as_str()),
         (200, "redlock:account=7")
@@ -248,9 +311,11 @@ pub(super) async fn by_path_param_on_the_app_finds_no_parameter_as_documented() 
 #[actix_web::test]
 pub(super) async fn by_match_pattern_on_the_app_locks_every_request_of_one_route() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
+            .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_match_pattern())
             .route("/tenants/{tenant}/jobs/{job}", web::get().to(hold))
             .route("/health", web::get().to(hold)),
@@ -262,10 +327,11 @@ pub(super) async fn by_match_pattern_on_the_app_locks_every_request_of_one_route
     let redis_key = "{redlock:/tenants/%7Btenant%7D/jobs/%7Bjob%7D}";
 
     let (first, (same_route, other_route)) =
-        join(call!(&app, "/tenants/acme/jobs/1?hold=800"), async {
-            actix_web::rt::time::sleep(ms(200)).await;
+        join(call!(&app, "/tenants/acme/jobs/1?gate"), async {
+            probe.entered().await;
             let same = call!(&app, "/tenants/globex/jobs/2").await;
             let other = call!(&app, "/health").await;
+            probe.open();
             (same, other)
         })
         .await;
@@ -293,19 +359,22 @@ pub(super) async fn by_fn_locks_on_a_computed_key() {
             .map(|a| format!("account:{a}"))
     })
     .namespace("bank:");
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
+            .app_data(probe.clone())
             .wrap(by_account)
             .route("/transfer", web::get().to(hold)),
     )
     .await;
 
-    let (first, (same, other, none)) = join(call!(&app, "/transfer?account=7&hold=800"), async {
-        actix_web::rt::time::sleep(ms(200)).await;
+    let (first, (same, other, none)) = join(call!(&app, "/transfer?account=7&gate"), async {
+        probe.entered().await;
         let same = call!(&app, "/transfer?account=7").await;
         let other = call!(&app, "/transfer?account=8").await;
         let none = call!(&app, "/transfer").await;
+        probe.open();
         (same, other, none)
     })
     .await;

@@ -1,7 +1,5 @@
 //! Where the middleware finds its handle, and what it answers when nodes are down.
 
-use std::time::Duration;
-
 use crate::common::*;
 use actix_web::http::header::HeaderName;
 use actix_web::{App, test, web};
@@ -41,7 +39,7 @@ pub(super) async fn handle_comes_from_the_binding_then_app_data_then_web_data() 
     let bound = call!(&app, "/r").await;
     assert_eq!((bound.status, bound.body.as_str()), (200, "redlock:/r"));
     let released = || cluster.count_with_key("redlock:/r") == 0;
-    assert!(eventually(Duration::from_secs(2), released).await);
+    assert!(eventually(timing::settled(), released).await);
 
     // A plain `Redlock` in app data wins over `web::Data<Redlock>`.
     let app = test::init_service(
@@ -54,7 +52,7 @@ pub(super) async fn handle_comes_from_the_binding_then_app_data_then_web_data() 
     .await;
     let plain = call!(&app, "/r").await;
     assert_eq!((plain.status, plain.body.as_str()), (200, "redlock:/r"));
-    assert!(eventually(Duration::from_secs(2), released).await);
+    assert!(eventually(timing::settled(), released).await);
 
     // `web::Data<Redlock>` alone is found too.
     let app = test::init_service(
@@ -138,10 +136,7 @@ pub(super) async fn majority_of_nodes_down_answers_503_unless_fail_open() {
     // A SET still on its way when the attempt was decided is released when it
     // answers, in the background (on this thread: an async wait).
     assert!(
-        redlock_tests::util::eventually(Duration::from_secs(2), || cluster
-            .count_with_key("redlock:/closed")
-            == 0)
-        .await,
+        on_no_node(&cluster, "redlock:/closed").await,
         "a failed attempt leaves nothing on the live node"
     );
 

@@ -1,40 +1,40 @@
 //! `RedlockMiddleware::permits(n)` and `shared_for_safe_methods()` (issue 41).
 
-use std::time::Duration;
-
 use crate::common::*;
 use actix_web::{App, test, web};
 use futures_util::future::join3;
 use redlock_actix::RedlockMiddleware;
 use redlock_tests::Cluster;
 
-use super::answers::hold;
+use super::answers::{Probe, hold};
 
 #[actix_web::test]
 pub(super) async fn permits_admit_two_and_answer_the_third_429() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
-            .wrap(
-                RedlockMiddleware::by_path()
-                    .permits(2)
-                    .ttl(Duration::from_millis(2500)),
-            )
+            .app_data(probe.clone())
+            .wrap(RedlockMiddleware::by_path().permits(2))
             .route("/exports", web::get().to(hold)),
     )
     .await;
     // One after the other (no two attempts on one slot at the same moment,
-    // which can split the nodes and send both to the next slot).
+    // which can split the nodes and send both to the next slot): each goes
+    // once the one before is inside; the first two stay until the third was
+    // answered.
     let second = async {
-        actix_web::rt::time::sleep(ms(100)).await;
-        call!(&app, "/exports?hold=1200").await
+        probe.holding(1).await;
+        call!(&app, "/exports?gate").await
     };
     let late = async {
-        actix_web::rt::time::sleep(ms(300)).await;
-        call!(&app, "/exports").await
+        probe.holding(2).await;
+        let late = call!(&app, "/exports").await;
+        probe.open();
+        late
     };
-    let (a, b, c) = join3(call!(&app, "/exports?hold=1200"), second, late).await;
+    let (a, b, c) = join3(call!(&app, "/exports?gate"), second, late).await;
     let statuses = [a.status, b.status, c.status];
     assert_eq!(statuses, [200, 200, 429], "{a:?} {b:?} {c:?}");
     assert!(c.retry_after.is_some(), "429 without Retry-After");
@@ -44,22 +44,28 @@ pub(super) async fn permits_admit_two_and_answer_the_third_429() {
 #[actix_web::test]
 pub(super) async fn reads_share_a_path_that_a_write_holds_alone() {
     let cluster = Cluster::start(3);
+    let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
+            .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_path().shared_for_safe_methods())
             .route("/reports/7", web::get().to(hold))
             .route("/reports/7", web::post().to(hold)),
     )
     .await;
+    // The write goes once both reads are inside; they stay until it was
+    // answered.
     let write = async {
-        actix_web::rt::time::sleep(ms(300)).await;
+        probe.holding(2).await;
         let req = test::TestRequest::post().uri("/reports/7").to_request();
-        Answer::of(test::call_service(&app, req).await).await
+        let write = Answer::of(test::call_service(&app, req).await).await;
+        probe.open();
+        write
     };
     let (a, b, w) = join3(
-        call!(&app, "/reports/7?hold=1200"),
-        call!(&app, "/reports/7?hold=1200"),
+        call!(&app, "/reports/7?gate"),
+        call!(&app, "/reports/7?gate"),
         write,
     )
     .await;
@@ -83,7 +89,7 @@ pub(super) async fn reads_of_many_distinct_paths_leave_no_key_on_the_nodes() {
         assert_eq!(answer.status, 200, "GET /r/{id}: {answer:?}");
     }
     // Each read's release is sent as its body ends; wait for them to land.
-    let clean = cluster.wait_until(Duration::from_secs(10), |c| {
+    let clean = cluster.wait_until(timing::settled(), |c| {
         c.nodes().iter().all(|n| n.keys().is_empty())
     });
     let left: Vec<Vec<String>> = cluster.nodes().iter().map(|n| n.keys()).collect();
