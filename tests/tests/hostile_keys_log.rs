@@ -9,7 +9,6 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use redlock_core::Redlock;
 use redlock_tests::Cluster;
@@ -42,7 +41,7 @@ impl Capture {
 fn redlock(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }

@@ -6,6 +6,8 @@
 //!
 //! Its own binary: it installs the process-wide recorder.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -13,6 +15,8 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redlock_core::{Access, LockOptions, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
+use redlock_tests::http_timing::Gate;
+use redlock_tests::timing::{PATIENT_NODE_TIMEOUT, liveness};
 use redlock_tower::RedlockLayer;
 
 fn recorder() -> PrometheusHandle {
@@ -42,9 +46,11 @@ async fn scrape(client: &redlock_tests::http::HttpClient, url: &str) -> String {
 async fn a_scrape_after_known_operations_counts_them() {
     let handle = recorder();
     let cluster = Cluster::start(3);
+    // Patient: the counts below are exact, so every call must get its answers
+    // (the paused nodes of steps 3 and 3b time out all the same).
     let rl = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
 
@@ -65,14 +71,16 @@ async fn a_scrape_after_known_operations_counts_them() {
     rl.extend(&mut lock, Duration::from_secs(5)).await.unwrap();
     rl.unlock(lock).await.unwrap();
     // 3. A guarded lock lost: every node paused until the holder is told.
+    //    (The shortest TTL the patient handle renews: two node timeouts.)
+    let guard_ttl = PATIENT_NODE_TIMEOUT * 2;
     let guard = rl
-        .lock_guard("m-lost", &LockOptions::new(Duration::from_millis(500)))
+        .lock_guard("m-lost", &LockOptions::new(guard_ttl))
         .await
         .unwrap();
     for n in cluster.nodes() {
         n.pause();
     }
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+    tokio::time::timeout(liveness(guard_ttl), guard.lost())
         .await
         .unwrap();
     for n in cluster.nodes() {
@@ -97,14 +105,20 @@ async fn a_scrape_after_known_operations_counts_them() {
     assert!(none.is_err());
 
     // 4. Two requests through the layer, one of them busy, served beside
-    //    /metrics.
+    //    /metrics. The first stays inside until the second was answered.
     let metrics = handle.clone();
+    let (inside, gate) = (Arc::new(AtomicBool::new(false)), Arc::new(Gate::default()));
+    let (handler_inside, handler_gate) = (inside.clone(), gate.clone());
     let app = Router::new()
         .route(
             "/work/{id}",
-            get(|| async {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                "done"
+            get(move || {
+                let (inside, gate) = (handler_inside.clone(), handler_gate.clone());
+                async move {
+                    inside.store(true, Ordering::SeqCst);
+                    gate.passed().await;
+                    "done"
+                }
             }),
         )
         .layer(RedlockLayer::by_path().with_redlock(rl.clone()))
@@ -118,8 +132,14 @@ async fn a_scrape_after_known_operations_counts_them() {
     let client = redlock_tests::http::client();
     let url = format!("http://{addr}/work/1");
     let (a, b) = tokio::join!(redlock_tests::http::get(&client, &url), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        redlock_tests::http::get(&client, &url).await
+        let bound = redlock_tests::http_timing::answered(Duration::ZERO);
+        assert!(
+            redlock_tests::util::eventually(bound, || inside.load(Ordering::SeqCst)).await,
+            "the first request never reached its handler"
+        );
+        let b = redlock_tests::http::get(&client, &url).await;
+        gate.open();
+        b
     });
     assert_eq!(a.status, http::StatusCode::OK);
     assert_eq!(b.status, http::StatusCode::CONFLICT);
@@ -197,7 +217,7 @@ async fn a_scrape_after_known_operations_counts_them() {
     permits_and_shares(&handle, &rl).await;
     let labelled = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .metrics_key_label(|_| "tenant")
         .build()
         .unwrap();
@@ -224,7 +244,8 @@ async fn permits_and_shares(handle: &PrometheusHandle, rl: &Redlock) {
     let p1 = rl.try_permit("m-sem", 2, ttl).await.unwrap();
     let p2 = rl.try_permit("m-sem", 2, ttl).await.unwrap();
     let r1 = rl.try_rw_lock("m-rw", Access::Shared, ttl).await.unwrap();
-    let retry = RetryPolicy::deadline(Duration::from_secs(20));
+    // A liveness bound: the waiters are let in by the releases below.
+    let retry = RetryPolicy::deadline(liveness(ttl));
     let waiter = tokio::spawn({
         let (rl, retry) = (rl.clone(), retry.clone());
         async move { rl.permit_with("m-sem", 2, ttl, &retry).await }
@@ -243,7 +264,7 @@ async fn permits_and_shares(handle: &PrometheusHandle, rl: &Redlock) {
     let began = std::time::Instant::now();
     while !waiting(&handle.render()) {
         assert!(
-            began.elapsed() < Duration::from_secs(10),
+            began.elapsed() < redlock_tests::http_timing::answered(Duration::ZERO),
             "{}",
             handle.render()
         );

@@ -10,6 +10,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use redlock_core::Redlock;
 use redlock_tests::Cluster;
+use redlock_tests::timing::{liveness, settle};
 
 /// The value of the series `name` (no labels), 0 when absent.
 fn value(scrape: &str, series: &str) -> f64 {
@@ -30,29 +31,34 @@ async fn a_release_dropped_mid_flight_counts_the_lock_out_once() {
         .install_recorder()
         .expect("install the Prometheus recorder");
     let cluster = Cluster::start(3);
+    // The release is dropped after DROP_AFTER; the paused nodes must still be
+    // pending then, however late the timer fires: a node timeout of the
+    // liveness bound of that wait.
+    const DROP_AFTER: Duration = Duration::from_millis(300);
+    let node_timeout = liveness(DROP_AFTER);
     let rl = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(5))
+        .node_timeout(node_timeout)
         .build()
         .unwrap();
-    let lock = rl
-        .try_lock("m-dropped", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let ttl = Duration::from_secs(60);
+    let lock = rl.try_lock("m-dropped", ttl).await.unwrap();
     assert_eq!(value(&handle.render(), "redlock_held_locks"), 1.0);
     cluster.node(1).pause();
     cluster.node(2).pause();
-    let dropped = tokio::time::timeout(Duration::from_millis(300), rl.unlock(lock)).await;
+    let dropped = tokio::time::timeout(DROP_AFTER, rl.unlock(lock)).await;
     assert!(
         dropped.is_err(),
         "the release finished without a quorum: {dropped:?}"
     );
     cluster.node(1).resume();
     cluster.node(2).resume();
-    // The release sent again by `Drop` deletes the key everywhere.
+    // The release sent again by `Drop` deletes the key everywhere (before
+    // the TTL: only the release can explain it).
+    let bound = settle(node_timeout);
+    assert!(bound < ttl, "{bound:?} must stay below the TTL");
     assert!(
-        cluster.wait_until(Duration::from_secs(10), |c| c.count_with_key("m-dropped")
-            == 0),
+        cluster.wait_until(bound, |c| c.count_with_key("m-dropped") == 0),
         "the dropped release's key stayed"
     );
     let text = handle.render();
