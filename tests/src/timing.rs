@@ -26,6 +26,14 @@ use std::time::Duration;
 /// within it; a test that does time out with it has found a real stall.
 pub const PATIENT_NODE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The most patient node timeout a handle with locks of `ttl` may have:
+/// [`PATIENT_NODE_TIMEOUT`], or a third of `ttl` when that is shorter (the
+/// builder refuses a node timeout that is not shorter than the TTL, and a
+/// guard needs room to renew within it).
+pub fn patient_node_timeout_for(ttl: Duration) -> Duration {
+    PATIENT_NODE_TIMEOUT.min(ttl / 3)
+}
+
 /// What a scheduler on a loaded machine may add to any bound: a thread not
 /// run for a while, a server process not scheduled.
 pub const SCHEDULING_MARGIN: Duration = Duration::from_secs(2);

@@ -8,7 +8,10 @@ use redlock_tests::{Cluster, RedisClusters};
 
 use crate::handle;
 
-const WAIT: Duration = Duration::from_secs(5);
+/// How long the last node of a call that returned at quorum may take.
+fn wait() -> Duration {
+    redlock_tests::timing::settled()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_busy_extend_unlock_on_three_clusters() {
@@ -21,7 +24,7 @@ async fn lock_busy_extend_unlock_on_three_clusters() {
         let key = a.key_for(resource);
         let mut lock = a.try_lock(resource, ttl).await.unwrap();
         assert!(
-            clusters.wait_until(WAIT, |c| c.count_holding(&key, lock.token()) == 3),
+            clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 3),
             "{resource}: the key is not on every cluster"
         );
         match b.try_lock(resource, ttl).await.unwrap_err() {
@@ -32,11 +35,11 @@ async fn lock_busy_extend_unlock_on_three_clusters() {
             other => panic!("{resource}: expected Busy, got {other:?}"),
         }
         a.extend(&mut lock, Duration::from_secs(20)).await.unwrap();
-        assert!(clusters.wait_until(WAIT, |c| {
+        assert!(clusters.wait_until(wait(), |c| {
             c.clusters().iter().all(|c| c.pttl(key.as_bytes()) > 10_000)
         }));
         redlock_tests::util::assert_released(&a.unlock(lock).await.unwrap(), 3);
-        assert!(clusters.wait_until(WAIT, |c| c.count_with_key(&key) == 0));
+        assert!(clusters.wait_until(wait(), |c| c.count_with_key(&key) == 0));
         let lock = b.try_lock(resource, ttl).await.unwrap();
         b.unlock(lock).await.unwrap();
     }
@@ -55,14 +58,14 @@ async fn a_cluster_node_beside_two_single_servers() {
     assert_eq!(rl.node_count(), 3);
     let lock = rl.try_lock("mixed", Duration::from_secs(3)).await.unwrap();
     let key = rl.key_for("mixed");
-    assert!(clusters.wait_until(WAIT, |c| c.count_holding(&key, lock.token()) == 1));
-    assert!(singles.wait_until(WAIT, |s| s.count_holding(&key, lock.token()) == 2));
+    assert!(clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 1));
+    assert!(singles.wait_until(wait(), |s| s.count_holding(&key, lock.token()) == 2));
     // The cluster counts: with one single server down, the lock still needs
     // (and gets) the cluster for its quorum of two.
     rl.unlock(lock).await.unwrap();
     singles.node(1).kill();
     let lock = rl.try_lock("mixed", Duration::from_secs(3)).await.unwrap();
-    assert!(clusters.wait_until(WAIT, |c| c.count_holding(&key, lock.token()) == 1));
+    assert!(clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 1));
     rl.unlock(lock).await.unwrap();
 }
 
@@ -76,9 +79,13 @@ async fn guard_renews_and_inspect_reads_cluster_nodes() {
         .await
         .unwrap();
     let token = guard.handle().token().to_owned();
-    // Past two TTLs, the guard's renewals keep the key on every cluster.
+    // Past two TTLs, the guard's renewals keep the key. What the guard says
+    // holds on the nodes: not lost means a quorum holds its token. (Every
+    // cluster is not promised: a renewal that missed one cluster's node
+    // timeout on a loaded machine leaves that key to expire, at quorum.)
     tokio::time::sleep(Duration::from_millis(3200)).await;
-    assert_eq!(clusters.count_holding(&key, &token), 3);
+    assert!(!guard.is_lost(), "the guard lost its lock");
+    assert!(clusters.count_holding(&key, &token) >= 2);
     let seen = rl.inspect("guarded{1}").await.unwrap();
     assert!(
         matches!(seen.verdict, Verdict::Held { .. }),
@@ -86,7 +93,7 @@ async fn guard_renews_and_inspect_reads_cluster_nodes() {
         seen.verdict
     );
     guard.release().await.unwrap();
-    assert!(clusters.wait_until(WAIT, |c| c.count_with_key(&key) == 0));
+    assert!(clusters.wait_until(wait(), |c| c.count_with_key(&key) == 0));
     let seen = rl.inspect("guarded{1}").await.unwrap();
     assert!(matches!(seen.verdict, Verdict::Free), "{:?}", seen.verdict);
 }

@@ -9,7 +9,10 @@ use redlock_tests::RedisClusters;
 
 use crate::handle;
 
-const WAIT: Duration = Duration::from_secs(5);
+/// How long the last node of a call that returned at quorum may take.
+fn wait() -> Duration {
+    redlock_tests::timing::settled()
+}
 
 /// Resources whose keys fall in many slots (and so on every master).
 fn spread(prefix: &str) -> Vec<String> {
@@ -25,7 +28,7 @@ async fn a_set_over_many_slots_is_taken_extended_and_released_whole() {
     let mut lock = a.try_lock_many(&set, Duration::from_secs(3)).await.unwrap();
     for r in &set {
         let key = a.key_for(r);
-        assert!(clusters.wait_until(WAIT, |c| c.count_holding(&key, lock.token()) == 3));
+        assert!(clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 3));
     }
     // One resource of the set is enough to be refused.
     let err = b
@@ -33,17 +36,17 @@ async fn a_set_over_many_slots_is_taken_extended_and_released_whole() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    assert!(clusters.wait_until(WAIT, |c| c.count_with_key(&b.key_for("other")) == 0));
+    assert!(clusters.wait_until(wait(), |c| c.count_with_key(&b.key_for("other")) == 0));
     a.extend(&mut lock, Duration::from_secs(20)).await.unwrap();
     for r in &set {
         let key = a.key_for(r);
-        assert!(clusters.wait_until(WAIT, |c| {
+        assert!(clusters.wait_until(wait(), |c| {
             c.clusters().iter().all(|c| c.pttl(key.as_bytes()) > 10_000)
         }));
     }
     a.unlock(lock).await.unwrap();
     for r in &set {
-        assert!(clusters.wait_until(WAIT, |c| c.count_with_key(&a.key_for(r)) == 0));
+        assert!(clusters.wait_until(wait(), |c| c.count_with_key(&a.key_for(r)) == 0));
     }
 }
 
@@ -71,7 +74,7 @@ async fn a_cluster_missing_one_key_of_the_set_does_not_count() {
     for r in set.iter().filter(|r| **r != set[5]) {
         let key = rl.key_for(r);
         assert!(
-            clusters.wait_until(WAIT, |c| c.count_with_key(&key) == 0),
+            clusters.wait_until(wait(), |c| c.count_with_key(&key) == 0),
             "{key} stayed on {} clusters",
             clusters.count_with_key(&key)
         );
@@ -118,19 +121,20 @@ async fn fenced_sets_and_batched_guards_on_clusters() {
         .lock_guard_many(["gs:a", "gs:b", "gs:c"], &options)
         .await
         .unwrap();
+    // What each guard says holds on the nodes: not lost means a quorum (2
+    // of 3) holds its token (every cluster is not promised: a renewal that
+    // missed one node's timeout leaves that key to expire, at quorum).
     tokio::time::sleep(Duration::from_millis(3000)).await;
     assert!(!set.is_lost());
     for (name, g) in names.iter().zip(&guards) {
         assert!(!g.is_lost(), "{name}");
         let token = g.handle().token().to_owned();
-        assert_eq!(
-            clusters.count_holding(&rl.key_for(name), &token),
-            3,
-            "{name}"
-        );
+        let holding = clusters.count_holding(&rl.key_for(name), &token);
+        assert!(holding >= 2, "{name}: {holding}");
     }
     let token = set.handle().token().to_owned();
     for r in ["gs:a", "gs:b", "gs:c"] {
-        assert_eq!(clusters.count_holding(&rl.key_for(r), &token), 3, "{r}");
+        let holding = clusters.count_holding(&rl.key_for(r), &token);
+        assert!(holding >= 2, "{r}: {holding}");
     }
 }

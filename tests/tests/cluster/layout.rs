@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use redlock_core::{FencingMode, Redlock};
 use redlock_tests::RedisClusters;
+use redlock_tests::timing;
+use redlock_tests::util::poll_until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_locks_keep_their_counter_in_the_lock_keys_slot() {
@@ -15,7 +17,7 @@ async fn fenced_locks_keep_their_counter_in_the_lock_keys_slot() {
         .clusters()
         .iter()
         .fold(Redlock::builder(), |b, c| b.cluster(c.seeds()))
-        .node_timeout(Duration::from_millis(500))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .fencing(FencingMode::Hybrid)
         .build()
         .unwrap();
@@ -28,18 +30,22 @@ async fn fenced_locks_keep_their_counter_in_the_lock_keys_slot() {
             last = Some(token);
             rl.unlock(lock).await.unwrap();
         }
-        // The lock key and its counter are on the same master of each cluster.
+        // The lock key and its counter are on the same master of each
+        // cluster. A lock returns at quorum, so a cluster's counter may land
+        // after it: poll, bounded by the node timeout's settle time.
         let key = rl.key_for(resource);
-        let c = clusters.cluster(0);
-        let slot = c.slot_of(key.as_bytes());
-        let counter: Vec<Vec<u8>> = c
-            .owner(slot)
-            .unwrap()
-            .raw_bytes(&[b"KEYS", b"\xfffence:*"])
-            .unwrap();
-        assert!(
-            counter.iter().any(|k| c.slot_of(k) == slot),
-            "{resource}: no counter in slot {slot}: {counter:?}"
-        );
+        for c in clusters.clusters() {
+            let slot = c.slot_of(key.as_bytes());
+            let mut counter: Vec<Vec<u8>> = Vec::new();
+            let landed = poll_until(timing::settle(timing::PATIENT_NODE_TIMEOUT), || {
+                counter = c
+                    .owner(slot)
+                    .unwrap()
+                    .raw_bytes(&[b"KEYS", b"\xfffence:*"])
+                    .unwrap();
+                counter.iter().any(|k| c.slot_of(k) == slot)
+            });
+            assert!(landed, "{resource}: no counter in slot {slot}: {counter:?}");
+        }
     }
 }
