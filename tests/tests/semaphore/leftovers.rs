@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redlock_core::{Access, LockOptions, NativeCommands, Redlock};
 use redlock_tests::servers::valkey_or_skip;
-use redlock_tests::{Cluster, RedisNode};
+use redlock_tests::{Cluster, RedisNode, timing};
 
 use super::ms;
 
@@ -55,7 +55,7 @@ async fn read_and_release_many(cluster: &Cluster, native: NativeCommands) {
     const RESOURCES: usize = 40;
     let rl = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(1))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .native_commands(native)
         .build()
         .unwrap();
@@ -82,7 +82,7 @@ async fn read_and_release_many(cluster: &Cluster, native: NativeCommands) {
     }
     // Each unlock answers at a quorum; the third node's delete may land
     // just after.
-    let clean = cluster.wait_until(Duration::from_secs(5), |c| {
+    let clean = cluster.wait_until(timing::settled(), |c| {
         c.nodes().iter().all(|n| n.keys().is_empty())
     });
     assert!(

@@ -12,16 +12,17 @@ mod wake;
 use std::time::{Duration, Instant};
 
 use redlock_core::Redlock;
-use redlock_tests::Cluster;
+use redlock_tests::{Cluster, timing};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// No test here is about a slow node: every call must be answered.
 fn redlock(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }
@@ -48,6 +49,44 @@ fn most_at_once(sections: &[Section]) -> usize {
         most = most.max(open);
     }
     most as usize
+}
+
+/// Lock commands each node has run so far (by `INFO commandstats`, all
+/// but the connection's own and the pub/sub ones): a waiter's attempt shows
+/// up here once it ran on a node.
+fn lock_calls(cluster: &Cluster) -> Vec<u64> {
+    const NOT_LOCK: [&str; 9] = [
+        "info",
+        "ping",
+        "client",
+        "hello",
+        "select",
+        "auth",
+        "subscribe",
+        "unsubscribe",
+        "config",
+    ];
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let info: String = n.raw(&["INFO", "commandstats"]).unwrap_or_default();
+            info.lines()
+                .filter_map(|l| {
+                    let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                    let name = name.split('|').next().unwrap_or(name);
+                    if NOT_LOCK.contains(&name) {
+                        return None;
+                    }
+                    rest.strip_prefix("calls=")?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum()
+        })
+        .collect()
 }
 
 /// Runs `f` on a thread of its own with its own runtime, then drops that

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlock_core::{Access, Error, LockOptions, RetryPolicy};
-use redlock_tests::Cluster;
+use redlock_tests::{Cluster, timing};
 
 use super::{Section, most_at_once, ms, on_a_runtime_that_dies, redlock};
 
@@ -53,8 +53,10 @@ async fn readers_overlap_each_other_and_never_a_writer() {
             })
         })
         .collect();
+    // Each round waits at most the policy's deadline, then a release.
+    let allowed = (Duration::from_secs(40) + timing::PATIENT_NODE_TIMEOUT) * ROUNDS as u32;
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
+        tokio::time::timeout(timing::liveness(allowed), task)
             .await
             .expect("a client hung")
             .expect("a client panicked")
@@ -88,25 +90,37 @@ async fn readers_overlap_each_other_and_never_a_writer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_is_served_while_readers_keep_arriving() {
+    const HOLD: Duration = Duration::from_millis(150);
     let cluster = Cluster::start(3);
-    let stream_for = Duration::from_secs(6);
+    // The writer waits for the readers inside at its arrival to leave, then
+    // its attempt: within this bound, also its retry deadline.
+    let writer_bound = timing::liveness(HOLD + timing::PATIENT_NODE_TIMEOUT * 2);
+    // The readers keep arriving until a while after the writer was served,
+    // and for at most this long: a writer served only as the stream ends
+    // was starved.
+    let stream_for = writer_bound * 2;
     let begin = Instant::now();
+    let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // A stream of readers: one every 20 ms, each holding 150 ms, so that
     // without writer preference several always hold.
     let readers = {
         let rl = redlock(&cluster);
+        let (holding, stop) = (Arc::clone(&holding), Arc::clone(&stop));
         tokio::spawn(async move {
             let mut tasks = Vec::new();
             let (mut refused, mut held) = (0, 0);
-            while begin.elapsed() < stream_for {
-                let rl = rl.clone();
+            while begin.elapsed() < stream_for && !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (rl, holding) = (rl.clone(), Arc::clone(&holding));
                 tasks.push(tokio::spawn(async move {
                     match rl
                         .try_rw_lock("reports/9", Access::Shared, Duration::from_secs(5))
                         .await
                     {
                         Ok(lock) => {
-                            tokio::time::sleep(ms(150)).await;
+                            holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            tokio::time::sleep(HOLD).await;
+                            holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                             rl.unlock(lock).await.unwrap();
                             true
                         }
@@ -126,11 +140,14 @@ async fn a_writer_is_served_while_readers_keep_arriving() {
             (held, refused)
         })
     };
-    // Let the readers fill up first.
+    // Let the readers fill up first: two of them holding at once.
+    let filled = redlock_tests::util::eventually(timing::liveness(HOLD), || {
+        holding.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(filled, "two readers never held at once");
     let rl = redlock(&cluster);
-    let filled = Instant::now() + ms(500);
-    tokio::time::sleep_until(filled.into()).await;
-    let policy = RetryPolicy::deadline(Duration::from_secs(5))
+    let policy = RetryPolicy::deadline(writer_bound)
         .with_delay(ms(10))
         .with_jitter(ms(10));
     let writer = rl
@@ -145,10 +162,13 @@ async fn a_writer_is_served_while_readers_keep_arriving() {
     let served = begin.elapsed();
     tokio::time::sleep(ms(100)).await;
     rl.unlock(writer).await.unwrap();
+    // Part of the scenario: readers keep coming for a while after the writer.
+    tokio::time::sleep(ms(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (held, refused) = readers.await.unwrap();
     println!("writer served after {served:?}; readers held {held}, refused {refused}");
     assert!(
-        served < stream_for - Duration::from_secs(2),
+        served < stream_for,
         "writer served only after {served:?}, as the reader stream ended"
     );
     assert!(held > 10, "only {held} readers held");
@@ -158,36 +178,43 @@ async fn a_writer_is_served_while_readers_keep_arriving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_readers_share_is_free_at_its_expiry() {
     let cluster = Cluster::start(3);
-    let urls = cluster.urls();
+    // A TTL the patient node timeout fits in (the loss margin).
+    let ttl = timing::PATIENT_NODE_TIMEOUT * 2;
+    let dead = redlock(&cluster);
+    // The dead reader's keys were set after this instant.
+    let started = Instant::now();
     on_a_runtime_that_dies(move || async move {
-        let rl = redlock_core::Redlock::from_urls(urls).unwrap();
+        let rl = dead;
         let guard = rl
-            .rw_guard("reports/3", Access::Shared, &LockOptions::new(ms(1500)))
+            .rw_guard("reports/3", Access::Shared, &LockOptions::new(ttl))
             .await
             .unwrap();
         std::mem::forget(guard);
     });
-    let died = Instant::now();
     let rl = redlock(&cluster);
     // Another reader shares it meanwhile.
     let other = rl
-        .try_rw_lock("reports/3", Access::Shared, ms(1500))
+        .try_rw_lock("reports/3", Access::Shared, ttl)
         .await
         .unwrap();
     rl.unlock(other).await.unwrap();
-    let policy = RetryPolicy::deadline(Duration::from_secs(10))
+    // Served by a retry with 20 ms delays once the share expires: within
+    // the TTL, a delay and a call.
+    let bound = timing::liveness(ttl + ms(40) + timing::PATIENT_NODE_TIMEOUT);
+    let policy = RetryPolicy::deadline(bound)
         .with_delay(ms(20))
         .with_jitter(ms(20));
     let writer = rl
-        .rw_lock_with("reports/3", Access::Exclusive, ms(1500), &policy)
+        .rw_lock_with("reports/3", Access::Exclusive, ttl, &policy)
         .await
         .unwrap();
-    let waited = died.elapsed();
+    let waited = started.elapsed();
+    // The dead share was set after `started`, for the TTL.
     assert!(
-        waited >= ms(1200),
+        waited >= ttl,
         "writer in before the reader expired: {waited:?}"
     );
-    assert!(waited <= ms(5000), "writer in only after {waited:?}");
+    assert!(waited <= bound, "writer in only after {waited:?}");
     rl.unlock(writer).await.unwrap();
 }
 

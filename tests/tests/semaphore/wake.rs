@@ -5,54 +5,96 @@
 use std::time::{Duration, Instant};
 
 use redlock_core::{Access, Error, Lock, Redlock, RetryPolicy};
-use redlock_tests::Cluster;
+use redlock_tests::{Cluster, timing};
 
-use super::ms;
+use super::{lock_calls, ms};
 
-/// Well under the waiters' poll, well over a loaded machine's round trips.
-const SOON: Duration = Duration::from_secs(2);
+/// The slow poll's delay: only a wake-up serves a waiter before it.
+const SLOW_POLL: Duration = Duration::from_secs(10);
 
-/// Long enough that only a wake-up serves a waiter before it.
+/// Long enough that only a wake-up serves a waiter before its second poll.
 fn slow_poll() -> RetryPolicy {
     RetryPolicy::deadline(Duration::from_secs(30))
-        .with_delay(Duration::from_secs(10))
+        .with_delay(SLOW_POLL)
         .with_jitter(Duration::ZERO)
 }
 
+/// No test here is about a slow node: every call must be answered.
 fn handle(cluster: &Cluster, wake: bool) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(500))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .wake_on_release(wake)
         .build()
         .unwrap()
 }
 
-/// Starts `waiter`, checks that it is still waiting once it has had time to
-/// fail and go to sleep, releases `held` (from `holder`) one by one with a
-/// pause between, and returns how long after the last release the waiter was
-/// served.
-async fn served_after<F>(holder: &Redlock, held: Vec<Lock>, waiter: F) -> Duration
+/// When a waiter began and was served, and when the last release began.
+struct Served {
+    began: Instant,
+    released: Instant,
+    served: Instant,
+}
+
+impl Served {
+    /// How long after the last release the waiter was served.
+    fn after_release(&self) -> Duration {
+        self.served.saturating_duration_since(self.released)
+    }
+
+    /// Whether it was served before its first poll after a failed first
+    /// attempt (`delay` after it began) could have served it.
+    fn before_poll(&self, delay: Duration) -> bool {
+        self.served < self.began + delay
+    }
+}
+
+/// Starts `waiter`, waits until its first attempt has run on every node (it
+/// fails: everything is held), releases `held` (from `holder`) one by one with
+/// a pause between, and returns when it was served.
+async fn served_after<F>(cluster: &Cluster, holder: &Redlock, held: Vec<Lock>, waiter: F) -> Served
 where
     F: Future<Output = Result<Lock, Error>> + Send + 'static,
 {
+    let before = lock_calls(cluster);
+    let began = Instant::now();
     let task = tokio::spawn(async move {
         let lock = waiter.await;
         (Instant::now(), lock)
     });
+    let attempted = redlock_tests::util::eventually(timing::settled(), || {
+        lock_calls(cluster)
+            .iter()
+            .zip(&before)
+            .all(|(now, was)| now > was)
+    })
+    .await;
+    assert!(
+        attempted,
+        "the waiter's first attempt never reached every node: {before:?} then {:?}",
+        lock_calls(cluster)
+    );
     let mut released = Instant::now();
-    for lock in held {
-        tokio::time::sleep(ms(300)).await;
+    for (i, lock) in held.into_iter().enumerate() {
+        if i > 0 {
+            // Part of the scenario: a pause between the releases.
+            tokio::time::sleep(ms(300)).await;
+        }
         assert!(!task.is_finished(), "served while it was still held");
-        holder.unlock(lock).await.unwrap();
         released = Instant::now();
+        holder.unlock(lock).await.unwrap();
     }
-    let (served, lock) = tokio::time::timeout(Duration::from_secs(40), task)
+    let (served, lock) = tokio::time::timeout(timing::liveness(Duration::from_secs(30)), task)
         .await
         .expect("the waiter hung")
         .unwrap();
     let _ = lock.expect("the waiter gave up");
-    served.saturating_duration_since(released)
+    assert!(served >= released, "served before the release began");
+    Served {
+        began,
+        released,
+        served,
+    }
 }
 
 /// Both permits held for 20 s: the waiter (another handle) is served when one
@@ -75,30 +117,43 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
     let waiter = handle(&cluster, true);
     let mut held = hold("wake:permits").await;
     let _kept = held.pop();
-    let woken = served_after(&holder, held, async move {
+    let woken = served_after(&cluster, &holder, held, async move {
         waiter
             .permit_with("wake:permits", 2, ttl, &slow_poll())
             .await
     })
     .await;
-    println!("permit waiter served {woken:?} after the release");
-    assert!(woken < SOON, "served {woken:?} after the release");
+    println!(
+        "permit waiter served {:?} after the release",
+        woken.after_release()
+    );
+    assert!(
+        woken.before_poll(SLOW_POLL),
+        "served {:?} after the release, at its poll",
+        woken.after_release()
+    );
 
     // The control: the same wait, polling every 1.5 s.
     let polling = handle(&cluster, false);
     let mut held = hold("wake:polled").await;
     let _kept = held.pop();
+    let poll = ms(1500);
     let retry = RetryPolicy::deadline(Duration::from_secs(20))
-        .with_delay(ms(1500))
+        .with_delay(poll)
         .with_jitter(Duration::ZERO);
-    let polled = served_after(&holder, held, async move {
+    let polled = served_after(&cluster, &holder, held, async move {
         polling.permit_with("wake:polled", 2, ttl, &retry).await
     })
     .await;
-    println!("polling permit waiter served {polled:?} after the release");
+    println!(
+        "polling permit waiter served {:?} after the release",
+        polled.after_release()
+    );
+    // Its first attempt failed: only its poll, a delay later, serves it.
     assert!(
-        polled > ms(900),
-        "a polling waiter was served {polled:?} after the release"
+        !polled.before_poll(poll),
+        "a polling waiter was served {:?} after the release, before its poll",
+        polled.after_release()
     );
 }
 
@@ -123,31 +178,39 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     ];
     let writer = handle(&cluster, true);
     let w = writer.clone();
-    let woken = served_after(&holder, readers, async move {
+    let woken = served_after(&cluster, &holder, readers, async move {
         w.rw_lock_with("wake:rw", Access::Exclusive, ttl, &slow_poll())
             .await
     })
     .await;
-    println!("writer served {woken:?} after the last reader left");
+    println!(
+        "writer served {:?} after the last reader left",
+        woken.after_release()
+    );
     assert!(
-        woken < SOON,
-        "writer served {woken:?} after the last reader left"
+        woken.before_poll(SLOW_POLL),
+        "writer served {:?} after the last reader left, at its poll",
+        woken.after_release()
     );
 
     let held = holder
         .try_rw_lock("wake:rw2", Access::Exclusive, ttl)
         .await
         .unwrap();
-    let woken = served_after(&holder, vec![held], async move {
+    let woken = served_after(&cluster, &holder, vec![held], async move {
         writer
             .rw_lock_with("wake:rw2", Access::Shared, ttl, &slow_poll())
             .await
     })
     .await;
-    println!("reader served {woken:?} after the writer left");
+    println!(
+        "reader served {:?} after the writer left",
+        woken.after_release()
+    );
     assert!(
-        woken < SOON,
-        "reader served {woken:?} after the writer left"
+        woken.before_poll(SLOW_POLL),
+        "reader served {:?} after the writer left, at its poll",
+        woken.after_release()
     );
 
     // The control: a reader polling every 1.5 s waits for its poll.
@@ -156,18 +219,24 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
         .try_rw_lock("wake:rw3", Access::Exclusive, ttl)
         .await
         .unwrap();
+    let poll = ms(1500);
     let retry = RetryPolicy::deadline(Duration::from_secs(20))
-        .with_delay(ms(1500))
+        .with_delay(poll)
         .with_jitter(Duration::ZERO);
-    let polled = served_after(&holder, vec![held], async move {
+    let polled = served_after(&cluster, &holder, vec![held], async move {
         polling
             .rw_lock_with("wake:rw3", Access::Shared, ttl, &retry)
             .await
     })
     .await;
-    println!("polling reader served {polled:?} after the writer left");
+    println!(
+        "polling reader served {:?} after the writer left",
+        polled.after_release()
+    );
+    // Its first attempt failed: only its poll, a delay later, serves it.
     assert!(
-        polled > ms(900),
-        "a polling reader was served {polled:?} after the writer left"
+        !polled.before_poll(poll),
+        "a polling reader was served {:?} after the writer left, before its poll",
+        polled.after_release()
     );
 }
