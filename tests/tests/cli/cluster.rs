@@ -38,10 +38,10 @@ fn node_with_password(cluster: &RedisCluster) -> String {
 /// no output holds the password.
 fn redlock_on(node: &str, args: &[&str]) -> (Option<i32>, String) {
     let out = run_to_end({
+        // `redlock` gives the patient node timeout, before the subcommand
+        // (after `run ... --` it would be the child command's argument).
         let mut c = redlock(node);
-        // The global flag goes first: after `run ... --`, it would be the
-        // child command's argument, and `run` would keep its 200 ms default.
-        c.args(["--node-timeout", "2s"]).args(args);
+        c.args(args);
         c
     });
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -88,11 +88,17 @@ fn check_shows_a_clusters_masters_slots_and_replicas() {
     // A master down: its slots are served by nobody, the cluster fails.
     cluster.masters()[2].kill();
     let survivor = &cluster.masters()[0];
-    wait_for("cluster_state:fail", Duration::from_secs(20), || {
-        survivor
-            .raw::<String>(&["CLUSTER", "INFO"])
-            .is_ok_and(|i| i.contains("cluster_state:fail"))
-    });
+    // Judged down after the harness's 1 s cluster-node-timeout (and twice
+    // that for the failure reports to spread).
+    wait_for(
+        "cluster_state:fail",
+        redlock_tests::timing::liveness(Duration::from_secs(2)),
+        || {
+            survivor
+                .raw::<String>(&["CLUSTER", "INFO"])
+                .is_ok_and(|i| i.contains("cluster_state:fail"))
+        },
+    );
     let (code, out) = redlock_on(&node, &["check"]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("cluster_state:fail"), "{out}");

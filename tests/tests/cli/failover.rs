@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use redlock_tests::RedisNode;
 use redlock_tests::replicas::ReplicaGroup;
+use redlock_tests::{RedisNode, timing};
 
 use crate::{finish, redlock, text, wait_for};
 
@@ -42,6 +42,19 @@ const KEY: &str = "cli-failover";
 /// Holder A's node timeout: its attempt to connect to the stopped node 3 is
 /// given up after ten of them, at least 1 s (`node/connection.rs`).
 const A_NODE_TIMEOUT: &str = "500ms";
+
+/// How long holder A may take to start its command, or to fail: its
+/// connection to the stopped node 3 given up (ten node timeouts), then the
+/// acquire.
+fn a_bound() -> Duration {
+    timing::liveness(Duration::from_millis(500) * 12)
+}
+
+/// How long holder B (1 s node timeout) may take from start to end: a
+/// connection, an acquire and a release.
+fn b_bound() -> Duration {
+    timing::liveness(Duration::from_secs(3))
+}
 
 /// A `redlock run` that is killed, with its command's process group, if the
 /// test ends (a failed assertion) before it was seen to its end (its command
@@ -200,7 +213,7 @@ impl Setup {
             child: Some(c.spawn().expect("start holder B")),
             pid_file: self.path("b.pid"),
         };
-        b.finish(Duration::from_secs(30), "holder B")
+        b.finish(b_bound(), "holder B")
     }
 
     /// The failover: the primary killed, the replica promoted with what it
@@ -215,12 +228,12 @@ impl Setup {
         if let Some(a) = a {
             wait_for(
                 "A to give up its connection to the stopped node 3",
-                Duration::from_secs(20),
+                a_bound(),
                 || !a.connected_to(self.node3.port()),
             );
         }
         self.node3.resume();
-        wait_for("node 3 to answer", Duration::from_secs(10), || {
+        wait_for("node 3 to answer", timing::liveness(Duration::ZERO), || {
             self.node3.raw::<String>(&["PING"]).is_ok()
         });
     }
@@ -232,7 +245,7 @@ impl Setup {
     /// Lets A's command end, then waits for A (bounded).
     fn end_a(&self, a: Holder) -> Output {
         std::fs::write(self.path("gate"), b"").expect("write the gate");
-        a.finish(Duration::from_secs(30), "holder A")
+        a.finish(a_bound(), "holder A")
     }
 }
 
@@ -250,9 +263,7 @@ fn without_replica_acks_a_failover_lets_a_second_run_overlap_the_first() {
     s.node3.pause();
     s.group.stall();
     let a = s.holder_a();
-    wait_for("A's command to start", Duration::from_secs(30), || {
-        s.recorded("a-start")
-    });
+    wait_for("A's command to start", a_bound(), || s.recorded("a-start"));
     assert_eq!(
         s.group.primary().get(KEY).map(|t| t.is_empty()),
         Some(false),
@@ -290,7 +301,7 @@ fn with_replica_acks_a_write_the_stalled_replica_missed_gives_no_lock_and_no_ove
     s.node3.pause();
     s.group.stall();
     let a = s.holder_a();
-    let a_out = a.finish(Duration::from_secs(30), "holder A");
+    let a_out = a.finish(a_bound(), "holder A");
     let a_err = text(&a_out.stderr);
     assert!(
         matches!(a_out.status.code(), Some(69 | 75)),
@@ -319,9 +330,7 @@ fn with_replica_acks_the_promoted_replica_has_the_key_and_the_second_run_is_refu
     let s = Setup::start(true);
     s.node3.pause();
     let a = s.holder_a();
-    wait_for("A's command to start", Duration::from_secs(30), || {
-        s.recorded("a-start")
-    });
+    wait_for("A's command to start", a_bound(), || s.recorded("a-start"));
     let token = s
         .group
         .primary()

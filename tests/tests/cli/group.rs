@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use redlock_tests::Cluster;
+use redlock_tests::{Cluster, timing};
 
-use super::{finish, redlock, text, wait_for};
+use super::{finish, redlock, text, to_end, to_start, wait_for};
 
 /// Whether `pid` is a live process (not gone, not a zombie).
 fn alive(pid: i32) -> bool {
@@ -40,7 +40,7 @@ impl Drop for KillOnDrop {
 
 /// Waits (bounded) for `path` to hold a pid.
 fn read_pid(path: &Path) -> i32 {
-    wait_for("the job's pid file", Duration::from_secs(20), || {
+    wait_for("the job's pid file", to_start(), || {
         std::fs::read_to_string(path).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
     });
     std::fs::read_to_string(path)
@@ -89,7 +89,12 @@ fn a_lost_lock_stops_the_whole_job_and_the_next_holder_starts_after_it_is_gone()
     for n in cluster.nodes() {
         n.pause();
     }
-    let out = finish(first, Duration::from_secs(30), "redlock after the loss");
+    // The loss comes by the 3 s TTL, then the grace.
+    let out = finish(
+        first,
+        to_end(Duration::from_secs(3) + Duration::from_secs(1)),
+        "redlock after the loss",
+    );
     // Read at once: redlock has exited, so the lock may be taken by another.
     let survived = alive(sleep_pid);
     for n in cluster.nodes() {
@@ -106,13 +111,15 @@ fn a_lost_lock_stops_the_whole_job_and_the_next_holder_starts_after_it_is_gone()
     // with no process of the first job left.
     let started = dir.path().join("second-started");
     let gate = dir.path().join("gate");
+    // It waits for the old keys' 3 s TTL.
+    let wait = timing::liveness(Duration::from_secs(3));
     let mut c = redlock(&nodes);
     c.args([
         "run",
         "--key",
         "orphan:job",
         "--wait",
-        "20s",
+        &format!("{}ms", wait.as_millis()),
         "--",
         "sh",
         "-c",
@@ -123,14 +130,12 @@ fn a_lost_lock_stops_the_whole_job_and_the_next_holder_starts_after_it_is_gone()
         gate.display()
     ));
     let second = c.spawn().unwrap();
-    wait_for(
-        "the second holder's command",
-        Duration::from_secs(25),
-        || started.exists(),
-    );
+    wait_for("the second holder's command", wait + to_start(), || {
+        started.exists()
+    });
     let overlap = alive(sleep_pid);
     std::fs::write(&gate, b"").unwrap();
-    let out = finish(second, Duration::from_secs(20), "the second holder");
+    let out = finish(second, to_end(Duration::ZERO), "the second holder");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         !overlap,
@@ -151,6 +156,8 @@ fn a_redlock_killed_with_sigkill_takes_its_whole_job_with_it() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .args([
+            "--node-timeout",
+            &format!("{}ms", timing::PATIENT_NODE_TIMEOUT.as_millis()),
             "run",
             "--key",
             "cli-kill9",
@@ -172,9 +179,10 @@ fn a_redlock_killed_with_sigkill_takes_its_whole_job_with_it() {
     assert!(alive(sleep_pid) && alive(shell_pid));
     holder.kill().unwrap();
     holder.wait().unwrap();
+    // Nothing to wait for but the scheduler: the kernel signals the job.
     wait_for(
         "the job to die with its redlock (SIGKILL)",
-        Duration::from_secs(5),
+        timing::liveness(Duration::ZERO),
         || !alive(sleep_pid) && !alive(shell_pid),
     );
 }
@@ -196,9 +204,7 @@ fn a_signal_during_the_acquire_ends_redlock_and_the_command_never_starts() {
         gate.display()
     ));
     let holder = c.spawn().unwrap();
-    wait_for("the holder's command", Duration::from_secs(20), || {
-        started.exists()
-    });
+    wait_for("the holder's command", to_start(), || started.exists());
     let clients = |cluster: &Cluster| -> usize {
         let list: String = cluster.node(0).raw(&["CLIENT", "LIST"]).unwrap();
         list.lines().count()
@@ -218,12 +224,12 @@ fn a_signal_during_the_acquire_ends_redlock_and_the_command_never_starts() {
     c.arg(format!("touch {}", ran.display()));
     let waiter = c.spawn().unwrap();
     // The waiter has connected to the nodes: it is taking the lock.
-    wait_for("the waiter's connections", Duration::from_secs(20), || {
+    wait_for("the waiter's connections", to_start(), || {
         clients(&cluster) > before
     });
     let pid = Pid::from_raw(i32::try_from(waiter.id()).unwrap());
     kill(pid, Signal::SIGTERM).unwrap();
-    let out = finish(waiter, Duration::from_secs(10), "redlock after SIGTERM");
+    let out = finish(waiter, to_end(Duration::ZERO), "redlock after SIGTERM");
     assert_eq!(
         out.status.code(),
         Some(128 + 15),
@@ -237,7 +243,7 @@ fn a_signal_during_the_acquire_ends_redlock_and_the_command_never_starts() {
         text(&out.stderr)
     );
     std::fs::write(&gate, b"").unwrap();
-    let out = finish(holder, Duration::from_secs(20), "the holder");
+    let out = finish(holder, to_end(Duration::ZERO), "the holder");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         !ran.exists(),
@@ -285,7 +291,7 @@ fn a_terminal_signal_reaches_the_job_once() {
     c.args(["run", "--key", "cli-tty", "--", "python3", "-c", COUNTER]);
     c.arg(&log).arg(&started);
     let job = c.spawn().unwrap();
-    wait_for("the job", Duration::from_secs(20), || started.exists());
+    wait_for("the job", to_start(), || started.exists());
     let pid = Pid::from_raw(i32::try_from(job.id()).unwrap());
     let lines = || std::fs::read_to_string(&log).unwrap_or_default();
     // Two copies of one SIGINT that reach a process close together merge
@@ -293,7 +299,7 @@ fn a_terminal_signal_reaches_the_job_once() {
     // stopped while the terminal's copy goes out, so that a copy reaching the
     // job directly is taken before any copy redlock forwards.
     kill(pid, Signal::SIGSTOP).unwrap();
-    wait_for("redlock to stop", Duration::from_secs(10), || {
+    wait_for("redlock to stop", timing::liveness(Duration::ZERO), || {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
             s.rsplit_once(')')
                 .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
@@ -303,21 +309,21 @@ fn a_terminal_signal_reaches_the_job_once() {
     killpg(pid, Signal::SIGINT).unwrap();
     // A job in redlock's group has its copy now; one in a group of its own
     // has none until redlock forwards one (so this wait runs out).
-    let end = std::time::Instant::now() + Duration::from_secs(2);
+    let end = std::time::Instant::now() + timing::liveness(Duration::ZERO);
     while !lines().contains("SIGINT") && std::time::Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));
     }
     kill(pid, Signal::SIGCONT).unwrap();
-    wait_for("the job's SIGINT", Duration::from_secs(10), || {
+    wait_for("the job's SIGINT", timing::liveness(Duration::ZERO), || {
         lines().contains("SIGINT")
     });
     // A mark after it: SIGHUP to redlock alone, forwarded.
     kill(pid, Signal::SIGHUP).unwrap();
-    wait_for("the job's SIGHUP", Duration::from_secs(10), || {
+    wait_for("the job's SIGHUP", timing::liveness(Duration::ZERO), || {
         lines().contains("SIGHUP")
     });
     kill(pid, Signal::SIGTERM).unwrap();
-    let out = finish(job, Duration::from_secs(20), "redlock after SIGTERM");
+    let out = finish(job, to_end(Duration::ZERO), "redlock after SIGTERM");
     assert_eq!(out.status.code(), Some(42), "{}", text(&out.stderr));
     assert_eq!(
         lines(),
@@ -344,7 +350,7 @@ fn processes_the_command_leaves_behind_are_stopped_before_the_release() {
     let _cleanup = KillOnDrop(bg);
     let out = finish(
         run,
-        Duration::from_secs(20),
+        to_start() + to_end(Duration::from_secs(1)),
         "redlock with a leftover process",
     );
     let survived = alive(bg);
@@ -358,5 +364,9 @@ fn processes_the_command_leaves_behind_are_stopped_before_the_release() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(cluster.count_with_key("cli-bg"), 0, "released at the end");
+    assert_eq!(
+        cluster.settled_count_blocking("cli-bg", 0),
+        0,
+        "released at the end"
+    );
 }

@@ -23,7 +23,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use redlock_tests::{Cluster, RedisNode};
+use redlock_tests::{Cluster, RedisNode, timing};
 
 const PASSWORD: &str = "cli-s3cret-pw";
 
@@ -74,8 +74,16 @@ fn urls_with_password(cluster: &Cluster) -> String {
         .join(",")
 }
 
+/// The `redlock` command on `nodes`, with the patient node timeout: the
+/// global flag goes first (after `run ... --` it would be the child
+/// command's argument). A test whose subject is a node timeout gives its own
+/// `--node-timeout` after the subcommand, which overrides this one.
 fn redlock(nodes: &str) -> Command {
     let mut c = Command::new(redlock_bin());
+    c.args([
+        "--node-timeout",
+        &format!("{}ms", timing::PATIENT_NODE_TIMEOUT.as_millis()),
+    ]);
     c.env("REDLOCK_NODES", nodes)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -111,6 +119,24 @@ fn key_on(cluster: &Cluster, key: &str) -> usize {
     cluster.count_with_key(key)
 }
 
+/// How many nodes have `key` once that is `want`, or once the last node's
+/// answer to a call that returned at quorum must have come.
+fn settled_on(cluster: &Cluster, key: &str, want: usize) -> usize {
+    cluster.settled_count_blocking(key, want)
+}
+
+/// How long a `redlock` run with the patient node timeout may take to start
+/// its command: a connection and an acquire.
+fn to_start() -> Duration {
+    timing::liveness(timing::PATIENT_NODE_TIMEOUT * 2)
+}
+
+/// How long a `redlock` command may take to end once its child has: a
+/// release, or the grace period and a release.
+fn to_end(grace: Duration) -> Duration {
+    timing::liveness(grace + timing::PATIENT_NODE_TIMEOUT * 2)
+}
+
 /// Waits for `child` (bounded): kills it and fails with `what` if it is
 /// still running after `timeout`, so that no test can hang.
 fn finish(mut child: std::process::Child, timeout: Duration, what: &str) -> Output {
@@ -138,14 +164,16 @@ fn a_second_run_is_busy_or_waits_and_the_childs_code_and_environment_pass_throug
     let env_file = dir.path().join("env");
     let order = dir.path().join("order");
 
-    // The first holder writes its environment, then waits for the gate.
+    // The first holder writes its environment, then waits for the gate. Its
+    // TTL exceeds the loss margin, the patient node timeout.
+    let ttl = format!("{}ms", (timing::PATIENT_NODE_TIMEOUT * 5).as_millis());
     let mut first = redlock(&nodes);
     first.args([
         "run",
         "--key",
         "cli-job",
         "--ttl",
-        "2s",
+        &ttl,
         "--fencing",
         "hybrid",
         "--",
@@ -159,9 +187,7 @@ fn a_second_run_is_busy_or_waits_and_the_childs_code_and_environment_pass_throug
         gate = gate.display()
     ));
     let first = first.spawn().unwrap();
-    wait_for("the first holder's child", Duration::from_secs(20), || {
-        env_file.exists()
-    });
+    wait_for("the first holder's child", to_start(), || env_file.exists());
 
     // Busy without --wait: 75 at once, the command never ran.
     let busy = run_to_end({
@@ -185,16 +211,27 @@ fn a_second_run_is_busy_or_waits_and_the_childs_code_and_environment_pass_throug
     waiter.args(["run", "--key", "cli-job", "--wait", "20s", "--", "sh", "-c"]);
     waiter.arg(format!("echo second >> {}", order.display()));
     let waiter = waiter.spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // It waits: its attempt left the waiters flag.
+    wait_for("the waiter's attempt", to_start(), || {
+        cluster.nodes().iter().any(|n| {
+            n.raw::<i64>(&["EXISTS", "{cli-job}:redlock-waiters"])
+                .unwrap_or(0)
+                == 1
+        })
+    });
     std::fs::write(&gate, b"").unwrap();
 
-    let first = finish(first, Duration::from_secs(30), "the first holder");
+    let first = finish(first, to_end(Duration::ZERO), "the first holder");
     assert_eq!(
         first.status.code(),
         Some(7),
         "the child's code passes through"
     );
-    let waiter = finish(waiter, Duration::from_secs(30), "the waiting run");
+    let waiter = finish(
+        waiter,
+        to_start() + to_end(Duration::ZERO),
+        "the waiting run",
+    );
     assert_eq!(waiter.status.code(), Some(0), "{}", text(&waiter.stderr));
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "first\nsecond\n");
 
@@ -216,9 +253,7 @@ fn a_second_run_is_busy_or_waits_and_the_childs_code_and_environment_pass_throug
         !env.contains("REDLOCK_TOKEN="),
         "the token itself is not handed out"
     );
-    wait_for("the release", Duration::from_secs(5), || {
-        key_on(&cluster, "cli-job") == 0
-    });
+    assert_eq!(settled_on(&cluster, "cli-job", 0), 0, "released");
 }
 
 #[test]
@@ -251,15 +286,22 @@ fn a_lost_lock_stops_the_child_before_the_old_validity_ends_then_kills_it() {
         started = started.display()
     ));
     let child = c.spawn().unwrap();
-    wait_for("the child", Duration::from_secs(20), || started.exists());
+    wait_for("the child", to_start(), || started.exists());
     // Every node stops answering: no renewal can succeed.
     let paused_at = Instant::now();
     for n in cluster.nodes() {
         n.pause();
     }
-    wait_for("SIGTERM", Duration::from_secs(10), || termed.exists());
+    // By the 3 s TTL at most; the bound is only there for a failing test.
+    wait_for("SIGTERM", timing::liveness(Duration::from_secs(3)), || {
+        termed.exists()
+    });
     let termed_after = paused_at.elapsed();
-    let out = finish(child, Duration::from_secs(30), "redlock after the loss");
+    let out = finish(
+        child,
+        to_end(Duration::from_secs(1)),
+        "redlock after the loss",
+    );
     let killed_after = paused_at.elapsed();
     for n in cluster.nodes() {
         n.resume();
@@ -294,14 +336,15 @@ fn signals_are_forwarded_and_the_lock_released() {
         started.display()
     ));
     let child = c.spawn().unwrap();
-    wait_for("the child", Duration::from_secs(20), || started.exists());
-    assert_eq!(key_on(&cluster, "cli-signal"), 3);
+    wait_for("the child", to_start(), || started.exists());
+    // The acquire returned at quorum: the last node's answer may be on its way.
+    assert_eq!(settled_on(&cluster, "cli-signal", 3), 3);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let out = finish(child, Duration::from_secs(20), "redlock after SIGTERM");
+    let out = finish(child, to_end(Duration::ZERO), "redlock after SIGTERM");
     assert_eq!(out.status.code(), Some(42), "{}", text(&out.stderr));
     assert_eq!(
-        key_on(&cluster, "cli-signal"),
+        settled_on(&cluster, "cli-signal", 0),
         0,
         "released when the command exits"
     );
@@ -330,11 +373,10 @@ fn status_check_and_release_output_and_no_password_anywhere() {
         started.display(),
         gate.display()
     ));
+    let asked = Instant::now();
     let holder = c.spawn().unwrap();
-    wait_for("the child", Duration::from_secs(20), || started.exists());
-    wait_for("every node's key", Duration::from_secs(5), || {
-        key_on(&cluster, "cli-status") == 3
-    });
+    wait_for("the child", to_start(), || started.exists());
+    assert_eq!(settled_on(&cluster, "cli-status", 3), 3, "every node's key");
 
     let token = cluster.node(0).get("cli-status").unwrap();
     let fingerprint = redlock_core::token_fingerprint(&token);
@@ -359,7 +401,14 @@ fn status_check_and_release_output_and_no_password_anywhere() {
     assert_eq!(v["verdict"]["state"], "held");
     assert_eq!(v["verdict"]["holder"], fingerprint.as_str());
     assert_eq!(v["nodes"].as_array().unwrap().len(), 3);
-    assert!(v["nodes"][0]["pttl_ms"].as_u64().unwrap() > 15_000);
+    // At most the TTL, and no less than what is left of it since the run
+    // was started (the holder renews it, which only adds).
+    let pttl = v["nodes"][0]["pttl_ms"].as_u64().unwrap();
+    let left = Duration::from_secs(20).saturating_sub(asked.elapsed());
+    assert!(
+        pttl <= 20_000 && u128::from(pttl) >= left.as_millis(),
+        "PTTL {pttl} ms, at least {left:?} expected"
+    );
 
     // The escape hatch: the wrong token deletes nothing; the right one frees it.
     let wrong = run_to_end({
@@ -375,9 +424,9 @@ fn status_check_and_release_output_and_no_password_anywhere() {
         c
     });
     assert_eq!(right.status.code(), Some(0), "{}", text(&right.stderr));
-    assert_eq!(key_on(&cluster, "cli-status"), 0);
+    assert_eq!(settled_on(&cluster, "cli-status", 0), 0);
     std::fs::write(&gate, b"").unwrap();
-    let _ = finish(holder, Duration::from_secs(30), "the status holder");
+    let _ = finish(holder, to_end(Duration::ZERO), "the status holder");
 
     // check: one URL listed twice (localhost and 127.0.0.1 reach one server),
     // and a node that is down; the password shows in neither output.
@@ -390,7 +439,7 @@ fn status_check_and_release_output_and_no_password_anywhere() {
     );
     let check = run_to_end({
         let mut c = redlock(&dup);
-        c.args(["check", "--node-timeout", "300ms"]);
+        c.arg("check");
         c
     });
     let out = text(&check.stdout);
@@ -401,7 +450,7 @@ fn status_check_and_release_output_and_no_password_anywhere() {
     assert!(out.contains("7."), "the version is shown: {out}");
     let check = run_to_end({
         let mut c = redlock(&dup);
-        c.args(["check", "--json", "--node-timeout", "300ms"]);
+        c.args(["check", "--json"]);
         c
     });
     let v: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
@@ -459,10 +508,15 @@ fn check_flags_replicas_and_evicting_policies() {
     let master = RedisNode::start();
     let replica = RedisNode::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
     let evicting = RedisNode::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    wait_for("the replica to attach", Duration::from_secs(20), || {
-        let info: String = master.raw(&["INFO", "replication"]).unwrap_or_default();
-        info.contains("connected_slaves:1")
-    });
+    // A replica connects from its once-a-second cron.
+    wait_for(
+        "the replica to attach",
+        timing::liveness(Duration::from_secs(1)),
+        || {
+            let info: String = master.raw(&["INFO", "replication"]).unwrap_or_default();
+            info.contains("connected_slaves:1")
+        },
+    );
     let nodes = [&master, &replica, &evicting]
         .iter()
         .map(|n| n.url())
@@ -470,7 +524,7 @@ fn check_flags_replicas_and_evicting_policies() {
         .join(",");
     let out = run_to_end({
         let mut c = redlock(&nodes);
-        c.args(["check", "--node-timeout", "500ms"]);
+        c.arg("check");
         c
     });
     let text = text(&out.stdout);

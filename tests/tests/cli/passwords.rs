@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use redlock_tests::{Cluster, RedisNode};
 
-use super::{finish, redlock, text, wait_for};
+use super::to_end;
+
+use super::{finish, redlock, text};
 
 /// Every piece of every password below: none may show anywhere.
 const PIECES: [&str; 12] = [
@@ -161,7 +163,11 @@ fn a_comma_in_a_password_does_not_split_the_nodes_and_the_command_gets_no_urls()
     let mut c = redlock(&nodes);
     c.args(["run", "--key", "cli-comma", "--", "sh", "-c"]);
     c.arg(format!("env > {}", env_file.display()));
-    let out = finish(c.spawn().unwrap(), Duration::from_secs(30), "redlock run");
+    let out = finish(
+        c.spawn().unwrap(),
+        super::to_start() + to_end(Duration::ZERO),
+        "redlock run",
+    );
     assert_no_password(&out, "run");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = std::fs::read_to_string(&env_file).unwrap();
@@ -170,9 +176,11 @@ fn a_comma_in_a_password_does_not_split_the_nodes_and_the_command_gets_no_urls()
         !env.contains("REDLOCK_NODES") && !env.contains("leftone1"),
         "the command got the node URLs: {env}"
     );
-    wait_for("the release", Duration::from_secs(5), || {
-        cluster.count_with_key("cli-comma") == 0
-    });
+    assert_eq!(
+        cluster.settled_count_blocking("cli-comma", 0),
+        0,
+        "released"
+    );
     let mut c = redlock(&nodes);
     c.args(["check"]);
     let out = c.output().unwrap();

@@ -3,14 +3,19 @@
 
 use std::time::Duration;
 
-use redlock_tests::Cluster;
+use std::time::Instant;
 
-use super::{finish, redlock, run_to_end, text, wait_for};
+use redlock_tests::{Cluster, timing};
+
+use super::{finish, redlock, run_to_end, text, to_end, to_start, wait_for};
 
 #[test]
 fn two_permits_run_two_commands_and_turn_the_third_away() {
     let cluster = Cluster::start(3);
     let nodes = cluster.urls().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    // Each command holds its permit until the gate opens.
     let start = || {
         let mut c = redlock(&nodes);
         c.args([
@@ -22,22 +27,27 @@ fn two_permits_run_two_commands_and_turn_the_third_away() {
             "--ttl",
             "5s",
             "--",
-            "sleep",
-            "3",
+            "sh",
+            "-c",
         ]);
+        c.arg(format!(
+            "while [ ! -e {} ]; do sleep 0.02; done",
+            gate.display()
+        ));
         c.spawn().expect("spawn redlock run")
     };
     let (a, b) = (start(), start());
     let slot = |i: u32| format!("{{batch}}:redlock-permit:{i}");
-    wait_for("both permits held", Duration::from_secs(10), || {
+    wait_for("both permits held", to_start(), || {
         cluster.count_with_key(&slot(0)) >= 2 && cluster.count_with_key(&slot(1)) >= 2
     });
     let mut third = redlock(&nodes);
     third.args(["run", "--key", "batch", "--permits", "2", "--", "true"]);
     let out = run_to_end(third);
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    std::fs::write(&gate, b"").unwrap();
     for (child, name) in [(a, "first"), (b, "second")] {
-        let out = finish(child, Duration::from_secs(20), name);
+        let out = finish(child, to_end(Duration::ZERO), name);
         assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
     }
 }
@@ -56,12 +66,13 @@ fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
     // Patient: other tests load the machine.
     let rl = redlock_core::Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_secs(2))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
     let ttl = Duration::from_secs(30);
-    let retry = redlock_core::RetryPolicy::deadline(Duration::from_secs(20));
+    let retry = redlock_core::RetryPolicy::deadline(timing::liveness(timing::PATIENT_NODE_TIMEOUT));
     let shared = redlock_core::Access::Shared;
+    let asked = Instant::now();
     let (permit, readers) = rt.block_on(async {
         let permit = rl.permit_with("report", 2, ttl, &retry).await.unwrap();
         let readers = [
@@ -72,7 +83,7 @@ fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
     });
     // Each acquire returned at quorum: wait for the last node's `SET`s.
     let on_every_node = |key: &str| cluster.count_with_key(key) == 3;
-    wait_for("every node's keys", Duration::from_secs(10), || {
+    wait_for("every node's keys", timing::settled(), || {
         on_every_node(permit.key()) && readers.iter().all(|r| on_every_node(r.key()))
     });
     let fingerprint = redlock_core::token_fingerprint(permit.token());
@@ -122,7 +133,14 @@ fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
     assert_eq!(v["writer_waiting"], 0);
     for n in v["nodes"].as_array().unwrap() {
         assert_eq!(n["readers"], 2, "{n}");
-        assert!(n["readers_pttl_ms"].as_u64().unwrap() > 20_000, "{n}");
+        // At most the TTL, and no less than what is left of it since the
+        // readers were asked for.
+        let pttl = n["readers_pttl_ms"].as_u64().unwrap();
+        let left = ttl.saturating_sub(asked.elapsed());
+        assert!(
+            pttl <= 30_000 && u128::from(pttl) >= left.as_millis(),
+            "PTTL {pttl} ms, at least {left:?} expected: {n}"
+        );
     }
     // Not both at once.
     let mut c = redlock(&nodes);
