@@ -85,17 +85,24 @@ async fn lost_lock_is_signalled_before_its_validity_ends() {
     // and nodes 1 and 2 would then hold the lock after all (lost() rightly
     // did not fire within 3 s in one run, with `>= 2` here).
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+        cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
+            .count_holding(key, &token)
             == 3)
     );
-    // No renewal has happened yet (the first comes once 40–60% of the validity is left).
-    assert_eq!(handle.extensions(), 0);
-    let deadline = handle.valid_until();
     cluster.node(0).cmd(&["DEL", key]);
     cluster.node(1).cmd(&["DEL", key]);
-    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    // Read after the deletes: a renewal that landed before them (a loaded
+    // machine may be past the first renewal point by now) counts; none can
+    // succeed after them.
+    let deadline = handle.valid_until();
+    // The bound only matters for a failing test: the assertion is on when.
+    let lost = tokio::time::timeout(
+        redlock_tests::timing::liveness(Duration::from_secs(1)),
+        guard.lost(),
+    )
+    .await;
     let lost_at = Instant::now();
-    assert!(lost.is_ok(), "lost() did not fire within 3 s");
+    assert!(lost.is_ok(), "lost() did not fire");
     assert!(
         lost_at < deadline,
         "lost fired {:?} after the old validity ended",
@@ -106,7 +113,8 @@ async fn lost_lock_is_signalled_before_its_validity_ends() {
     let _ = guard.release().await;
     // Nothing of ours is left on any node.
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+        cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
+            .count_holding(key, &token)
             == 0)
     );
 }
@@ -119,8 +127,11 @@ async fn with_lock_drops_the_work_when_the_lock_is_lost() {
     let finished = Arc::new(AtomicBool::new(false));
     let (n0, n1) = (Arc::clone(cluster.node(0)), Arc::clone(cluster.node(1)));
     let t0 = Instant::now();
+    // Lost before the 1 s validity ends; the bound only matters for a
+    // failing test.
+    let bound = redlock_tests::timing::liveness(Duration::from_secs(1));
     let result = tokio::time::timeout(
-        Duration::from_secs(5),
+        bound,
         rl.with_lock(key, &LockOptions::new(Duration::from_secs(1)), {
             let finished = Arc::clone(&finished);
             move |handle| async move {
@@ -128,7 +139,7 @@ async fn with_lock_drops_the_work_when_the_lock_is_lost() {
                 tokio::task::spawn_blocking(move || {
                     // The acquire returned at quorum: a SET still on its way
                     // would land after the DEL and keep the lock held.
-                    let end = Instant::now() + Duration::from_secs(2);
+                    let end = Instant::now() + redlock_tests::timing::settle(ms(200));
                     while [&n0, &n1]
                         .iter()
                         .any(|n| n.get(&key).as_deref() != Some(&token))
@@ -147,19 +158,23 @@ async fn with_lock_drops_the_work_when_the_lock_is_lost() {
         }),
     )
     .await
-    .expect("with_lock did not return within 5 s");
+    .expect("with_lock did not return within its bound");
     let took = t0.elapsed();
     assert!(
         matches!(result, Err(Error::Lost { .. })),
         "expected Lost, got {result:?}"
     );
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // The work (10 s) was dropped: it never finished, now or later.
+    assert!(took < bound, "took {took:?}");
     tokio::time::sleep(ms(200)).await;
     assert!(
         !finished.load(Ordering::SeqCst),
         "the work ran on after the loss"
     );
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+    assert!(cluster.wait_until(
+        redlock_tests::timing::settle(ms(200)),
+        |c| c.count_with_key(key) == 0
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,12 +185,15 @@ async fn dropped_lock_is_released_in_the_background() {
     let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
     let token = lock.token().to_owned();
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+        cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
+            .count_holding(key, &token)
             >= 2)
     );
     drop(lock);
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
+            .count_with_key(key)
+            == 0),
         "a dropped 30 s lock still has keys"
     );
     // And the resource is free for the next holder.
@@ -194,12 +212,15 @@ async fn dropped_guard_is_released_in_the_background() {
         .unwrap();
     let token = guard.handle().token().to_owned();
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
+        cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
+            .count_holding(key, &token)
             >= 2)
     );
     drop(guard);
     assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0),
+        cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
+            .count_with_key(key)
+            == 0),
         "a dropped 30 s guard still has keys"
     );
     let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();

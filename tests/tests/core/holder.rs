@@ -319,6 +319,7 @@ async fn validity_counts_only_the_whole_milliseconds_the_keys_live() {
     let cluster = Cluster::start(3);
     let rl = Redlock::builder()
         .urls(cluster.urls())
+        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
         .drift_factor(0.0)
         .fixed_drift(Duration::ZERO)
         .build()
