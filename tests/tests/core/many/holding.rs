@@ -179,8 +179,11 @@ pub(super) async fn dedup_order_and_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn guards_renewed_in_one_batch_keep_every_key_of_a_set() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, ms(500));
-    let options = LockOptions::new(ms(600));
+    // The subject is the batch, not a slow node: every renewal answered, with
+    // a TTL the node timeout fits in.
+    let rl = redlock(&cluster, redlock_tests::timing::PATIENT_NODE_TIMEOUT);
+    let ttl = redlock_tests::timing::PATIENT_NODE_TIMEOUT * 2;
+    let options = LockOptions::new(ttl);
     let names: Vec<String> = (0..4).map(|i| format!("bs{i}")).collect();
     let (singles, set) = tokio::join!(
         futures_util::future::join_all(names.iter().map(|name| rl.lock_guard(name, &options))),
@@ -188,7 +191,14 @@ pub(super) async fn guards_renewed_in_one_batch_keep_every_key_of_a_set() {
     );
     let singles: Vec<_> = singles.into_iter().map(Result::unwrap).collect();
     let set = set.unwrap();
-    tokio::time::sleep(ms(2000)).await;
+    let taken = std::time::Instant::now();
+    // Past the TTL from the acquire (a key never renewed is gone by then),
+    // after two renewals of the set.
+    let renewed = redlock_tests::util::eventually(redlock_tests::timing::liveness(ttl * 2), || {
+        set.handle().extensions() >= 2 && taken.elapsed() > ttl
+    })
+    .await;
+    assert!(renewed, "the set was not renewed twice");
     assert!(!set.is_lost(), "the set's guard lost its lock");
     let token = cluster.node(0).get("bx").unwrap();
     for key in ["bx", "by"] {

@@ -132,6 +132,23 @@ pub(super) async fn without_waiters_a_down_node_is_not_retried() {
         .unwrap();
     let holder = patient(&cluster);
     one_wait(&cluster, &holder, &waiter, "waiting:idle").await;
+    // Nobody waits: the task has unsubscribed; wait until it has also closed
+    // its connection (no client of node 2 is in pub/sub mode), so that the
+    // kill below meets an idle task.
+    let pubsub_clients = |c: &Cluster| -> usize {
+        let list: String = c.node(2).raw(&["CLIENT", "LIST"]).unwrap_or_default();
+        list.lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .find_map(|f| f.strip_prefix("flags="))
+                    .is_some_and(|f| f.contains('P'))
+            })
+            .count()
+    };
+    assert!(
+        cluster.wait_until(redlock_tests::timing::settled(), |c| pubsub_clients(c) == 0),
+        "the pub/sub connection stayed open with no waiter"
+    );
     let accepted = proxy.stats().accepted;
     cluster.node(2).kill();
     // The subscription's connection closes with the node; nobody waits.
