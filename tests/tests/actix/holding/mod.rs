@@ -23,9 +23,15 @@ use redlock_tests::Cluster;
 
 mod cut_off;
 
-/// The TTL is the subject here (renewals through several of them), too short
-/// for the patient node timeout: the handles have `short_ttl_redlock`'s.
-const TTL: Duration = Duration::from_millis(300);
+/// Renewals through several TTLs are the subject here, not a slow node: the
+/// handles are patient, and the TTL the shortest they renew (two node
+/// timeouts).
+const TTL: Duration = PATIENT_NODE_TIMEOUT.saturating_mul(2);
+/// The stream's pace: a quarter TTL.
+const STEP: Duration = Duration::from_millis(TTL.as_millis() as u64 / 4);
+/// The TTL of the blocked-worker test, whose subject is a lock lost to a
+/// starved renewal: short, with `short_ttl_redlock`'s node timeout.
+const BLOCK_TTL: Duration = Duration::from_millis(300);
 const KEY: &str = "redlock:/stream";
 
 /// A body of 11 chunks, the first at once, then (once the app's gate, if any,
@@ -41,7 +47,7 @@ async fn stream(gate: Option<web::Data<Gate>>) -> HttpResponse {
                 gate.passed().await;
             }
             if i > 0 {
-                actix_web::rt::time::sleep(ms(100)).await;
+                actix_web::rt::time::sleep(STEP).await;
             }
             Some((
                 Ok::<_, Infallible>(Bytes::from(format!("chunk {i}\n"))),
@@ -55,7 +61,7 @@ async fn stream(gate: Option<web::Data<Gate>>) -> HttpResponse {
 /// How long after a call that returned at quorum its last node has answered,
 /// for the handles here.
 fn settle(cluster: &Cluster) -> Duration {
-    timing::settle(short_ttl_redlock(cluster).node_timeout())
+    timing::settle(redlock(cluster).node_timeout())
 }
 
 fn stream_server(
@@ -63,7 +69,7 @@ fn stream_server(
     middleware: RedlockMiddleware,
     gate: web::Data<Gate>,
 ) -> Server {
-    let redlock = short_ttl_redlock(cluster);
+    let redlock = redlock(cluster);
     let middleware = middleware.ttl(TTL);
     serve!(move || {
         App::new()
@@ -95,8 +101,9 @@ async fn streamed_body_holds_the_lock_until_its_last_chunk_and_no_longer() {
         };
         text.push_str(std::str::from_utf8(data).unwrap());
         chunks += 1;
-        // Probe after chunks 3 and 7: well past one TTL, body not done yet.
-        if chunks == 4 || chunks == 8 {
+        // Probe after chunks 3 and 9: the second past two TTLs, body not
+        // done yet.
+        if chunks == 4 || chunks == 10 {
             let elapsed = head_at.elapsed();
             let keys = cluster.count_with_key(KEY);
             let other = get(&client, &url).await;
@@ -189,7 +196,7 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
 #[actix_web::test]
 async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
     let cluster = Cluster::start(3);
-    let redlock = short_ttl_redlock(&cluster);
+    let redlock = redlock(&cluster);
     let gate = web::Data::new(Gate::default());
     let shared = gate.clone();
     let server = serve!(move || {
@@ -268,14 +275,14 @@ async fn handler_blocking_its_worker_past_the_ttl_loses_the_lock_and_gets_503() 
         let flag = flag.clone();
         App::new()
             .app_data(redlock.clone())
-            .wrap(RedlockMiddleware::by_path().ttl(TTL))
+            .wrap(RedlockMiddleware::by_path().ttl(BLOCK_TTL))
             .route(
                 "/blocking",
                 web::get().to(move || {
                     let flag = flag.clone();
                     async move {
                         // CPU-bound work done wrong: the worker thread is stuck.
-                        std::thread::sleep(TTL * 3);
+                        std::thread::sleep(BLOCK_TTL * 3);
                         actix_web::rt::time::sleep(ms(200)).await;
                         flag.store(true, Ordering::SeqCst);
                         "finished"
@@ -286,7 +293,9 @@ async fn handler_blocking_its_worker_past_the_ttl_loses_the_lock_and_gets_503() 
                 "/offloaded",
                 web::get().to(|lock: web::ReqData<LockHandle>| async move {
                     // The same work done right: the worker keeps renewing the lock.
-                    web::block(|| std::thread::sleep(TTL * 3)).await.unwrap();
+                    web::block(|| std::thread::sleep(BLOCK_TTL * 3))
+                        .await
+                        .unwrap();
                     format!("extensions={} lost={}", lock.extensions(), lock.is_lost())
                 }),
             )

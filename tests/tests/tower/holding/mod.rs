@@ -26,13 +26,16 @@ use redlock_tower::{RedlockLayer, ReleasePolicy};
 
 mod cut_off;
 
-/// The TTL is the subject here (renewals through several of them), too short
-/// for the patient node timeout: the handles have `short_ttl_redlock`'s.
-const TTL: Duration = Duration::from_millis(300);
+/// Renewals through several TTLs are the subject here, not a slow node: the
+/// handles are patient, and the TTL the shortest they renew (two node
+/// timeouts).
+const TTL: Duration = PATIENT_NODE_TIMEOUT.saturating_mul(2);
 const KEY: &str = "redlock:/stream";
+/// The stream's pace: a quarter TTL.
+const STEP: Duration = Duration::from_millis(TTL.as_millis() as u64 / 4);
 
 /// A body of 11 chunks, the first at once, then, once the gate is open, one
-/// every 100 ms: about 1 s in all, more than three TTLs.
+/// every [`STEP`]: two and a half TTLs in all.
 async fn stream(State(gate): State<Arc<Gate>>) -> Body {
     let chunks = futures_util::stream::unfold(0u32, move |i| {
         let gate = gate.clone();
@@ -44,7 +47,7 @@ async fn stream(State(gate): State<Arc<Gate>>) -> Body {
                 gate.passed().await;
             }
             if i > 0 {
-                tokio::time::sleep(ms(100)).await;
+                tokio::time::sleep(STEP).await;
             }
             Some((
                 Ok::<_, Infallible>(Bytes::from(format!("chunk {i}\n"))),
@@ -57,7 +60,7 @@ async fn stream(State(gate): State<Arc<Gate>>) -> Body {
 
 /// The node timeout of the handles here.
 fn node_timeout(cluster: &Cluster) -> Duration {
-    short_ttl_redlock(cluster).node_timeout()
+    redlock(cluster).node_timeout()
 }
 
 fn stream_app(cluster: &Cluster, layer: RedlockLayer, gate: Arc<Gate>) -> Router {
@@ -65,7 +68,7 @@ fn stream_app(cluster: &Cluster, layer: RedlockLayer, gate: Arc<Gate>) -> Router
         .route("/stream", get(stream))
         .with_state(gate)
         .layer(layer.ttl(TTL))
-        .layer(Extension(short_ttl_redlock(cluster)))
+        .layer(Extension(redlock(cluster)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,8 +92,9 @@ async fn streamed_body_holds_the_lock_until_its_last_frame_and_no_longer() {
             text.push_str(std::str::from_utf8(data).unwrap());
         }
         frames += 1;
-        // Probe after chunks 3 and 7: well past one TTL, body not done yet.
-        if frames == 4 || frames == 8 {
+        // Probe after chunks 3 and 9: the second past two TTLs, body not
+        // done yet.
+        if frames == 4 || frames == 10 {
             let elapsed = head_at.elapsed();
             let keys = cluster.count_with_key(KEY);
             let other = http_get(&client, &url).await;
@@ -196,7 +200,7 @@ async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
         )
         .with_state(gate.clone())
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(short_ttl_redlock(&cluster)));
+        .layer(Extension(redlock(&cluster)));
     let server = Server::start(app).await;
     let client = client();
     let url = server.url("/long");
