@@ -200,6 +200,11 @@ impl Idempotency {
             }
             Some(key) => key.map_err(IdempotencyRejection::InvalidKey)?,
         };
+        if let Some(error) = request::idempotency_needs_the_mutex(self.policy.lock.kind) {
+            let rejection = request::Rejection::Misconfigured { error };
+            rejection.log();
+            return Err(rejection.into());
+        }
         if parts.body.len() > self.policy.max_request_body {
             return Err(IdempotencyRejection::BodyTooLarge {
                 limit: self.policy.max_request_body,

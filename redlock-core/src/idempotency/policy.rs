@@ -120,6 +120,10 @@ impl IdempotencyPolicy {
     /// Changes the lock's policy: TTL, busy answer or wait, missing key,
     /// fail-open, loss, namespace (see [`LockPolicy`]). The lock's release
     /// setting does not apply: the layer releases once the record is written.
+    /// The lock is always the mutex: `permits(n)` or
+    /// `shared_for_safe_methods()` here would let two copies of one key run
+    /// the handler, so every request of such a layer is answered 500 (a
+    /// misconfiguration, logged) before anything runs.
     pub fn lock(mut self, f: impl FnOnce(LockPolicy) -> LockPolicy) -> Self {
         self.lock = f(self.lock);
         self

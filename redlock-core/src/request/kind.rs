@@ -53,3 +53,34 @@ pub(super) async fn guard(
         }
     }
 }
+
+/// The error of a request whose extractor found several keys under a `kind`
+/// other than the mutex: several keys are locked together only as one mutex
+/// for now, and taking that instead would silently break what `kind`
+/// promises (a write beside a read; two holders of `permits(1)`).
+pub(super) fn unsupported_for_many(kind: RequestLockKind) -> Error {
+    let what = match kind {
+        RequestLockKind::Mutex => "the mutex",
+        RequestLockKind::Permits(_) => "permits(n)",
+        RequestLockKind::SharedForSafeMethods => "shared_for_safe_methods()",
+    };
+    Error::InvalidConfig(format!(
+        "{what} with a key extractor that finds several keys is not supported: \
+         several keys are locked together only as one mutex (drop {what}, or extract one key)"
+    ))
+}
+
+/// The error of an idempotency layer whose lock policy is not the mutex:
+/// two copies of one idempotency key must never run together.
+#[cfg(feature = "idempotency")]
+pub(crate) fn idempotency_needs_the_mutex(kind: RequestLockKind) -> Option<Error> {
+    let what = match kind {
+        RequestLockKind::Mutex => return None,
+        RequestLockKind::Permits(_) => "permits(n)",
+        RequestLockKind::SharedForSafeMethods => "shared_for_safe_methods()",
+    };
+    Some(Error::InvalidConfig(format!(
+        "the idempotency layer's lock is always exclusive: {what} in its lock policy would \
+         let two copies of one key run the handler; remove it from `IdempotencyPolicy::lock`"
+    )))
+}

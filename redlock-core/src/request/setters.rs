@@ -252,14 +252,19 @@ macro_rules! lock_policy_setters {
         /// with `Retry-After` and problem+json (`busy_status` called
         /// afterwards changes the status; `wait` waits for a permit). `n`
         /// from 1 to `redlock_core::MAX_PERMITS`; another is a
-        /// misconfiguration, answered 500.
+        /// misconfiguration, answered 500, and so is a request whose key
+        /// extractor finds several keys (several keys are locked together
+        /// only as one mutex; never taken as the mutex instead).
         pub fn permits(self, n: u32) -> Self {
             self.$apply($crate::request::__private::Setting::Permits(n))
         }
 
         /// `GET`, `HEAD` and `OPTIONS` requests take a read share of their
         /// key, which they hold together; every other method takes the write
-        /// lock, alone (`Redlock::rw_guard`, with writer preference).
+        /// lock, alone (`Redlock::rw_guard`, with writer preference). A
+        /// request whose key extractor finds several keys is a
+        /// misconfiguration, answered 500 (several keys are locked together
+        /// only as one mutex; never taken as the mutex instead).
         pub fn shared_for_safe_methods(self) -> Self {
             self.$apply($crate::request::__private::Setting::SharedForSafeMethods)
         }
