@@ -193,6 +193,11 @@ impl RedlockBuilder {
         }
         self.settings.check()?;
         let nodes = open_nodes(self.sources)?;
+        for node in &nodes {
+            if let Some(acks) = &node.replica_acks {
+                acks.check(&node.label, self.settings.node_timeout)?;
+            }
+        }
         if nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),
@@ -397,6 +402,30 @@ impl Redlock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_replica_acks_the_node_timeout_cannot_serve() {
+        let ms = Duration::from_millis;
+        let acked = |acks: u32, wait| {
+            RedlockBuilder::new()
+                .node(NodeSpec::cluster(["redis://127.0.0.1:7000"]).replica_acks(acks, wait))
+                .url("redis://127.0.0.1:7100")
+                .url("redis://127.0.0.1:7200")
+        };
+        // The README's cluster example before: 50 ms acks, 50 ms node timeout.
+        match acked(1, ms(50)).build() {
+            Err(Error::InvalidConfig(m)) => assert!(m.contains("set node_timeout"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(acked(1, ms(50)).node_timeout(ms(100)).build().is_ok());
+        // `replica_acks(0, ..)` on a NodeSpec turns acks off.
+        assert!(acked(0, ms(50)).build().is_ok());
+        let url = RedlockBuilder::new()
+            .url("redis://127.0.0.1:7000?replica_acks=1&replica_timeout_ms=500")
+            .url("redis://127.0.0.1:7100")
+            .url("redis://127.0.0.1:7200");
+        assert!(matches!(url.build(), Err(Error::InvalidConfig(_))));
+    }
 
     #[test]
     fn refuses_bad_settings_and_urls() {

@@ -87,6 +87,8 @@ impl NodeSpec {
     ///     .node(cluster(7000).replica_acks(1, Duration::from_millis(50)))
     ///     .node(cluster(7100).replica_acks(1, Duration::from_millis(50)))
     ///     .node(cluster(7200).replica_acks(1, Duration::from_millis(50)))
+    ///     // The ack wait must fit three quarters of the node timeout.
+    ///     .node_timeout(Duration::from_millis(100))
     ///     .build()?;
     /// # Ok(()) }
     /// ```
@@ -134,7 +136,9 @@ impl NodeSpec {
 
     /// Counts the node for an acquire or an extend only when its write
     /// reached `replicas` replicas within `timeout` (see [`ReplicaAcks`]);
-    /// `0` turns replica acks off. Overrides a URL's `replica_acks`.
+    /// `0` turns replica acks off. Overrides a URL's `replica_acks`. A
+    /// `timeout` above three quarters of the handle's node timeout is
+    /// refused by `build()` ([`Error::InvalidConfig`](crate::Error::InvalidConfig)).
     pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
         self.acks = Some((replicas > 0).then(|| ReplicaAcks::new(replicas, timeout)));
         self

@@ -33,7 +33,9 @@ use crate::error::{Error, NodeError};
 ///
 /// The timeout is cut, on each call, to three quarters of what is left of
 /// the node timeout, so that the node answers within it; `Duration::MAX`
-/// means "as long as the node timeout allows".
+/// means "as long as the node timeout allows". A timeout above three
+/// quarters of the node timeout could never be waited for: the builder
+/// refuses it, naming the node timeout to set.
 ///
 /// With [`ReplicaAcks::aof`] the wait is `WAITAOF` (Redis 7.2, Valkey 8):
 /// the write counts once fsynced to the append-only file of this master
@@ -48,10 +50,14 @@ pub struct ReplicaAcks {
 }
 
 impl ReplicaAcks {
-    /// Wait for `replicas` replicas (at least 1) for at most `timeout`.
+    /// Wait for `replicas` replicas for at most `timeout`. `replicas` must
+    /// be at least 1 and `timeout` must fit the handle's node timeout (see
+    /// [`ReplicaAcks`]): the builder refuses another
+    /// ([`Error::InvalidConfig`]). To turn acks off, give no `ReplicaAcks`
+    /// (`NodeSpec::replica_acks(0, ..)`).
     pub fn new(replicas: u32, timeout: Duration) -> Self {
         Self {
-            replicas: replicas.max(1),
+            replicas,
             timeout,
             aof_local: None,
         }
@@ -112,6 +118,30 @@ impl ReplicaAcks {
     /// The longest one `WAIT` may take (before the cut to the node timeout).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Refuses acks that no call of `node` could wait for, with a handle
+    /// whose node timeout is `node_timeout`: `WAIT` for no replica, or an
+    /// ack timeout above the three quarters of the node timeout that the
+    /// wait is cut to ([`ReplicaAcks`]). The message says what to set.
+    pub(crate) fn check(&self, node: &str, node_timeout: Duration) -> Result<(), Error> {
+        if self.aof_local.is_none() && self.replicas == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "node {node}: ReplicaAcks::new(0, ..) waits for no replica; give at least 1, \
+                 or no acks at all (NodeSpec::replica_acks(0, ..) turns them off)"
+            )));
+        }
+        let room = node_timeout.saturating_sub(node_timeout / 4);
+        if self.timeout != Duration::MAX && self.timeout > room {
+            let needed = self.timeout.saturating_add(self.timeout / 3);
+            return Err(Error::InvalidConfig(format!(
+                "node {node}: a replica ack timeout of {:?} cannot fit the node timeout of \
+                 {node_timeout:?}, which leaves at most three quarters ({room:?}) for the wait; \
+                 set node_timeout to at least {needed:?}, or the ack timeout to at most {room:?}",
+                self.timeout
+            )));
+        }
+        Ok(())
     }
 
     /// The `WAIT` timeout in milliseconds for a call that has `left` of its
@@ -390,13 +420,39 @@ mod tests {
     }
 
     #[test]
+    fn acks_no_node_timeout_can_serve_are_refused_and_say_what_to_set() {
+        let ms = Duration::from_millis;
+        let refused = |acks: ReplicaAcks, node_timeout| match acks.check("n1", node_timeout) {
+            Err(Error::InvalidConfig(m)) => m,
+            other => panic!("{acks:?} with {node_timeout:?}: {other:?}"),
+        };
+        let m = refused(ReplicaAcks::new(0, ms(10)), ms(50));
+        assert!(m.contains("n1") && m.contains("at least 1"), "{m}");
+        // The README's old cluster example: 50 ms acks, 50 ms node timeout.
+        let m = refused(ReplicaAcks::new(1, ms(50)), ms(50));
+        assert!(m.contains("37.5ms") && m.contains("66.666"), "{m}");
+        assert!(ReplicaAcks::new(1, ms(37)).check("n1", ms(50)).is_ok());
+        assert!(
+            ReplicaAcks::new(1, Duration::MAX)
+                .check("n1", ms(50))
+                .is_ok()
+        );
+        // WAITAOF for this master's own AOF waits for no replica: fine.
+        assert!(
+            ReplicaAcks::aof(true, 0, ms(10))
+                .check("n1", ms(50))
+                .is_ok()
+        );
+        assert!(ReplicaAcks::new(1, ms(3000)).check("n1", ms(5000)).is_ok());
+    }
+
+    #[test]
     fn the_wait_stays_within_the_node_timeout_and_never_waits_for_ever() {
         let acks = ReplicaAcks::new(1, Duration::MAX);
         assert_eq!(acks.wait_ms(Duration::from_millis(100)), 75);
         assert_eq!(acks.wait_ms(Duration::ZERO), 1);
         assert_eq!(acks.wait_ms(Duration::MAX), u64::from(u32::MAX));
-        let acks = ReplicaAcks::new(0, Duration::from_millis(10));
-        assert_eq!(acks.replicas(), 1);
+        let acks = ReplicaAcks::new(1, Duration::from_millis(10));
         assert_eq!(acks.wait_ms(Duration::from_secs(1)), 10);
     }
 }
