@@ -342,8 +342,20 @@ async fn by_path_inside_a_nested_router_keys_on_the_full_request_path() {
         let (client, url) = (client.clone(), server.url("/tenants/acme/jobs/1?gate"));
         async move { http_get(&client, &url).await }
     });
-    // Probe the first request's own path until it is busy (its lock is taken),
-    // then ask for another tenant's path. Bounded by a liveness bound.
+    // Once the first request holds its lock (whatever its key: some key on
+    // a quorum, the first request being the only one sent), probe its own
+    // path until it is busy, then ask for another tenant's path. Bounded by
+    // a liveness bound.
+    assert!(
+        eventually(answered(Duration::ZERO), || cluster
+            .nodes()
+            .iter()
+            .filter(|n| !n.keys().is_empty())
+            .count()
+            >= 2)
+        .await,
+        "the first request never took a lock"
+    );
     let mut other = None;
     let end = Instant::now() + answered(Duration::ZERO);
     while Instant::now() < end {
