@@ -102,7 +102,10 @@ impl Redlock {
     /// [`JobOptions::at_most`], when the job is dropped and
     /// [`Error::Lost`] returned, as by [`Redlock::with_lock`]). When the job
     /// ends, the key is kept until [`JobOptions::at_least`] after the start
-    /// ([`LockGuard::release_at_least`](crate::LockGuard::release_at_least)).
+    /// ([`LockGuard::release_at_least`](crate::LockGuard::release_at_least)),
+    /// and so it is when the job panics or this call's future is dropped
+    /// (a `tokio::time::timeout`, a `select!`): the keep is sent in the
+    /// background, as a dropped guard's release is.
     ///
     /// ```no_run
     /// use std::time::Duration;

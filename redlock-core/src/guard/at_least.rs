@@ -97,7 +97,11 @@ impl LockGuard {
 /// Sets `lock`'s keys to expire in `left` (rounded up to the millisecond) on
 /// every node where they still hold its token, and ends the lock without a
 /// release.
-async fn keep_until(mut lock: Lock, left: Duration, until: Instant) -> Result<Ended, Error> {
+pub(super) async fn keep_until(
+    mut lock: Lock,
+    left: Duration,
+    until: Instant,
+) -> Result<Ended, Error> {
     let redlock = lock.redlock().clone();
     // Counted out of the metrics' hold, and the late answers told that the
     // lock is ending (they are released where they land).
@@ -157,6 +161,10 @@ where
     F: FnOnce(LockHandle) -> Fut,
     Fut: Future<Output = T>,
 {
+    let mut guard = guard;
+    // Dropped before its end (the caller's future cancelled, or the job
+    // panicked), the lock keeps its keys to the minimum too.
+    guard.keep_on_drop = guard.handle.shared.epoch.checked_add(at_least);
     let handle = guard.handle();
     let outcome = Watched {
         work: f(guard.handle()),

@@ -67,6 +67,11 @@ mod schedule;
 pub struct LockGuard {
     handle: LockHandle,
     ticket: Option<Ticket>,
+    /// Set for a job with a minimum hold (`run_guarded_at_least`): dropped
+    /// before this instant (the job's future cancelled, or a panic), the
+    /// keys are kept until it, as `release_at_least` keeps them, instead of
+    /// released.
+    keep_on_drop: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -133,6 +138,7 @@ impl LockGuard {
         Ok(Self {
             handle: LockHandle { shared, keep: None },
             ticket,
+            keep_on_drop: None,
         })
     }
 
@@ -196,7 +202,7 @@ impl Drop for LockGuard {
         // "held" now, before the release is sent.
         self.handle.shared.give_up();
         if let Some(ticket) = &self.ticket {
-            ticket.drop_lock();
+            ticket.drop_lock(self.keep_on_drop);
         }
     }
 }

@@ -51,8 +51,10 @@ pub(super) enum Command {
     /// Stop renewing and hand the lock back for its release (after a renewal
     /// in flight).
     Release(u64, oneshot::Sender<Handback>),
-    /// Stop renewing and release in the background (the guard was dropped).
-    Drop(u64),
+    /// Stop renewing and release in the background (the guard was dropped);
+    /// with an instant, keep the keys until it instead while it is ahead
+    /// (a job's minimum hold).
+    Drop(u64, Option<Instant>),
 }
 
 /// What a guard's release gets back.
@@ -79,10 +81,11 @@ impl Ticket {
         rx.await.ok()
     }
 
-    /// Stops the renewals; the schedule releases the lock. Never blocks.
-    pub(super) fn drop_lock(&self) {
+    /// Stops the renewals; the schedule releases the lock, or keeps its keys
+    /// until `keep` while that is ahead. Never blocks.
+    pub(super) fn drop_lock(&self, keep: Option<Instant>) {
         // A task that ended dropped the lock already (its keys expire).
-        let _ = self.task.send(Command::Drop(self.id));
+        let _ = self.task.send(Command::Drop(self.id, keep));
     }
 }
 
@@ -135,7 +138,7 @@ enum Entry {
 enum After {
     Keep,
     Release(oneshot::Sender<Handback>),
-    Drop,
+    Drop(Option<Instant>),
 }
 
 type Batch = Vec<(u64, Box<Renewal>, Duration)>;
@@ -174,6 +177,28 @@ async fn drive(mut commands: mpsc::UnboundedReceiver<Command>) {
     }
 }
 
+/// Ends a dropped guard's `lock` in a task of its own: its keys kept until
+/// `keep` while that is ahead (a job's minimum hold, see
+/// `LockGuard::release_at_least`), else released.
+fn spawn_end(lock: Lock, keep: Option<Instant>) {
+    let now = Instant::now();
+    match keep.filter(|&until| until > now) {
+        Some(until) => {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if let Err(e) = super::at_least::keep_until(lock, left, until).await {
+                        tracing::debug!(error = %e, "a dropped job's lock kept to its minimum");
+                    }
+                });
+            }
+        }
+        None => {
+            spawn_unlock(lock);
+        }
+    }
+}
+
 /// Releases `lock` in a task of its own, for a holder that may ask for the
 /// outcome later.
 fn spawn_unlock(lock: Lock) -> Option<JoinHandle<Result<Released, Error>>> {
@@ -206,13 +231,13 @@ impl Task {
                 }
                 Some(Entry::Releasing(None)) | None => {}
             },
-            Command::Drop(id) => match self.entries.remove(&id) {
+            Command::Drop(id, keep) => match self.entries.remove(&id) {
                 Some(Entry::Idle(renewal)) => {
                     self.timers.remove(&(renewal.renew_at, id));
-                    spawn_unlock(renewal.finish());
+                    spawn_end(renewal.finish(), keep);
                 }
                 Some(Entry::InFlight(_)) => {
-                    self.entries.insert(id, Entry::InFlight(After::Drop));
+                    self.entries.insert(id, Entry::InFlight(After::Drop(keep)));
                 }
                 Some(Entry::Releasing(_)) | None => {}
             },
@@ -317,7 +342,8 @@ impl Task {
                 (After::Release(reply), _) => {
                     let _ = reply.send(Handback::Lock(Box::new(renewal.finish())));
                 }
-                (After::Drop, _) => {
+                (After::Drop(keep), true) => spawn_end(renewal.finish(), keep),
+                (After::Drop(_), false) => {
                     spawn_unlock(renewal.finish());
                 }
             }

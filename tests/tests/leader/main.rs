@@ -11,6 +11,9 @@
 //! - `jobs.rs`: five replicas (independent handles) fire the same ticks with
 //!   up to 500 ms of timer skew; a job with a minimum hold runs once per tick,
 //!   and without one (the negative control) more often.
+//! - `cancel.rs`: such a job cancelled or panicking keeps its tick to the
+//!   minimum, as a normal end does.
 
+mod cancel;
 mod election;
 mod jobs;

@@ -1,0 +1,99 @@
+//! A job with a minimum hold keeps its tick whatever ends it: cancelled
+//! (its future dropped by a `tokio::time::timeout`) or panicking, the lock
+//! keeps its keys until the minimum has passed, as a normal end does, so a
+//! replica whose timer fires a little later skips the tick. Before, a drop
+//! deleted the keys and a second replica ran the same tick (issue 47, item 5).
+
+use std::time::{Duration, Instant};
+
+use redlock_core::{JobOptions, Redlock};
+use redlock_tests::Cluster;
+use redlock_tests::timing;
+
+const TTL: Duration = Duration::from_secs(8);
+const AT_LEAST: Duration = Duration::from_secs(3);
+
+fn patient(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+/// After `started`, the job's key must stay on a quorum until `AT_LEAST`
+/// has passed (the tick is not freed early: a second `run_job` skips), and
+/// be gone from every node by the end of the minimum (not its 8 s TTL).
+async fn the_tick_is_kept_to_its_minimum(cluster: &Cluster, redlock: &Redlock, started: Instant) {
+    let key = redlock.key_for("tick");
+    let options = JobOptions::new(TTL).at_least(AT_LEAST);
+    // Every node's PTTL comes down to what is left of the minimum (the keep
+    // is a compare-and-pexpire, sent in the background after the drop).
+    let kept = redlock_tests::util::eventually(timing::settled(), || {
+        let left = AT_LEAST.saturating_sub(started.elapsed()).as_millis() as i64;
+        cluster.nodes().iter().all(|n| n.pttl(&key) <= left + 1)
+    })
+    .await;
+    assert!(kept, "the keys were not shortened to the minimum");
+    // While the minimum runs, another replica's tick is skipped.
+    if started.elapsed() + Duration::from_millis(500) < AT_LEAST {
+        let second = redlock
+            .run_job("tick", &options, |_| async { "ran again" })
+            .await
+            .unwrap();
+        if started.elapsed() < AT_LEAST {
+            assert_eq!(second, None, "a second run_job ran the tick early");
+        }
+    }
+    // Gone with the minimum, well before the TTL.
+    let freed = redlock_tests::util::eventually(timing::liveness(AT_LEAST), || {
+        cluster.count_with_key(&key) == 0
+    })
+    .await;
+    assert!(freed, "the key outlived its minimum");
+    assert!(
+        started.elapsed() >= AT_LEAST - Duration::from_millis(5),
+        "freed {:?} after the start, before the {AT_LEAST:?} minimum",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_keeps_its_tick_to_the_minimum() {
+    let cluster = Cluster::start(3);
+    let redlock = patient(&cluster);
+    redlock.check_nodes().await.unwrap();
+    let options = JobOptions::new(TTL).at_least(AT_LEAST);
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let started = Instant::now();
+    let mut job = Box::pin(redlock.run_job("tick", &options, |_| async move {
+        let _ = entered_tx.send(());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }));
+    // Cancelled once the job runs: the future is dropped mid-job.
+    tokio::select! {
+        _ = &mut job => panic!("the job ended by itself"),
+        _ = entered_rx => {}
+    }
+    drop(job);
+    the_tick_is_kept_to_its_minimum(&cluster, &redlock, started).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_job_keeps_its_tick_to_the_minimum() {
+    let cluster = Cluster::start(3);
+    let redlock = patient(&cluster);
+    redlock.check_nodes().await.unwrap();
+    let options = JobOptions::new(TTL).at_least(AT_LEAST);
+    let started = Instant::now();
+    let job = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move {
+            redlock
+                .run_job("tick", &options, |_| async { panic!("the job failed") })
+                .await
+        })
+    };
+    assert!(job.await.unwrap_err().is_panic());
+    the_tick_is_kept_to_its_minimum(&cluster, &redlock, started).await;
+}
