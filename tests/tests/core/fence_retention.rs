@@ -35,9 +35,11 @@ const SLACK: Duration = Duration::from_secs(3);
 
 /// A Durable fencing handle over `cluster`, its connections up.
 async fn durable(cluster: &Cluster) -> Redlock {
+    // As patient as the locks' 1 s TTL allows (a node timeout must be
+    // shorter than it): the subject is the counters' expiry, not a slow node.
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(LOCK_TTL / 2)
         .fencing(FencingMode::Durable)
         .build()
         .unwrap();

@@ -13,7 +13,8 @@ use super::*;
 /// Through three proxies adding `one_way` each direction, a long-lived handle
 /// with a 200 ms node timeout makes 20 `try_lock` + `unlock` attempts 100 ms
 /// apart. Returns whether the first attempt acquired and how many of the
-/// 19 others did.
+/// 19 others did; any failure must be the honest answer to a slow node (node
+/// timeouts, nothing else).
 pub(super) async fn acquired_through_latency(one_way: Duration) -> (bool, usize) {
     use redlock_tests::proxy::{Direction, FaultProxy};
     let cluster = Cluster::start(3);
@@ -41,6 +42,13 @@ pub(super) async fn acquired_through_latency(one_way: Duration) -> (bool, usize)
             }
             Err(e) => {
                 eprintln!("{one_way:?} each way, attempt {i}: {e}");
+                let report = e.report().unwrap_or_else(|| panic!("{e:?}"));
+                assert!(
+                    report
+                        .errors()
+                        .all(|(_, err)| matches!(err, redlock_core::NodeError::Timeout(_))),
+                    "attempt {i}: a failure other than a node timeout: {e:?}"
+                );
                 false
             }
         };
@@ -53,9 +61,11 @@ pub(super) async fn acquired_through_latency(one_way: Duration) -> (bool, usize)
 
 /// A connect + handshake (one round trip) plus the `SET` (another) take 240 ms
 /// at 120 ms RTT, longer than the 200 ms node timeout: the first call times
-/// out, but the connection it waited for must stay, so every later call
-/// (120 ms) succeeds. (Scaled up from 30 ms RTT against 50 ms, whose 20 ms of
-/// slack a loaded 2-core machine sometimes ate.)
+/// out, but the connection it waited for must stay, so the later calls
+/// (120 ms) succeed. A loaded machine may time out a later call too (an
+/// honest answer: a node timeout); had the connection not been kept, every
+/// later call would need a new handshake and time out, so most succeeding
+/// is the check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn reconnect_survives_a_handshake_longer_than_the_node_timeout() {
     let (first_80, rest_80) = acquired_through_latency(ms(40)).await;
@@ -63,8 +73,8 @@ pub(super) async fn reconnect_survives_a_handshake_longer_than_the_node_timeout(
     eprintln!(
         "80 ms RTT: first {first_80}, {rest_80}/19 after; 120 ms RTT: first {first_120}, {rest_120}/19 after"
     );
-    assert!(rest_80 >= 18, "80 ms RTT: {rest_80} of 19 acquired");
-    assert!(rest_120 >= 18, "120 ms RTT: {rest_120} of 19 acquired");
+    assert!(rest_80 > 19 / 2, "80 ms RTT: {rest_80} of 19 acquired");
+    assert!(rest_120 > 19 / 2, "120 ms RTT: {rest_120} of 19 acquired");
 }
 
 /// `total_connections_received` on the node (the connection that asks counts).
