@@ -175,6 +175,22 @@ impl Redlock {
         .await
     }
 
+    /// Compare-and-delete of the key `handle` held (a mutex's, a permit's
+    /// slot, a read share's) with its token, on every node, waiting for each
+    /// node's answer or its timeout: the second pass of a holder that must
+    /// not leave a key behind when it exits (the `redlock` command), after
+    /// its guard's release returned at quorum. For a lock on one resource;
+    /// deletes nothing that holds another token.
+    ///
+    /// # Errors
+    /// [`Error::ReleaseIncomplete`] when too many nodes failed to confirm.
+    pub async fn release_everywhere(&self, handle: &crate::LockHandle) -> Result<Released, Error> {
+        let key = crate::keys::Keys::One(handle.key().into());
+        let token: Arc<str> = handle.token().into();
+        self.release_everywhere_key(handle.resource(), &key, &token)
+            .await
+    }
+
     /// The operator's escape hatch: compare-and-delete of `resource`'s key on
     /// every node, for the holder whose token is `token` (a process that died
     /// holding a long lock, say). Deletes nothing that holds another token.
@@ -186,7 +202,18 @@ impl Redlock {
         self.check_resource(resource)?;
         let key = crate::keys::Keys::One(self.key_for(resource).into());
         let token: Arc<str> = token.into();
-        let settled = self.unlock_all(&key, &token, None, None).await;
+        self.release_everywhere_key(resource, &key, &token).await
+    }
+
+    /// Compare-and-delete of `key` with `token` on every node, each waited
+    /// for (or its timeout).
+    async fn release_everywhere_key(
+        &self,
+        resource: &str,
+        key: &crate::keys::Keys,
+        token: &Arc<str>,
+    ) -> Result<Released, Error> {
+        let settled = self.unlock_all(key, token, None, None).await;
         let failed = settled
             .iter()
             .flatten()

@@ -156,3 +156,40 @@ fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
     let table = status(&["doc", "--rw"]);
     assert!(table.contains("  free\n"), "{table}");
 }
+
+/// After the command exits, `redlock run` sends a second release that waits
+/// for every node, so that no key outlives it but on a node that failed.
+/// Under `--permits` it named the resource's own key, which a permit holder
+/// never holds, so the slot key of a node whose first release was lost
+/// stayed until its TTL (issue 47, item 9). Judged from the commands each
+/// node ran: both release passes name the slot key the permit held.
+#[test]
+fn the_second_release_of_a_permit_names_its_slot_key() {
+    let cluster = Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let monitors: Vec<_> = cluster.nodes().iter().map(|n| n.monitor()).collect();
+    let out = run_to_end({
+        let mut c = redlock(&nodes);
+        c.args(["run", "--key", "tally", "--permits", "2", "--", "true"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Each release pass runs the compare-and-delete's GET on the key it
+    // names, inside the script (`[0 lua] "GET" "<key>"`).
+    for (i, m) in monitors.into_iter().enumerate() {
+        let lines = m.stop();
+        let gets = |key: &str| {
+            let needle = format!("lua] \"GET\" \"{key}");
+            lines.iter().filter(|l| l.contains(&needle)).count()
+        };
+        assert_eq!(
+            gets("{tally}\""),
+            0,
+            "node {i}: a release named the resource's own key: {lines:#?}"
+        );
+        assert!(
+            gets("{tally}:redlock-permit:") >= 2,
+            "node {i}: both release passes name the permit's slot key: {lines:#?}"
+        );
+    }
+}

@@ -313,9 +313,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     // which each node runs after the first, waits for every node (or its
     // timeout), so no key outlives the command but on a node that failed.
     if deleted {
-        let _ = redlock
-            .release_token(handle.resource(), handle.token())
-            .await;
+        // The key the guard held: a permit's slot key, not the resource's.
+        let _ = redlock.release_everywhere(&handle).await;
     }
     if lost_at.is_some() {
         return ExitCode::from(code::LOST);
