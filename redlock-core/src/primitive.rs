@@ -25,13 +25,16 @@ pub(crate) trait Acquire {
     /// Which gauges count its holders and waiters.
     fn of(&self) -> Of;
 
-    /// Takes it on `resource` for `ttl`, retrying per `retry`.
+    /// Takes it on `resource` for `ttl`, retrying per `retry`; a fenced
+    /// key's Durable counter expires after `retained` when set (a guard's
+    /// `fence_retention`, see `LockOptions::retained_counter_ttl`).
     fn acquire(
         &self,
         redlock: &Redlock,
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
+        retained: Option<Duration>,
     ) -> impl Future<Output = Result<Lock, Error>> + Send;
 }
 
@@ -47,6 +50,7 @@ impl Redlock {
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
+        retained: Option<Duration>,
     ) -> Result<Lock, Error> {
         let begin = Instant::now();
         let of = what.of();
@@ -58,7 +62,7 @@ impl Redlock {
             .and_then(|_| self.metrics_key(&self.key_for(resource)));
         let waiting =
             (retry.max_attempts > 1).then(|| (metrics::Waiting::start(), Gauged::waiting(of, key)));
-        let mut result = what.acquire(self, resource, ttl, retry).await;
+        let mut result = what.acquire(self, resource, ttl, retry, retained).await;
         let outcome = metrics::acquire_outcome(&result);
         metrics::acquired(key, outcome, begin.elapsed(), waiting.is_some());
         if let Ok(lock) = result.as_mut() {
@@ -78,8 +82,11 @@ impl Redlock {
     ) -> Result<LockGuard, Error> {
         self.loss_margin_for(options)?;
         let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
+        // As the mutex's guard: a Durable counter of a resource with a
+        // retention expires after it (a client-named request key's).
+        let retained = options.retained_counter_ttl(self.inner.settings.fencing);
         let lock = self
-            .acquire_with(what, resource, options.ttl, retry)
+            .acquire_with(what, resource, options.ttl, retry, retained)
             .await?;
         LockGuard::new(lock, options)
     }

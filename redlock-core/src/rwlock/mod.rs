@@ -113,7 +113,7 @@ impl Redlock {
         access: Access,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.acquire_with(&access, resource, ttl, &RetryPolicy::no_retry())
+        self.acquire_with(&access, resource, ttl, &RetryPolicy::no_retry(), None)
             .await
     }
 
@@ -130,7 +130,7 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        self.acquire_with(&access, resource, ttl, retry).await
+        self.acquire_with(&access, resource, ttl, retry, None).await
     }
 
     /// Takes a read share or the write lock (retrying per `options` or the
@@ -184,8 +184,9 @@ impl Acquire for Access {
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
+        retained: Option<Duration>,
     ) -> impl Future<Output = Result<Lock, Error>> + Send {
-        redlock.rw_lock_with_retries(resource, *self, ttl, retry)
+        redlock.rw_lock_with_retries(resource, *self, Ttl::new(ttl, retained), retry)
     }
 }
 
@@ -194,19 +195,24 @@ impl Redlock {
         &self,
         resource: &str,
         access: Access,
-        ttl: Duration,
+        ttl: Ttl,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
         self.check_resource(resource)?;
-        self.check_ttl(ttl)?;
+        self.check_ttl(ttl.key)?;
         let resource: Arc<str> = resource.into();
         let names = Names::new(self.key_for(&resource));
         let latest_start = self.latest_start(retry, Instant::now());
         match access {
             Access::Shared => {
-                self.retry_attempts(&names.writer, ttl, retry, latest_start, false, |n, _| {
-                    self.read_attempt(&resource, &names, ttl, n)
-                })
+                self.retry_attempts(
+                    &names.writer,
+                    ttl.key,
+                    retry,
+                    latest_start,
+                    false,
+                    |n, _| self.read_attempt(&resource, &names, ttl.key, n),
+                )
                 .await
             }
             Access::Exclusive => {
@@ -214,9 +220,14 @@ impl Redlock {
                 // intent is its own from one attempt to the next.
                 let writer_id = new_token()?;
                 let result = self
-                    .retry_attempts(&names.writer, ttl, retry, latest_start, false, |n, _| {
-                        self.write_attempt(&resource, &names, ttl, &writer_id, n)
-                    })
+                    .retry_attempts(
+                        &names.writer,
+                        ttl.key,
+                        retry,
+                        latest_start,
+                        false,
+                        |n, _| self.write_attempt(&resource, &names, ttl, &writer_id, n),
+                    )
                     .await;
                 // Held or given up: the intent has done its work (a holder's
                 // key keeps readers out itself). Deleted where it is still
@@ -250,7 +261,7 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         names: &Names,
-        ttl: Duration,
+        ttl: Ttl,
         writer_id: &str,
         attempt: u32,
     ) -> Result<Lock, Error> {
@@ -260,7 +271,7 @@ impl Redlock {
             .settings
             .fencing
             .map(|_| fence_key(&names.writer));
-        let ttl_ms = ttl.as_millis();
+        let ttl_ms = ttl.key.as_millis();
         let call = Call::write_acquire(
             &names.keys(),
             &token,
@@ -273,7 +284,7 @@ impl Redlock {
             key: Arc::clone(&names.writer),
             fenced: true,
         };
-        self.attempt_scripted(resource, target, token, Ttl::new(ttl, None), call, attempt)
+        self.attempt_scripted(resource, target, token, ttl, call, attempt)
             .await
     }
 }

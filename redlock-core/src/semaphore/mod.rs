@@ -76,8 +76,14 @@ impl Redlock {
         permits: u32,
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.acquire_with(&Permits(permits), resource, ttl, &RetryPolicy::no_retry())
-            .await
+        self.acquire_with(
+            &Permits(permits),
+            resource,
+            ttl,
+            &RetryPolicy::no_retry(),
+            None,
+        )
+        .await
     }
 
     /// Takes one of `permits` permits of `resource`, retrying per `retry`
@@ -92,7 +98,7 @@ impl Redlock {
         ttl: Duration,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
-        self.acquire_with(&Permits(permits), resource, ttl, retry)
+        self.acquire_with(&Permits(permits), resource, ttl, retry, None)
             .await
     }
 
@@ -148,8 +154,9 @@ impl Acquire for Permits {
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
+        retained: Option<Duration>,
     ) -> impl Future<Output = Result<Lock, Error>> + Send {
-        redlock.permit_with_retries(resource, self.0, ttl, retry)
+        redlock.permit_with_retries(resource, self.0, Ttl::new(ttl, retained), retry)
     }
 }
 
@@ -158,16 +165,16 @@ impl Redlock {
         &self,
         resource: &str,
         permits: u32,
-        ttl: Duration,
+        ttl: Ttl,
         retry: &RetryPolicy,
     ) -> Result<Lock, Error> {
         self.check_resource(resource)?;
-        self.check_ttl(ttl)?;
+        self.check_ttl(ttl.key)?;
         check_permits(permits)?;
         let resource: Arc<str> = resource.into();
         let key = self.key_for(&resource);
         let latest_start = self.latest_start(retry, Instant::now());
-        self.retry_attempts(&key, ttl, retry, latest_start, true, |attempt, flag| {
+        self.retry_attempts(&key, ttl.key, retry, latest_start, true, |attempt, flag| {
             self.permit_attempt(&resource, &key, permits, ttl, attempt, flag)
         })
         .await
@@ -182,7 +189,7 @@ impl Redlock {
         resource: &Arc<str>,
         key: &str,
         permits: u32,
-        ttl: Duration,
+        ttl: Ttl,
         attempt: u32,
         flag: Option<Duration>,
     ) -> Result<Lock, Error> {
@@ -193,7 +200,7 @@ impl Redlock {
             let slot = (first + i) % permits;
             let slot_key: Arc<str> = permit_key(key, slot).into();
             match self
-                .attempt_flagged(resource, &slot_key, Ttl::new(ttl, None), attempt, flag)
+                .attempt_flagged(resource, &slot_key, ttl, attempt, flag)
                 .await
             {
                 Ok(lock) => return Ok(lock),

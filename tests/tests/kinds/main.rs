@@ -21,7 +21,33 @@ fn redlock(cluster: &Cluster) -> Redlock {
         .unwrap()
 }
 
-/// Every key on every node: a refused request writes none.
+/// Every key on every node (lossy: fence counters' names start with a
+/// 0xff byte): a refused request writes none.
 fn all_keys(cluster: &Cluster) -> Vec<String> {
-    cluster.nodes().iter().flat_map(|n| n.keys()).collect()
+    cluster
+        .nodes()
+        .iter()
+        .flat_map(|n| raw_keys(n))
+        .map(|k| String::from_utf8_lossy(&k).into_owned())
+        .collect()
+}
+
+/// The keys of one node, as bytes.
+fn raw_keys(node: &redlock_tests::RedisNode) -> Vec<Vec<u8>> {
+    node.raw_bytes(&[b"KEYS", b"*"]).unwrap()
+}
+
+/// Every key of `cluster` with no expiry, as `port: key`.
+fn without_expiry(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .nodes()
+        .iter()
+        .flat_map(|n| {
+            raw_keys(n)
+                .into_iter()
+                .filter(|k| n.raw_bytes::<i64>(&[b"PTTL", k]).unwrap() == -1)
+                .map(|k| format!("{}: {}", n.port(), String::from_utf8_lossy(&k)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }

@@ -12,7 +12,7 @@ use redlock_tests::http::{client, send};
 use redlock_tower::idempotency::IdempotencyLayer;
 use redlock_tower::{ByPathParams, RedlockLayer};
 
-use crate::{all_keys, redlock};
+use crate::{all_keys, redlock, without_expiry};
 
 /// A handler that counts its runs.
 fn counted(runs: Arc<AtomicUsize>) -> impl Fn() -> std::future::Ready<&'static str> + Clone {
@@ -153,4 +153,74 @@ async fn the_idempotency_layer_refuses_a_lock_that_is_not_the_mutex() {
         assert_eq!(runs.load(Ordering::SeqCst), 0, "{kind}: the handler ran");
         assert_eq!(all_keys(&cluster), Vec::<String>::new(), "{kind}");
     }
+}
+
+/// With Durable fencing, a request's lock keeps a fence counter per
+/// resource. The mutex gave a client-named resource's counter the policy's
+/// retention; permits and the write side of shared reads took another path
+/// and left a counter with no expiry per distinct path, on every node
+/// (issue 47, item 4). Every key the library wrote now has an expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_counters_of_permits_and_writes_expire() {
+    let cluster = Cluster::start(3);
+    let durable = redlock_core::Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
+        .fencing(redlock_core::FencingMode::Durable)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/permits/{n}", post(counted(runs.clone())))
+        .layer(
+            RedlockLayer::by_path()
+                .permits(2)
+                .with_redlock(durable.clone()),
+        )
+        .merge(
+            Router::new()
+                .route("/shared/{n}", post(counted(runs.clone())))
+                .layer(
+                    RedlockLayer::by_path()
+                        .shared_for_safe_methods()
+                        .with_redlock(durable),
+                ),
+        );
+    let (base, server) = serve(app).await;
+    let client = client();
+    for n in 0..5 {
+        for route in ["permits", "shared"] {
+            let reply = send(
+                &client,
+                Method::POST,
+                &format!("{base}/{route}/{n}"),
+                &[],
+                "",
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                reply.status,
+                StatusCode::OK,
+                "{route}/{n}: {}",
+                reply.text()
+            );
+        }
+    }
+    server.abort();
+    assert_eq!(runs.load(Ordering::SeqCst), 10);
+    // Judged once every node answered (a release returns at quorum): no key
+    // is left without an expiry, and the counters are there (fenced).
+    let mut left = without_expiry(&cluster);
+    redlock_tests::util::eventually(redlock_tests::timing::settled(), || {
+        left = without_expiry(&cluster);
+        left.is_empty()
+    })
+    .await;
+    assert_eq!(left, Vec::<String>::new(), "keys with no expiry");
+    assert!(
+        all_keys(&cluster).iter().any(|k| k.contains("fence")),
+        "no fence counter was written: {:?}",
+        all_keys(&cluster)
+    );
 }
