@@ -22,9 +22,10 @@ fn ms(n: u64) -> Duration {
 /// may go out in either order once it opens, and a node that gets the write
 /// first rightly refuses it. The tests count records per node.
 async fn redlock(cluster: &Cluster) -> Redlock {
+    // The tests count calls and records per node: every call answered.
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
     let infos = redlock.check_nodes().await.unwrap();
@@ -478,6 +479,14 @@ async fn a_first_request_reads_the_record_with_its_acquire_not_again() {
             && cluster.count_with_key(lookup.resource()) == 0)
         .await
     );
+    // The request returned at quorum: the last node's peek, and what its
+    // monitor says of it, may still be on their way.
+    eventually(redlock_tests::timing::settled(), || {
+        monitors
+            .iter()
+            .all(|m| scripts_on(m, "2", &record_key) >= 1)
+    })
+    .await;
     for (i, monitor) in monitors.iter().enumerate() {
         // One read of the record with the lock key (the peek, sent after the
         // `SET`), and no read of the record alone (the read under the lock).

@@ -74,7 +74,7 @@ async fn tls_nodes_lock_and_unlock_with_a_private_ca() {
     }
     let ca = TestCa::generate();
     let nodes = nodes(&ca);
-    let mut builder = Redlock::builder().node_timeout(Duration::from_millis(500));
+    let mut builder = Redlock::builder().node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT);
     for n in &nodes {
         builder = builder.tls_url(url(n), trust(&ca)).unwrap();
     }
@@ -94,7 +94,7 @@ async fn tls_nodes_lock_and_unlock_through_application_pools() {
     }
     let ca = TestCa::generate();
     let nodes = nodes(&ca);
-    let mut builder = Redlock::builder().node_timeout(Duration::from_millis(500));
+    let mut builder = Redlock::builder().node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT);
     for n in &nodes {
         let client = redis::Client::build_with_tls(url(n), trust(&ca)).unwrap();
         let manager = Manager::new_with_config(
@@ -126,7 +126,7 @@ async fn tls_node_with_an_unknown_ca_is_a_connect_error() {
     let nodes = nodes(&ca);
     let rl = Redlock::builder()
         .urls(nodes.iter().map(url))
-        .node_timeout(Duration::from_millis(500))
+        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
     let err = rl

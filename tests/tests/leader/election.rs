@@ -179,14 +179,20 @@ async fn five_processes_one_leader_at_a_time_and_takeover_bounds() {
     for _ in 0..3 {
         let (_, stdin) = replicas.children[leader].as_mut().expect("alive");
         writeln!(stdin, "resign").unwrap();
+        // The replicas' lines come through separate pipes: the next
+        // leader's `LEAD` may be read before the resignation's `RESIGN`.
+        let mut early = None;
         let resigned_at = loop {
-            if let Said::Resign { id, at } = next(&rx, &mut log, bound)
-                && id == leader
-            {
-                break at;
+            match next(&rx, &mut log, bound) {
+                Said::Resign { id, at } if id == leader => break at,
+                Said::Lead { id, at, .. } => early = Some((id, at)),
+                _ => {}
             }
         };
-        let (next_leader, at) = next_lead(&rx, &mut log, bound);
+        let (next_leader, at) = match early {
+            Some(lead) => lead,
+            None => next_lead(&rx, &mut log, bound),
+        };
         resign_ms.push((at.saturating_sub(resigned_at)) as f64 / 1000.0);
         leader = next_leader;
     }

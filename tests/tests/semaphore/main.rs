@@ -51,20 +51,20 @@ fn most_at_once(sections: &[Section]) -> usize {
     most as usize
 }
 
-/// Lock commands each node has run so far (by `INFO commandstats`, all
-/// but the connection's own and the pub/sub ones): a waiter's attempt shows
-/// up here once it ran on a node.
+/// Acquire attempts each node has run so far (by `INFO commandstats`: the
+/// `TYPE` of a permit's `SET NX` pipeline, the scripts of a share, `SET`),
+/// not what a new connection sends: a waiter's attempt shows up here once it
+/// ran on a node.
 fn lock_calls(cluster: &Cluster) -> Vec<u64> {
-    const NOT_LOCK: [&str; 9] = [
-        "info",
-        "ping",
-        "client",
-        "hello",
-        "select",
-        "auth",
-        "subscribe",
-        "unsubscribe",
-        "config",
+    const ATTEMPTS: [&str; 8] = [
+        "type",
+        "set",
+        "evalsha",
+        "eval",
+        "evalsha_ro",
+        "eval_ro",
+        "fcall",
+        "fcall_ro",
     ];
     cluster
         .nodes()
@@ -74,8 +74,7 @@ fn lock_calls(cluster: &Cluster) -> Vec<u64> {
             info.lines()
                 .filter_map(|l| {
                     let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-                    let name = name.split('|').next().unwrap_or(name);
-                    if NOT_LOCK.contains(&name) {
+                    if !ATTEMPTS.contains(&name) {
                         return None;
                     }
                     rest.strip_prefix("calls=")?

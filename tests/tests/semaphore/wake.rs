@@ -56,6 +56,11 @@ async fn served_after<F>(cluster: &Cluster, holder: &Redlock, held: Vec<Lock>, w
 where
     F: Future<Output = Result<Lock, Error>> + Send + 'static,
 {
+    // The holder's acquires returned at quorum: their last answers land
+    // first, so that they are not taken for the waiter's attempt.
+    for lock in &held {
+        assert_eq!(cluster.settled_count(lock.key(), 3).await, 3);
+    }
     let before = lock_calls(cluster);
     let began = Instant::now();
     let task = tokio::spawn(async move {
