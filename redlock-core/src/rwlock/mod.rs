@@ -190,6 +190,23 @@ impl Acquire for Access {
     }
 }
 
+/// How long a refused writer's intent lives from each of its attempts: past
+/// its next attempt, which comes within its policy's longest delay (a poll:
+/// the delay and its jitter; a woken waiter: its jitter spread), plus that
+/// attempt's round trip, and at least the TTL it asks for. Not the TTL
+/// alone: with a TTL under the delay, the intent lapsed between attempts and
+/// new readers passed the waiting writer. Each attempt renews it; the writer
+/// deletes it once it holds or gives up, so a writer that died waiting holds
+/// new readers back for this long at most.
+fn intent_ttl(ttl: Duration, retry: &RetryPolicy, node_timeout: Duration) -> Duration {
+    retry
+        .delay
+        .saturating_add(retry.jitter.saturating_mul(2))
+        .max(ttl)
+        .saturating_add(node_timeout.saturating_mul(2))
+        .saturating_add(Duration::from_secs(1))
+}
+
 impl Redlock {
     async fn rw_lock_with_retries(
         &self,
@@ -219,6 +236,7 @@ impl Redlock {
                 // The writer's id: the same in all its attempts, so that its
                 // intent is its own from one attempt to the next.
                 let writer_id = new_token()?;
+                let intent = intent_ttl(ttl.key, retry, self.inner.settings.node_timeout);
                 let result = self
                     .retry_attempts(
                         &names.writer,
@@ -226,7 +244,7 @@ impl Redlock {
                         retry,
                         latest_start,
                         false,
-                        |n, _| self.write_attempt(&resource, &names, ttl, &writer_id, n),
+                        |n, _| self.write_attempt(&resource, &names, (ttl, intent), &writer_id, n),
                     )
                     .await;
                 // Held or given up: the intent has done its work (a holder's
@@ -261,7 +279,7 @@ impl Redlock {
         &self,
         resource: &Arc<str>,
         names: &Names,
-        ttl: Ttl,
+        (ttl, intent): (Ttl, Duration),
         writer_id: &str,
         attempt: u32,
     ) -> Result<Lock, Error> {
@@ -277,7 +295,7 @@ impl Redlock {
             &token,
             ttl_ms,
             writer_id,
-            ttl_ms,
+            intent.as_millis(),
             fence.as_deref(),
         );
         let target = Scripted {

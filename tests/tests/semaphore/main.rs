@@ -4,6 +4,7 @@
 //! holder's share freed at expiry, and writer preference.
 
 mod inspect;
+mod intent;
 mod leftovers;
 mod permits;
 mod rwlock;
