@@ -257,7 +257,7 @@ impl Renewal {
     /// The renewals end (a loss, a release, a drop): counts a loss in the
     /// metrics and hands the lock over for its release.
     pub(super) fn finish(mut self) -> Lock {
-        let metrics_key = self.lock.redlock().metrics_key(self.lock.key());
+        let metrics_key = self.lock.metrics_key();
         // A loss the holder saw on its own clock and answered with a release
         // before the renewal ran counts too (a release while held does not).
         let cause = if self.held_to_the_cap(Instant::now()) {

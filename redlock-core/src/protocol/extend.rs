@@ -134,7 +134,7 @@ impl Redlock {
             Err(Error::Expired { .. }) => "expired",
             Err(_) => "error",
         };
-        crate::metrics::extended(self.metrics_key(&lock.key), outcome);
+        crate::metrics::extended(lock.metrics_key(), outcome);
     }
 
     /// The latest validity an extend to `ttl` sent from `start` on can leave:

@@ -207,6 +207,23 @@ impl Lock {
         self.fencing_token
     }
 
+    /// The `key` label of this lock's metrics, with the application's
+    /// `metrics_key_label`: the resource's lock key, for a permit's slot or a
+    /// read share too, so that one primitive has one label in every metric
+    /// (its holders' gauge is labelled so); a lock on several resources, its
+    /// first key's.
+    pub(crate) fn metrics_key(&self) -> Option<&'static str> {
+        if !self.redlock.has_metrics_key() {
+            return None;
+        }
+        match self.many.as_deref().and_then(|m| m.keys.first()) {
+            Some(first) => self.redlock.metrics_key(first),
+            None => self
+                .redlock
+                .metrics_key(&self.redlock.key_for(&self.resource)),
+        }
+    }
+
     /// Marks the lock released for the straggler task, before the release is
     /// sent, and ends its hold in the metrics. Called by the release and again
     /// by the drop when the release's future is dropped before it ended: the
@@ -214,10 +231,7 @@ impl Lock {
     pub(crate) fn abandon(&mut self) {
         self.gauged = None;
         if let Some(acquired_at) = self.acquired_at.take() {
-            crate::metrics::held(
-                self.redlock.metrics_key(&self.key),
-                Some(acquired_at.elapsed()),
-            );
+            crate::metrics::held(self.metrics_key(), Some(acquired_at.elapsed()));
         }
         if let Some(late) = &self.late {
             late.releasing_everywhere();

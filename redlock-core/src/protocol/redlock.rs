@@ -429,7 +429,6 @@ impl Redlock {
 
     /// Whether the application asked for the `key` label (so a key is worth
     /// building for it).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn has_metrics_key(&self) -> bool {
         self.inner.settings.metrics_key.is_some()
     }

@@ -237,7 +237,7 @@ impl Redlock {
                 tracing::debug!(deleted, report = %self.release_report(&settled), "released");
             }
         });
-        crate::metrics::released(self.metrics_key(&lock.key), answered >= q);
+        crate::metrics::released(lock.metrics_key(), answered >= q);
         if answered >= q {
             return Ok(self.released(settled));
         }

@@ -223,7 +223,13 @@ impl Attempt<'_> {
         // From here the `Lock` (and its `Drop`) owns the release.
         self.cleanup.armed = false;
         let late = redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
-        crate::metrics::held(redlock.metrics_key(self.key), None);
+        // Labelled by the resource's lock key, as the lock's other metrics
+        // (`Lock::metrics_key`): a permit's slot key is not a label of its own.
+        let label = redlock
+            .has_metrics_key()
+            .then(|| redlock.metrics_key(&redlock.key_for(self.resource)))
+            .flatten();
+        crate::metrics::held(label, None);
         Lock {
             redlock: redlock.clone(),
             resource: Arc::clone(self.resource),
