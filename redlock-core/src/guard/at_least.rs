@@ -118,7 +118,13 @@ pub(super) async fn keep_until(
     let n = redlock.inner.nodes.len();
     let mut pending = redlock.fan_out(&call, parse_flag, 0..n);
     let settled = redlock.settle(&mut pending, |_| false).await;
-    // No release follows: the keys expire at `until` by themselves.
+    // No release follows: the keys expire at `until` by themselves. An
+    // acquire answer still on its way is told so: a late key is released
+    // where it lands (the kept keys are a quorum without it), and the task
+    // that drives it ends instead of waiting for a release never sent.
+    if let Some(late) = &lock.late {
+        late.release_never_sent();
+    }
     lock.released = true;
     // The local waiters' queue moves on: the next one finds the key busy and
     // waits for its expiry.

@@ -97,3 +97,59 @@ async fn a_panicking_job_keeps_its_tick_to_the_minimum() {
     assert!(job.await.unwrap_err().is_panic());
     the_tick_is_kept_to_its_minimum(&cluster, &redlock, started).await;
 }
+
+/// Clients connected to `node` (the harness's own included).
+fn clients(node: &redlock_tests::RedisNode) -> u64 {
+    let info: String = node.raw(&["INFO", "clients"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// The end of a hold under `release_at_least` before its minimum keeps the
+/// keys and sends no release. An acquire answer still on its way then
+/// waited for that release for ever, in a task of the handle's that holds
+/// the handle: the pools and their connections outlived every handle the
+/// application held, one more for each short job with a slow node (issue
+/// 47, item 6). Now the late key is released where it lands and the task
+/// ends: once the application drops its handle, the connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_acquire_answer_after_a_kept_end_does_not_keep_the_handle_alive() {
+    let cluster = Cluster::start(3);
+    let baseline = clients(cluster.node(0));
+    let redlock = patient(&cluster);
+    redlock.check_nodes().await.unwrap();
+    let key = redlock.key_for("late");
+    // Node 2 stalls: the acquire is decided by nodes 0 and 1, its SET to
+    // node 2 still on the way.
+    cluster.node(2).pause();
+    let guard = redlock
+        .lock_guard(
+            "late",
+            &redlock_core::LockOptions::new(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let ended = guard.release_at_least(AT_LEAST).await;
+    assert!(
+        matches!(ended, Ok(redlock_core::Ended::Kept { nodes: 2, .. })),
+        "{ended:?}"
+    );
+    cluster.node(2).resume();
+    // The late SET has landed (and been dealt with) on node 2.
+    let answered = redlock_tests::util::eventually(timing::settled(), || {
+        cluster.node(2).raw::<i64>(&["PTTL", &key]).unwrap() < 29_000
+    })
+    .await;
+    assert!(answered, "node 2 never ran the late SET and its keep");
+    drop(redlock);
+    let closed =
+        redlock_tests::util::eventually(timing::settled(), || clients(cluster.node(0)) <= baseline)
+            .await;
+    assert!(
+        closed,
+        "the dropped handle's connections stayed open: {} clients on node 0, {baseline} before",
+        clients(cluster.node(0))
+    );
+}
