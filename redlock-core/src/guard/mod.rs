@@ -19,16 +19,17 @@ use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
 use crate::protocol::release::Released;
 use crate::settings::LockOptions;
-pub use at_least::Ended;
 pub(crate) use at_least::run_guarded_at_least;
 use handle::Shared;
 pub use handle::{LockHandle, LostFuture};
+pub use keep::Ended;
 use renew::{LostOnExit, Renewal};
 use schedule::Schedule;
 use schedule::{Handback, Ticket};
 
 mod at_least;
 mod handle;
+mod keep;
 mod renew;
 mod schedule;
 

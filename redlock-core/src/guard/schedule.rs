@@ -187,7 +187,7 @@ fn spawn_end(lock: Lock, keep: Option<Instant>) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     let left = until.saturating_duration_since(Instant::now());
-                    if let Err(e) = super::at_least::keep_until(lock, left, until).await {
+                    if let Err(e) = super::keep::keep_until(lock, left, until).await {
                         tracing::debug!(error = %e, "a dropped job's lock kept to its minimum");
                     }
                 });
