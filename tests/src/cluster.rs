@@ -517,6 +517,17 @@ impl Cluster {
             .count()
     }
 
+    /// A handle over these nodes for a test whose subject is not a slow node:
+    /// [`PATIENT_NODE_TIMEOUT`](crate::timing::PATIENT_NODE_TIMEOUT), the
+    /// builder's defaults otherwise. Its locks need TTLs above 2 s.
+    pub fn patient_redlock(&self) -> redlock_core::Redlock {
+        redlock_core::Redlock::builder()
+            .urls(self.urls())
+            .node_timeout(crate::timing::PATIENT_NODE_TIMEOUT)
+            .build()
+            .expect("a handle over the test nodes")
+    }
+
     /// How many running nodes have `key`, once that is `want` or
     /// [`settled`](crate::timing::settled) has passed: a lock or an unlock
     /// returns at quorum, and the last node's answer may still be on its way.

@@ -9,16 +9,12 @@ mod actix;
 mod tower;
 
 use redlock_core::Redlock;
-use redlock_tests::{Cluster, timing};
+use redlock_tests::Cluster;
 
 /// A handle over `cluster` whose every call gets its answers on a loaded
 /// machine (the subject here is the kind, not a slow node).
 fn redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
+    cluster.patient_redlock()
 }
 
 /// Every key on every node (lossy: fence counters' names start with a

@@ -13,14 +13,6 @@ use redlock_tests::timing;
 const TTL: Duration = Duration::from_secs(8);
 const AT_LEAST: Duration = Duration::from_secs(3);
 
-fn patient(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
-}
-
 /// After `started`, the job's key must stay on a quorum until `AT_LEAST`
 /// has passed (the tick is not freed early: a second `run_job` skips), and
 /// be gone from every node by the end of the minimum (not its 8 s TTL).
@@ -61,7 +53,7 @@ async fn the_tick_is_kept_to_its_minimum(cluster: &Cluster, redlock: &Redlock, s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_job_keeps_its_tick_to_the_minimum() {
     let cluster = Cluster::start(3);
-    let redlock = patient(&cluster);
+    let redlock = cluster.patient_redlock();
     redlock.check_nodes().await.unwrap();
     let options = JobOptions::new(TTL).at_least(AT_LEAST);
     let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
@@ -82,7 +74,7 @@ async fn a_cancelled_job_keeps_its_tick_to_the_minimum() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_job_keeps_its_tick_to_the_minimum() {
     let cluster = Cluster::start(3);
-    let redlock = patient(&cluster);
+    let redlock = cluster.patient_redlock();
     redlock.check_nodes().await.unwrap();
     let options = JobOptions::new(TTL).at_least(AT_LEAST);
     let started = Instant::now();
@@ -118,7 +110,7 @@ fn clients(node: &redlock_tests::RedisNode) -> u64 {
 async fn a_late_acquire_answer_after_a_kept_end_does_not_keep_the_handle_alive() {
     let cluster = Cluster::start(3);
     let baseline = clients(cluster.node(0));
-    let redlock = patient(&cluster);
+    let redlock = cluster.patient_redlock();
     redlock.check_nodes().await.unwrap();
     let key = redlock.key_for("late");
     // Node 2 stalls: the acquire is decided by nodes 0 and 1, its SET to
