@@ -128,7 +128,14 @@ fn check_says_a_cluster_with_replicas_is_unfit() {
     );
 
     // With replica acks of 1: fit, each master's writes waited for.
-    let acked = format!("{node}?replica_acks=1&replica_timeout_ms=500");
+    // The replicas' acks are waited for as long as the patient node timeout
+    // allows (at most three quarters of it): the subject is the fit, not a
+    // slow replica.
+    let ack_timeout = redlock_tests::timing::PATIENT_NODE_TIMEOUT * 3 / 4;
+    let acked = format!(
+        "{node}?replica_acks=1&replica_timeout_ms={}",
+        ack_timeout.as_millis()
+    );
     let (code, out) = redlock_on(&acked, &["check"]);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(
