@@ -52,11 +52,15 @@ pub(super) async fn keep_until(
     let n = redlock.inner.nodes.len();
     let mut pending = redlock.fan_out(&call, parse_flag, 0..n);
     let settled = redlock.settle(&mut pending, |_| false).await;
-    // No release follows: the keys expire at `until` by themselves. An
-    // acquire answer still on its way is told so: a late key is released
-    // where it lands (the kept keys are a quorum without it), and the task
-    // that drives it ends instead of waiting for a release never sent.
+    // No release follows: the keys expire at `until` by themselves. The task
+    // that drives an acquire answer still on its way is told so, instead of
+    // waiting for a release never sent (it holds the handle). A node whose
+    // keep shortened this lock's key had its `SET` before the keep: its key
+    // stays until `until`. Elsewhere a late key, which the keep may have
+    // missed, is released where it lands (the nodes that decided the
+    // acquire are a quorum without it).
     if let Some(late) = &lock.late {
+        late.release_answers(&settled);
         late.release_never_sent();
     }
     lock.released = true;
