@@ -8,6 +8,7 @@ use std::time::Duration;
 use redlock_core::{Lock, Redlock};
 use redlock_tests::Cluster;
 use redlock_tests::monitor::{Monitor, parse_monitor_line};
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
 mod release;
 mod token_fan_out;
@@ -32,7 +33,7 @@ fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
 async fn warm_up(cluster: &Cluster, redlock: &Redlock) {
     let infos = redlock.check_nodes().await.unwrap();
     assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
-    let lock = held_everywhere(cluster, redlock, "warm-up", Duration::from_secs(5)).await;
+    let lock = held_everywhere(cluster, redlock, "warm-up", Duration::from_secs(60)).await;
     redlock_tests::util::assert_released(
         &redlock.unlock(lock).await.unwrap(),
         redlock.node_count(),
@@ -55,7 +56,7 @@ async fn held_everywhere(cluster: &Cluster, redlock: &Redlock, key: &str, ttl: D
     for _ in 0..5 {
         let lock = redlock.try_lock(key, ttl).await.unwrap();
         let token = lock.token().to_owned();
-        if cluster.wait_until(Duration::from_secs(2), |c| {
+        if cluster.wait_until(timing::settled(), |c| {
             c.count_holding(key, &token) == c.len()
         }) {
             // The late answers have landed; give their background handler a
@@ -64,7 +65,7 @@ async fn held_everywhere(cluster: &Cluster, redlock: &Redlock, key: &str, ttl: D
             return lock;
         }
         let _ = redlock.unlock(lock).await;
-        assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key(key) == 0));
+        assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key(key) == 0));
     }
     panic!("5 locks in a row did not reach every node");
 }
