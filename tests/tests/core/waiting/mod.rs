@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use redlock_core::deadpool_redis::redis;
 use redlock_core::{Redlock, RetryPolicy};
-use redlock_tests::Cluster;
+use redlock_tests::{Cluster, timing};
 
 mod channels;
 mod queue;
@@ -44,6 +44,29 @@ fn slow_poll(deadline: Duration) -> RetryPolicy {
         .with_jitter(Duration::ZERO)
 }
 
+/// How soon a waiter handed the lock by a wake-up (or by a fallback, after
+/// the event it waits for) must hold it, with [`patient`] handles: a release
+/// announced and an attempt made, each one node round at most
+/// ([`timing::liveness`] of two node timeouts).
+fn woken_within() -> Duration {
+    timing::liveness(2 * timing::PATIENT_NODE_TIMEOUT)
+}
+
+/// Far beyond [`woken_within`]: a holder's TTL, a poll delay or a deadline
+/// that cannot be what served a waiter within that bound, so that a wake-up
+/// is told from a poll or an expiry by the clock whatever the load.
+fn far() -> Duration {
+    4 * woken_within()
+}
+
+/// A policy that does not poll within [`far`]: only a wake-up (or the PTTL
+/// fallback) can serve its waiter.
+fn never_polls() -> RetryPolicy {
+    RetryPolicy::deadline(2 * far())
+        .with_delay(far())
+        .with_jitter(Duration::ZERO)
+}
+
 /// A handle whose calls do not time out on a loaded machine: for tests whose
 /// premise is that every node answered every call (a holder on all of them, a
 /// waiter that found all of them busy, and subscriptions confirmed before the
@@ -51,7 +74,7 @@ fn slow_poll(deadline: Duration) -> RetryPolicy {
 fn patient(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(2000))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }
@@ -78,7 +101,7 @@ fn subscribers(cluster: &Cluster, node: usize, key: &str) -> i64 {
 /// then joins the lock).
 fn held_everywhere(cluster: &Cluster, key: &str, token: &str) {
     assert!(
-        cluster.wait_until(ms(5000), |c| c
+        cluster.wait_until(timing::settled(), |c| c
             .nodes()
             .iter()
             .all(|n| n.get(key).as_deref() == Some(token))),
