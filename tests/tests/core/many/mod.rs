@@ -58,7 +58,7 @@ fn eventually_only_foreign(
         Ok(())
     };
     let mut last = Ok(());
-    cluster.wait_until(Duration::from_secs(3), |c| {
+    cluster.wait_until(redlock_tests::timing::settled(), |c| {
         last = check(c);
         last.is_ok()
     });

@@ -4,23 +4,36 @@ use std::time::{Duration, Instant};
 
 use redlock_core::{Redlock, RetryPolicy};
 use redlock_tests::Cluster;
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
 use super::*;
+
+/// How soon a woken waiter holds the lock: the release announced and an
+/// attempt made, each one node round at most.
+fn woken_within() -> Duration {
+    timing::liveness(2 * PATIENT_NODE_TIMEOUT)
+}
+
+/// Far beyond [`woken_within`]: the holder's TTL and the waiters' poll, so
+/// that neither can be what served a waiter within that bound.
+fn far() -> Duration {
+    4 * woken_within()
+}
 
 /// A release deletes every key and announces each: a waiter on A alone and a
 /// waiter on {B, C}, both polling every 5 s, are woken by the release of
 /// {A, B} long before.
-/// Two handles with checked nodes, and a policy whose 5 s poll is far too
-/// slow for the wake-up tests: only a release heard can pass them.
+/// Two handles with checked nodes, and a policy whose poll ([`far`]) is far
+/// too slow for the wake-up tests: only a release heard can pass them.
 pub(super) async fn holder_waiter_and_slow_poll(
     cluster: &Cluster,
 ) -> (Redlock, Redlock, RetryPolicy) {
-    let holder = redlock(cluster, ms(2000));
-    let waiter = redlock(cluster, ms(2000));
+    let holder = redlock(cluster, PATIENT_NODE_TIMEOUT);
+    let waiter = redlock(cluster, PATIENT_NODE_TIMEOUT);
     holder.check_nodes().await.unwrap();
     waiter.check_nodes().await.unwrap();
-    let slow = RetryPolicy::deadline(Duration::from_secs(20))
-        .with_delay(Duration::from_secs(5))
+    let slow = RetryPolicy::deadline(2 * far())
+        .with_delay(far())
         .with_jitter(Duration::ZERO);
     (holder, waiter, slow)
 }
@@ -29,10 +42,7 @@ pub(super) async fn holder_waiter_and_slow_poll(
 pub(super) async fn release_wakes_the_waiters_of_every_key() {
     let cluster = Cluster::start(3);
     let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
-    let lock = holder
-        .try_lock_many(["wa", "wb"], Duration::from_secs(15))
-        .await
-        .unwrap();
+    let lock = holder.try_lock_many(["wa", "wb"], far()).await.unwrap();
     let (w1, w2) = (waiter.clone(), waiter.clone());
     let (s1, s2) = (slow.clone(), slow.clone());
     let one = tokio::spawn(async move { w1.lock_with("wa", Duration::from_secs(5), &s1).await });
@@ -52,17 +62,14 @@ pub(super) async fn release_wakes_the_waiters_of_every_key() {
             )
         })
     };
-    assert!(
-        cluster.wait_until(Duration::from_secs(10), |_| subscribed("wa")
-            && subscribed("wb"))
-    );
+    assert!(cluster.wait_until(timing::settled(), |_| subscribed("wa") && subscribed("wb")));
     let released = Instant::now();
     holder.unlock(lock).await.unwrap();
     let a = one.await.unwrap().unwrap();
     let s = set.await.unwrap().unwrap();
     let waited = released.elapsed();
     assert!(
-        waited < Duration::from_secs(3),
+        waited < woken_within(),
         "woken {waited:?} after the release"
     );
     assert_eq!(s.resources(), ["wb", "wc"]);
@@ -82,10 +89,7 @@ pub(super) async fn release_wakes_the_waiters_of_every_key() {
 pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     let cluster = Cluster::start(3);
     let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
-    let lock = holder
-        .try_lock("fb", Duration::from_secs(15))
-        .await
-        .unwrap();
+    let lock = holder.try_lock("fb", far()).await.unwrap();
     let set = tokio::spawn(async move {
         waiter
             .lock_many_with(["fc", "fb"], Duration::from_secs(5), &slow)
@@ -94,7 +98,7 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     });
     // Subscribed, and its keys flagged on every node.
     assert!(
-        cluster.wait_until(Duration::from_secs(10), |c| c.nodes().iter().all(|n| {
+        cluster.wait_until(timing::settled(), |c| c.nodes().iter().all(|n| {
             n.pttl("{fb}:redlock-waiters") > 0 && n.pttl("{fc}:redlock-waiters") > 0
         })),
         "the waiter never flagged its keys"
@@ -104,18 +108,24 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     let (s, waiter) = set.await.unwrap().unwrap();
     let waited = released.elapsed();
     assert!(
-        waited < Duration::from_secs(3),
+        waited < woken_within(),
         "woken {waited:?} after the release"
     );
     assert_eq!(s.resources(), ["fb", "fc"]);
-    // The nodes where the set was taken: both keys hold its token there.
-    let held: Vec<bool> = cluster
-        .nodes()
-        .iter()
-        .map(|n| {
-            n.get("fb").as_deref() == Some(s.token()) && n.get("fc").as_deref() == Some(s.token())
-        })
-        .collect();
+    // The nodes where the set was taken: both keys hold its token there
+    // (the waiter's last node may answer after the quorum: wait for it, up
+    // to when it must have answered).
+    let held_on = |c: &Cluster| -> Vec<bool> {
+        c.nodes()
+            .iter()
+            .map(|n| {
+                n.get("fb").as_deref() == Some(s.token())
+                    && n.get("fc").as_deref() == Some(s.token())
+            })
+            .collect()
+    };
+    cluster.wait_until(timing::settled(), |c| held_on(c).iter().all(|h| *h));
+    let held = held_on(&cluster);
     assert!(held.iter().filter(|h| **h).count() >= 2, "held on {held:?}");
     eprintln!("the set was taken on nodes {held:?}");
     waiter.unlock(s).await.unwrap();
@@ -123,14 +133,12 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     // taken (with its TTL, so it goes by itself).
     let may_stay = |i: usize, k: &str| !held[i] && k == "{fc}:redlock-waiters";
     assert!(
-        cluster.wait_until(Duration::from_secs(5), |c| c
-            .nodes()
-            .iter()
-            .enumerate()
-            .all(|(i, n)| n
+        cluster.wait_until(timing::settled(), |c| c.nodes().iter().enumerate().all(
+            |(i, n)| n
                 .keys()
                 .iter()
-                .all(|k| !k.starts_with('f') || (may_stay(i, k) && n.pttl(k) > 0)))),
+                .all(|k| !k.starts_with('f') || (may_stay(i, k) && n.pttl(k) > 0))
+        )),
         "keys left: {:?}, the set held on {held:?}",
         cluster.nodes().iter().map(|n| n.keys()).collect::<Vec<_>>()
     );
