@@ -9,7 +9,12 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use redlock_core::{LockGuard, LockOptions, Redlock};
 use redlock_tests::Cluster;
+use redlock_tests::timing::{self, patient_node_timeout_for};
 use redlock_tests::util::eventually;
+
+/// The guards' TTL: long enough for a patient node timeout (a third of it),
+/// so that every renewal is answered on a loaded machine.
+const TTL: Duration = Duration::from_secs(3);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -73,19 +78,19 @@ fn extensions(guards: &[LockGuard]) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_guards_are_renewed_by_few_calls() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, ms(200));
+    let rl = redlock(&cluster, patient_node_timeout_for(TTL));
     rl.check_nodes().await.unwrap();
-    let guards = take(&rl, "batch-few", 300, &LockOptions::new(ms(1_000))).await;
+    let guards = take(&rl, "batch-few", 300, &LockOptions::new(TTL)).await;
     let before = scripts_run(&cluster);
     let renewed_before = extensions(&guards);
     let firsts: Vec<u32> = guards.iter().map(|g| g.handle().extensions()).collect();
     assert!(
-        eventually(ms(15_000), || guards
+        eventually(timing::liveness(2 * TTL), || guards
             .iter()
             .zip(&firsts)
             .all(|(g, &f)| g.handle().extensions() >= f + 2))
         .await,
-        "not every lock was renewed twice in 15 s"
+        "not every lock was renewed twice"
     );
     let after = scripts_run(&cluster);
     let renewals = extensions(&guards) - renewed_before;
@@ -109,33 +114,34 @@ async fn many_guards_are_renewed_by_few_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_lock_stolen_among_many_is_lost_alone() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, ms(200));
+    let rl = redlock(&cluster, patient_node_timeout_for(TTL));
     rl.check_nodes().await.unwrap();
-    let guards = take(&rl, "batch-steal", 200, &LockOptions::new(ms(1_000))).await;
+    let guards = take(&rl, "batch-steal", 200, &LockOptions::new(TTL)).await;
     let (stolen, expired) = (57, 123);
     let stolen_key = guards[stolen].handle().key().to_owned();
     let expired_key = guards[expired].handle().key().to_owned();
     // Every node has both keys before they are touched.
     assert!(
-        cluster.wait_until(ms(3_000), |c| c.count_with_key(&stolen_key) == 3
+        cluster.wait_until(timing::settled(), |c| c.count_with_key(&stolen_key) == 3
             && c.count_with_key(&expired_key) == 3)
     );
     for n in &cluster.nodes()[..2] {
-        n.cmd(&["SET", &stolen_key, "someone-else", "PX", "10000"]);
+        // Outlives the scenario: it is checked at the end.
+        n.cmd(&["SET", &stolen_key, "someone-else", "PX", "600000"]);
     }
     for n in cluster.nodes() {
         n.cmd(&["DEL", &expired_key]);
     }
     let marks: Vec<u32> = guards.iter().map(|g| g.handle().extensions()).collect();
     assert!(
-        eventually(ms(5_000), || guards[stolen].is_lost()
+        eventually(timing::liveness(TTL), || guards[stolen].is_lost()
             && guards[expired].is_lost())
         .await,
         "the stolen and the expired lock were not reported lost"
     );
     // The others are renewed after the losses, and none of them is lost.
     assert!(
-        eventually(ms(10_000), || guards
+        eventually(timing::liveness(2 * TTL), || guards
             .iter()
             .zip(&marks)
             .enumerate()
@@ -159,13 +165,15 @@ async fn one_lock_stolen_among_many_is_lost_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_nodes_do_not_make_a_batch_overstate_validity() {
     let cluster = Cluster::start(5);
-    let rl = redlock(&cluster, ms(100));
+    // The paused nodes stay pending whatever the node timeout; the three
+    // others answer every renewal.
+    let rl = redlock(&cluster, patient_node_timeout_for(TTL));
     rl.check_nodes().await.unwrap();
-    let guards = take(&rl, "batch-paused", 200, &LockOptions::new(ms(1_500))).await;
+    let guards = take(&rl, "batch-paused", 200, &LockOptions::new(TTL)).await;
     cluster.node(3).pause();
     cluster.node(4).pause();
     let marks: Vec<u32> = guards.iter().map(|g| g.handle().extensions()).collect();
-    let renewed = eventually(ms(10_000), || {
+    let renewed = eventually(timing::liveness(2 * TTL), || {
         guards
             .iter()
             .zip(&marks)
