@@ -16,6 +16,7 @@ use redlock_core::{
     CompareAndDelete, NativeCommands, NativeSupport, NodeStatus, Redlock, RetryPolicy,
 };
 use redlock_tests::servers::{redis_without_native_or_skip, valkey_or_skip};
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 use redlock_tests::util::eventually;
 use redlock_tests::{Cluster, RedisNode};
 
@@ -45,7 +46,9 @@ fn cluster_of(bins: &[&Path]) -> Cluster {
 fn handle(cluster: &Cluster, native: NativeCommands) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        // Every call answered on a loaded machine: the subject is the
+        // commands, not a slow node.
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .native_commands(native)
         .build()
         .unwrap()
@@ -63,9 +66,9 @@ fn calls(node: &RedisNode, command: &str) -> u64 {
 
 /// Each node's detected support once every node's answer is in (it is
 /// asked in the background after a connection opens), or what is known
-/// after 5 s.
+/// once they must have answered.
 async fn native_of(rl: &Redlock) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + timing::settled();
     loop {
         let infos = rl.check_nodes().await.unwrap();
         let known = infos.iter().all(|i| i.native.is_some());
@@ -91,11 +94,11 @@ async fn detection_on_redis_7_finds_none_and_the_scripts_run() {
         .map(|n| calls(n, "evalsha"))
         .collect();
     rl.extend(&mut lock, Duration::from_secs(20)).await.unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| {
+    assert!(cluster.wait_until(timing::settled(), |c| {
         c.nodes().iter().all(|n| n.pttl("nat-r7") > 10_000)
     }));
     rl.unlock(lock).await.unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("nat-r7") == 0));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("nat-r7") == 0));
     for (n, before) in cluster.nodes().iter().zip(evalsha) {
         assert_eq!(
             calls(n, "evalsha"),
@@ -140,7 +143,7 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     // A foreign holder on node 2: neither extended nor deleted there.
     let mut lock = rl.try_lock("nat-a", Duration::from_secs(5)).await.unwrap();
     assert!(cluster.wait_until(
-        Duration::from_secs(2),
+        timing::settled(),
         |c| c.count_holding("nat-a", lock.token()) == 3
     ));
     cluster
@@ -156,8 +159,9 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     assert_eq!(cluster.node(2).get("nat-a").as_deref(), Some("foreign"));
     assert!(cluster.node(2).pttl("nat-a") <= 60_000);
     assert_eq!(cluster.node(1).raw::<i64>(&["EXISTS", "nat-a"]).unwrap(), 0);
+    // The extend was decided without node 0's answer, maybe.
     assert!(
-        cluster.node(0).pttl("nat-a") > 10_000,
+        cluster.wait_until(timing::settled(), |c| c.node(0).pttl("nat-a") > 10_000),
         "node 0 still held it"
     );
     cluster
@@ -166,11 +170,11 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     let publish = count("publish");
     let released = rl.unlock(lock).await.unwrap();
     assert!(released.deleted <= 2, "{}", released.report());
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("nat-a") == 1));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("nat-a") == 1));
     assert_eq!(cluster.node(2).get("nat-a").as_deref(), Some("foreign"));
     // The wake-up went out where the key was deleted, and only there.
     let expected: Vec<u64> = publish.iter().zip([1, 1, 0]).map(|(p, d)| p + d).collect();
-    assert!(eventually(Duration::from_secs(2), || count("publish") == expected).await);
+    assert!(eventually(timing::settled(), || count("publish") == expected).await);
 
     // A release by a token nobody holds deletes nothing and announces nothing:
     // after it, one real release adds exactly one PUBLISH per node (the
@@ -180,18 +184,18 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     let none = rl.release_token("nat-b", "not-the-token").await.unwrap();
     assert_eq!(none.deleted, 0);
     assert!(cluster.wait_until(
-        Duration::from_secs(2),
+        timing::settled(),
         |c| c.count_holding("nat-b", other.token()) == 3
     ));
     rl.unlock(other).await.unwrap();
     let expected: Vec<u64> = publish.iter().map(|p| p + 1).collect();
-    assert!(eventually(Duration::from_secs(2), || count("publish") >= expected).await);
+    assert!(eventually(timing::settled(), || count("publish") >= expected).await);
     assert_eq!(count("publish"), expected);
 
     // The extend that succeeds sets the new expiry, by SET, with no script.
     let mut lock = rl.try_lock("nat-c", Duration::from_secs(5)).await.unwrap();
     rl.extend(&mut lock, Duration::from_secs(40)).await.unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| {
+    assert!(cluster.wait_until(timing::settled(), |c| {
         c.nodes().iter().all(|n| n.pttl("nat-c") > 30_000)
     }));
     rl.unlock(lock).await.unwrap();
@@ -208,14 +212,14 @@ async fn a_native_release_wakes_a_waiter_of_another_handle() {
     let holder = handle(&cluster, NativeCommands::ReleaseAndExtend);
     let waiter = handle(&cluster, NativeCommands::ReleaseAndExtend);
     assert_eq!(native_of(&holder).await, vec![VALKEY; 3]);
-    let lock = holder
-        .try_lock("nat-w", Duration::from_secs(30))
-        .await
-        .unwrap();
-    // Polling every 20 s, and a holder with 30 s left: only the release's
-    // PUBLISH can wake the waiter within the bound below.
-    let policy = RetryPolicy::deadline(Duration::from_secs(25))
-        .with_delay(Duration::from_secs(20))
+    // A wake-up: the release announced and an attempt made.
+    let woken_within = timing::liveness(2 * PATIENT_NODE_TIMEOUT);
+    let far = 4 * woken_within;
+    let lock = holder.try_lock("nat-w", far).await.unwrap();
+    // Polling and a holder far beyond the bound below: only the release's
+    // PUBLISH can wake the waiter within it.
+    let policy = RetryPolicy::deadline(2 * far)
+        .with_delay(far)
         .with_jitter(Duration::ZERO);
     let wait = tokio::spawn(async move {
         waiter
@@ -224,7 +228,7 @@ async fn a_native_release_wakes_a_waiter_of_another_handle() {
     });
     // The waiter has subscribed once its first attempt found the key busy.
     assert!(
-        eventually(Duration::from_secs(5), || {
+        eventually(timing::settled(), || {
             let subs: Vec<redis::Value> = cluster
                 .node(0)
                 .raw(&["PUBSUB", "NUMSUB", "redlock:released:0:{nat-w}"])
@@ -239,7 +243,7 @@ async fn a_native_release_wakes_a_waiter_of_another_handle() {
         .map(|n| calls(n, "evalsha"))
         .collect();
     holder.unlock(lock).await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), wait)
+    let got = tokio::time::timeout(woken_within, wait)
         .await
         .expect("the waiter was not woken by the native release")
         .unwrap()
@@ -266,16 +270,16 @@ async fn a_cluster_of_two_redis_7_and_one_valkey_9_locks_extends_and_releases() 
         let mut lock = rl.try_lock(&key, Duration::from_secs(5)).await.unwrap();
         // The acquire returned at quorum; the other's attempt must not take
         // the third node before this one's SET lands there.
-        assert!(cluster.wait_until(
-            Duration::from_secs(2),
-            |c| c.count_holding(&key, lock.token()) == 3
-        ));
+        assert!(
+            cluster.wait_until(timing::settled(), |c| c.count_holding(&key, lock.token())
+                == 3)
+        );
         assert!(matches!(
             other.try_lock(&key, Duration::from_secs(5)).await,
             Err(redlock_core::Error::Busy { .. })
         ));
         rl.extend(&mut lock, Duration::from_secs(30)).await.unwrap();
-        assert!(cluster.wait_until(Duration::from_secs(2), |c| {
+        assert!(cluster.wait_until(timing::settled(), |c| {
             c.nodes()
                 .iter()
                 .all(|n| n.pttl(&key) > 20_000 && n.get(&key).as_deref() == Some(lock.token()))
@@ -290,15 +294,12 @@ async fn a_cluster_of_two_redis_7_and_one_valkey_9_locks_extends_and_releases() 
             "{}",
             released.report()
         );
-        assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(&key) == 0));
+        assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key(&key) == 0));
         let lock = other.try_lock(&key, Duration::from_secs(5)).await.unwrap();
         other.unlock(lock).await.unwrap();
     }
     // The last release was decided at quorum: node 2's may land later.
-    assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| calls(c.node(2), "delifeq")
-            >= 40)
-    );
+    assert!(cluster.wait_until(timing::settled(), |c| calls(c.node(2), "delifeq") >= 40));
     assert_eq!(calls(cluster.node(0), "delifeq"), 0);
 }
 
@@ -317,7 +318,7 @@ async fn a_node_back_as_another_server_is_asked_again() {
     for (bin, expected) in [(&valkey, VALKEY), (&redis, "none")] {
         cluster.node(2).restart_as(bin);
         // The first calls find the old connection broken; a new one is asked.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + timing::settled();
         let mut seen = native_of(&rl).await;
         while seen[2] != expected && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -330,14 +331,8 @@ async fn a_node_back_as_another_server_is_asked_again() {
             .await
             .unwrap();
         rl.extend(&mut lock, Duration::from_secs(20)).await.unwrap();
-        assert!(
-            cluster.wait_until(Duration::from_secs(2), |c| c.node(2).pttl("nat-back")
-                > 10_000)
-        );
+        assert!(cluster.wait_until(timing::settled(), |c| c.node(2).pttl("nat-back") > 10_000));
         rl.unlock(lock).await.unwrap();
-        assert!(
-            cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("nat-back")
-                == 0)
-        );
+        assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("nat-back") == 0));
     }
 }
