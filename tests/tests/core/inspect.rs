@@ -2,15 +2,16 @@
 //! processes: the verdicts, the fingerprint in place of the token, and that an
 //! inspection changes nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlock_core::{FencingMode, Redlock, Verdict, token_fingerprint};
 use redlock_tests::Cluster;
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
 fn redlock(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap()
 }
@@ -28,13 +29,14 @@ async fn inspect_tells_free_held_and_inconsistent_and_never_the_token() {
             .all(|n| n.state.as_ref().is_ok_and(|s| !s.exists))
     );
 
-    let lock = rl
-        .try_lock("insp-a", Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("insp-a") == 3));
+    let ttl = Duration::from_secs(10);
+    let asked = Instant::now();
+    let lock = rl.try_lock("insp-a", ttl).await.unwrap();
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("insp-a") == 3));
     let before: Vec<i64> = cluster.nodes().iter().map(|n| n.pttl("insp-a")).collect();
     let seen = rl.inspect("insp-a").await.unwrap();
+    // The keys were set after `asked`; PTTLs are whole milliseconds.
+    let since = asked.elapsed() + Duration::from_millis(1);
     match &seen.verdict {
         Verdict::Held {
             holder,
@@ -43,7 +45,10 @@ async fn inspect_tells_free_held_and_inconsistent_and_never_the_token() {
         } => {
             assert_eq!(*holder, token_fingerprint(lock.token()));
             assert_eq!(*nodes, 3);
-            assert!(*validity > Duration::from_secs(8) && *validity <= Duration::from_secs(10));
+            assert!(
+                *validity + since >= ttl && *validity <= ttl,
+                "validity {validity:?}, {since:?} after the lock was asked for"
+            );
         }
         other => panic!("expected Held, got {other:?}"),
     }
@@ -114,7 +119,7 @@ async fn inspect_shows_the_fencing_counter_and_release_token_deletes_only_that_h
     let cluster = Cluster::start(3);
     let rl = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .fencing(FencingMode::Hybrid)
         .build()
         .unwrap();
@@ -123,7 +128,7 @@ async fn inspect_shows_the_fencing_counter_and_release_token_deletes_only_that_h
         .await
         .unwrap();
     let token = lock.fencing_token().unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("insp-f") == 3));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("insp-f") == 3));
     let seen = rl.inspect("insp-f").await.unwrap();
     let counters: Vec<Option<u64>> = seen
         .nodes
@@ -143,5 +148,5 @@ async fn inspect_shows_the_fencing_counter_and_release_token_deletes_only_that_h
     std::mem::forget(lock);
     let freed = rl.release_token("insp-f", &token_text).await.unwrap();
     assert!(freed.deleted >= 2, "{freed:?}");
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key("insp-f") == 0));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("insp-f") == 0));
 }

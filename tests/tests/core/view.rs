@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use redlock_core::{Error, LockOptions, Redlock};
 use redlock_tests::Cluster;
 use redlock_tests::proxy::{Direction, FaultProxy};
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 use redlock_tests::util::within;
 
 fn ms(n: u64) -> Duration {
@@ -27,7 +28,7 @@ fn redlock(urls: Vec<String>, node_timeout: Duration) -> Redlock {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_kept_after_the_release_does_not_say_held() {
     let cluster = Cluster::start(3);
-    let rl = redlock(cluster.urls(), ms(200));
+    let rl = redlock(cluster.urls(), PATIENT_NODE_TIMEOUT);
     let guard = rl
         .lock_guard("view-kept", &LockOptions::new(ms(10_000)))
         .await
@@ -37,7 +38,7 @@ async fn a_handle_kept_after_the_release_does_not_say_held() {
     assert!(!kept.is_lost() && kept.remaining() > ms(5_000));
     guard.release().await.unwrap();
 
-    let other = redlock(cluster.urls(), ms(200));
+    let other = redlock(cluster.urls(), PATIENT_NODE_TIMEOUT);
     let theirs = other
         .try_lock("view-kept", ms(10_000))
         .await
@@ -48,7 +49,7 @@ async fn a_handle_kept_after_the_release_does_not_say_held() {
     );
     assert_eq!(kept.remaining(), Duration::ZERO);
     assert!(kept.is_released(), "a release is not a loss");
-    within(ms(2_000), "lost() of a released handle", lost).await;
+    within(timing::settled(), "lost() of a released handle", lost).await;
     other.unlock(theirs).await.unwrap();
 }
 
@@ -57,7 +58,7 @@ async fn a_handle_kept_after_the_release_does_not_say_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_kept_after_the_guard_is_dropped_does_not_say_held() {
     let cluster = Cluster::start(3);
-    let rl = redlock(cluster.urls(), ms(200));
+    let rl = redlock(cluster.urls(), PATIENT_NODE_TIMEOUT);
     let guard = rl
         .lock_guard("view-dropped", &LockOptions::new(ms(10_000)))
         .await
@@ -67,23 +68,24 @@ async fn a_handle_kept_after_the_guard_is_dropped_does_not_say_held() {
     assert!(kept.is_lost() && kept.is_released());
     assert_eq!(kept.remaining(), Duration::ZERO);
     // And the release did go out.
-    assert!(cluster.wait_until(ms(5_000), |c| c.count_with_key("view-dropped") == 0));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("view-dropped") == 0));
 }
 
 /// A loss is still told as a loss after the release that follows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loss_before_the_release_is_not_reported_as_a_release() {
     let cluster = Cluster::start(3);
-    let rl = redlock(cluster.urls(), ms(50));
+    let ttl = ms(300);
+    let rl = redlock(cluster.urls(), timing::patient_node_timeout_for(ttl));
     let guard = rl
-        .lock_guard("view-lost-first", &LockOptions::new(ms(300)))
+        .lock_guard("view-lost-first", &LockOptions::new(ttl))
         .await
         .unwrap();
     let kept = guard.handle();
     for n in cluster.nodes() {
         n.pause();
     }
-    within(ms(3_000), "the loss", kept.lost()).await;
+    within(timing::liveness(ttl), "the loss", kept.lost()).await;
     for n in cluster.nodes() {
         n.resume();
     }
@@ -126,14 +128,15 @@ async fn a_shortening_renewal_lowers_the_holders_validity_before_it_is_sent() {
     let acquired = Instant::now();
     let handle = guard.handle();
     // Every node's connection is up and has the key before replies are held.
-    assert!(cluster.wait_until(ms(2_000), |c| c.count_with_key(key) == 3));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key(key) == 3));
     for p in &proxies {
         p.hold(Direction::Reply);
     }
     // Wait until a quorum of nodes shows the shortened TTL: far below what
     // the 4 s TTL would leave.
     let mut seen = None;
-    let end = Instant::now() + ms(5_000);
+    // The capping renewal comes within the first TTL.
+    let end = Instant::now() + timing::liveness(ms(4_000));
     while Instant::now() < end {
         let left_if_not_shortened = 4_000 - acquired.elapsed().as_millis() as i64;
         let pttls: Vec<i64> = cluster.nodes().iter().map(|n| n.pttl(key)).collect();
@@ -218,14 +221,19 @@ async fn a_late_shorter_extend_caps_what_a_later_longer_one_reports() {
     for (i, node) in cluster.nodes().iter().enumerate() {
         proxies.push(FaultProxy::start(i, node.port(), None).await.unwrap());
     }
-    let rl = redlock(proxies.iter().map(FaultProxy::url).collect(), ms(300));
+    // The held requests time out whatever the node timeout; every other call
+    // must be answered (the 20 s extend above all).
+    let rl = redlock(
+        proxies.iter().map(FaultProxy::url).collect(),
+        PATIENT_NODE_TIMEOUT,
+    );
     let key = "view-late-short";
     let mut lock = rl.try_lock(key, ms(10_000)).await.unwrap();
     // Loads the extend script on every node (a held `EVALSHA` that answered
     // `NOSCRIPT` later would never land). It is decided at quorum: wait until
     // it landed on every node, or the held straggler could land last.
     rl.extend(&mut lock, ms(12_000)).await.unwrap();
-    let end = Instant::now() + ms(5_000);
+    let end = Instant::now() + timing::settled();
     while !cluster.nodes().iter().all(|n| n.pttl(key) > 10_000) {
         assert!(
             Instant::now() < end,
@@ -261,7 +269,7 @@ async fn a_late_shorter_extend_caps_what_a_later_longer_one_reports() {
     }
     // The held 4 s extends land on nodes 1 and 2 (polled here, not with the
     // blocking `Cluster::wait_until`: the proxies run on this runtime).
-    let end = Instant::now() + ms(5_000);
+    let end = Instant::now() + timing::settled();
     while !(1..3).all(|i| (0..=4_000).contains(&cluster.node(i).pttl(key))) {
         assert!(
             Instant::now() < end,
