@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redlock_core::{Error, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -36,15 +37,16 @@ fn only_foreign_values_left(cluster: &Cluster, key: &str, busy: &[usize]) -> Res
     Ok(())
 }
 
-/// [`only_foreign_values_left`], allowing 3 s (far below every TTL used) for the
-/// background release of an answer that came after the outcome was decided.
+/// [`only_foreign_values_left`], allowing [`settled`](timing::settled) (below
+/// every TTL used) for the background release of an answer that came after
+/// the outcome was decided.
 fn eventually_only_foreign_values(
     cluster: &Cluster,
     key: &str,
     busy: &[usize],
 ) -> Result<(), String> {
     let mut last = Ok(());
-    cluster.wait_until(Duration::from_secs(3), |c| {
+    cluster.wait_until(timing::settled(), |c| {
         last = only_foreign_values_left(c, key, busy);
         last.is_ok()
     });
@@ -53,7 +55,8 @@ fn eventually_only_foreign_values(
 
 async fn check_every_subset(n: usize) {
     let cluster = Cluster::start(n);
-    let rl = redlock(&cluster, ms(200));
+    // Every node answers: the subject is the quorum rule, not a slow node.
+    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
     // Connect and load the scripts, so every later call is one ordered EVALSHA.
     rl.check_nodes().await.unwrap();
     let lock = rl
@@ -61,7 +64,7 @@ async fn check_every_subset(n: usize) {
         .await
         .unwrap();
     rl.unlock(lock).await.unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(3), |c| c.count_with_key("warm-up") == 0));
+    assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("warm-up") == 0));
 
     let quorum = n / 2 + 1;
     assert_eq!(rl.quorum(), quorum);
@@ -70,7 +73,8 @@ async fn check_every_subset(n: usize) {
         let key = format!("subset:{n}:{mask:05b}");
         let busy: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
         for &i in &busy {
-            cluster.node(i).cmd(&["SET", &key, FOREIGN, "PX", "30000"]);
+            // Outlives the case (checked at its end, up to `settled` later).
+            cluster.node(i).cmd(&["SET", &key, FOREIGN, "PX", "120000"]);
         }
         let free = n - busy.len();
         let case = format!("N={n}, busy nodes {busy:?}");
@@ -144,7 +148,7 @@ async fn concurrent_clients_never_overlap() {
         .with_jitter(ms(60));
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|client| {
-            let rl = redlock(&cluster, ms(200));
+            let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
             let (counter, sections, policy) =
                 (Arc::clone(&counter), Arc::clone(&sections), policy.clone());
             tokio::spawn(async move {
