@@ -13,6 +13,7 @@ use redlock_core::idempotency::{
 use redlock_core::idempotency::{Found, LookupKey, StoreError, StoreFuture};
 use redlock_core::{LockHandle, Redlock};
 use redlock_tests::Cluster;
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 use redlock_tests::util::eventually;
 
 fn ms(n: u64) -> Duration {
@@ -75,9 +76,10 @@ fn records(cluster: &Cluster, record_key: &str) -> Vec<Option<Vec<u8>>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
     let cluster = Cluster::start(3);
+    // Node 0 is paused in H2 only; every other call is answered.
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(timing::patient_node_timeout_for(ms(1000)))
         .build()
         .unwrap();
     redlock.check_nodes().await.unwrap();
@@ -90,9 +92,7 @@ async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
     let lock_key = redlock.key_for(lookup.resource());
     let no_lock_key = || async {
         assert!(
-            eventually(Duration::from_secs(5), || cluster.count_with_key(&lock_key)
-                == 0)
-            .await,
+            eventually(timing::settled(), || cluster.count_with_key(&lock_key) == 0).await,
             "the lock key is left on {} nodes",
             cluster.count_with_key(&lock_key)
         );
@@ -101,6 +101,12 @@ async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
     // H1 runs; its record is then left on node 0 alone.
     assert_eq!(run(&idem, key, "payment 9").await.unwrap(), Ok(()));
     no_lock_key().await;
+    // The record is written at quorum: node 0's may land later.
+    let on_node_0 = || records(&cluster, &record_key)[0].is_some();
+    assert!(
+        eventually(timing::settled(), on_node_0).await,
+        "no record on node 0"
+    );
     let r1 = records(&cluster, &record_key)[0]
         .clone()
         .expect("H1's record");
@@ -175,7 +181,7 @@ async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_r
     // load it came after the 200 ms the test first used.
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(2000))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
     redlock.check_nodes().await.unwrap();
@@ -197,7 +203,7 @@ async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_r
     // At least 6 on a quorum (the raise of a node that did not answer in
     // time may land later), and never without an expiry.
     assert!(
-        eventually(Duration::from_secs(5), || cluster
+        eventually(timing::settled(), || cluster
             .nodes()
             .iter()
             .filter(|n| n.get(&generation_key).and_then(|v| v.parse::<u64>().ok()) >= Some(6))
@@ -258,9 +264,10 @@ impl IdempotencyStore for RefusingWrites {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_on_a_minority_is_not_answered_when_its_write_back_fails() {
     let cluster = Cluster::start(3);
+    // Every call answered: the subject is the store's refusal.
     let redlock = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(200))
+        .node_timeout(PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
     redlock.check_nodes().await.unwrap();
@@ -274,11 +281,7 @@ async fn a_record_on_a_minority_is_not_answered_when_its_write_back_fails() {
     let record_key = store.inner.record_key(&lookup);
     assert_eq!(run(&idem, key, "payment 1").await.unwrap(), Ok(()));
     let lock_key = redlock.key_for(lookup.resource());
-    assert!(
-        eventually(Duration::from_secs(5), || cluster.count_with_key(&lock_key)
-            == 0)
-        .await
-    );
+    assert!(eventually(timing::settled(), || cluster.count_with_key(&lock_key) == 0).await);
     // Left on node 0 alone.
     let _ = cluster.node(1).raw::<i64>(&["DEL", &record_key]).unwrap();
     let _ = cluster.node(2).raw::<i64>(&["DEL", &record_key]).unwrap();

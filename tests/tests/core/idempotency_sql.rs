@@ -132,7 +132,7 @@ impl IdempotencyStore for SqliteStore {
 fn fenced(cluster: &Cluster) -> Redlock {
     Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(Duration::from_millis(200))
+        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
         .fencing(FencingMode::Hybrid)
         .build()
         .unwrap()
