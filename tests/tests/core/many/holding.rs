@@ -5,6 +5,8 @@ use std::time::Duration;
 use redlock_core::{Error, FencingMode, LockOptions, MAX_RESOURCES, Redlock};
 use redlock_tests::Cluster;
 
+use redlock_tests::timing;
+
 use super::*;
 
 /// A guard on a set renews every key: held for three TTLs, not lost, and
@@ -12,13 +14,16 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_guard_renews_every_key() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, ms(100));
+    // Every renewal answered: the subject is that each key is renewed.
+    let ttl = ms(2_000);
+    let rl = redlock(&cluster, timing::patient_node_timeout_for(ttl));
     rl.check_nodes().await.unwrap();
     let guard = rl
-        .lock_guard_many(["ga", "gb"], &LockOptions::new(ms(600)))
+        .lock_guard_many(["ga", "gb"], &LockOptions::new(ttl))
         .await
         .unwrap();
-    tokio::time::sleep(ms(1800)).await;
+    // Part of the scenario: three TTLs pass.
+    tokio::time::sleep(3 * ttl).await;
     assert!(!guard.is_lost());
     let token_a = cluster.node(0).get("ga").unwrap();
     assert_eq!(cluster.node(0).get("gb"), Some(token_a.clone()));
@@ -28,7 +33,7 @@ pub(super) async fn a_guard_renews_every_key() {
     guard.release().await.unwrap();
     eventually_only_foreign(&cluster, &[], &["ga", "gb"]).unwrap();
     let n = rl
-        .with_lock_many(["ga", "gb"], &LockOptions::new(ms(600)), |h| async move {
+        .with_lock_many(["ga", "gb"], &LockOptions::new(ttl), |h| async move {
             assert!(!h.is_lost());
             7
         })
@@ -45,7 +50,7 @@ pub(super) async fn fencing_gives_one_monotone_token_per_resource() {
     let cluster = Cluster::start(3);
     let rl = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(500))
+        .node_timeout(timing::patient_node_timeout_for(ms(2000)))
         .fencing(FencingMode::Durable)
         .build()
         .unwrap();
@@ -109,7 +114,7 @@ pub(super) async fn dedup_order_and_the_limit() {
     let cluster = Cluster::start(3);
     let rl = Redlock::builder()
         .urls(cluster.urls())
-        .node_timeout(ms(500))
+        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .key_prefix("p:")
         .build()
         .unwrap();
@@ -121,13 +126,13 @@ pub(super) async fn dedup_order_and_the_limit() {
     assert_eq!(lock.resources(), ["d1", "d2", "d3"]);
     assert_eq!(lock.keys(), ["p:d1", "p:d2", "p:d3"]);
     assert_eq!(lock.resource(), "{d1, d2, d3}");
-    assert!(cluster.wait_until(Duration::from_secs(3), |c| {
+    assert!(cluster.wait_until(timing::settled(), |c| {
         ["p:d1", "p:d2", "p:d3"]
             .iter()
             .all(|k| c.count_holding(k, lock.token()) == 3)
     }));
     rl.unlock(lock).await.unwrap();
-    assert!(cluster.wait_until(Duration::from_secs(3), |c| {
+    assert!(cluster.wait_until(timing::settled(), |c| {
         ["p:d1", "p:d2", "p:d3"]
             .iter()
             .all(|k| c.count_with_key(k) == 0)
