@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redlock_core::{Error, NodeError, Redlock};
 use redlock_tests::RedisNode;
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
 mod per_node;
 mod reconnects;
@@ -44,14 +45,16 @@ fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// A three-node Redlock over `urls` (one of them faulty) still takes the lock:
 /// both healthy nodes hold the token. The lock is then released from them.
 async fn quorum_survives(urls: Vec<String>, healthy: [&RedisNode; 2], key: &str) {
-    let rl = build(urls, ms(300));
+    // The healthy nodes answer every call; the faulty one's call is left
+    // pending at quorum whatever the node timeout.
+    let rl = build(urls, PATIENT_NODE_TIMEOUT);
     let lock = rl
         .try_lock(key, Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("one faulty node of three must not fail the lock: {e}"));
     let token = lock.token().to_owned();
     assert!(
-        wait_for(Duration::from_secs(2), || healthy
+        wait_for(timing::settled(), || healthy
             .iter()
             .all(|n| n.get(key).as_deref() == Some(token.as_str()))),
         "the healthy nodes do not hold the token"
@@ -63,7 +66,7 @@ async fn quorum_survives(urls: Vec<String>, healthy: [&RedisNode; 2], key: &str)
         Ok(r) => assert!(r.deleted + r.report().pending_count() >= 2, "{r:?}"),
         Err(e) => panic!("unexpected release error {e:?}"),
     }
-    assert!(wait_for(Duration::from_secs(2), || healthy
+    assert!(wait_for(timing::settled(), || healthy
         .iter()
         .all(|n| n.get(key).is_none())));
     for n in healthy {
