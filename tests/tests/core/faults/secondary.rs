@@ -45,17 +45,18 @@ pub(super) async fn acquire_judges_by_set_when_pttl_and_type_are_refused() {
             format!("redis://locker:{LOCKER_PASSWORD}@127.0.0.1:{}", n.port())
         })
         .collect();
-    let rl = build(urls, ms(300));
+    // Every node answers: the subject is the refused PTTL and TYPE.
+    let rl = build(urls, redlock_tests::timing::PATIENT_NODE_TIMEOUT);
     let key = "acl-no-pttl";
     let lock = rl
         .try_lock(key, Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("SET said OK on every node: {e}"));
     let token = lock.token().to_owned();
-    assert!(
-        cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
-            == 3)
-    );
+    assert!(cluster.wait_until(
+        redlock_tests::timing::settled(),
+        |c| c.count_holding(key, &token) == 3
+    ));
 
     let err = rl
         .try_lock(key, Duration::from_secs(10))
@@ -77,5 +78,8 @@ pub(super) async fn acquire_judges_by_set_when_pttl_and_type_are_refused() {
         assert!(!s.contains(LOCKER_PASSWORD), "password shown: {s}");
     }
     redlock_tests::util::assert_released(&rl.unlock(lock).await.unwrap(), 3);
-    assert!(cluster.wait_until(Duration::from_secs(2), |c| c.count_with_key(key) == 0));
+    assert!(
+        cluster.wait_until(redlock_tests::timing::settled(), |c| c.count_with_key(key)
+            == 0)
+    );
 }
