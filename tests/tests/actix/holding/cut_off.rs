@@ -100,7 +100,12 @@ pub(super) async fn stream_and_take_the_lock_away(
         .await,
         "the stream never got going"
     );
-    assert!(on_every_node(&cluster, &key).await, "held on every node");
+    // The lock holds (a quorum has the key). Every node is not promised: with
+    // the short node timeout this TTL needs, a slow node's SET or renewal may
+    // have missed (seen in the tower twin under load); the theft below covers
+    // every node.
+    let holding = cluster.settled_count(&key, cluster.len()).await;
+    assert!(holding >= 2, "held on a quorum: {holding} of 3");
     let handle = producer.handle.lock().unwrap().clone().unwrap();
 
     for i in 0..cluster.len() {
