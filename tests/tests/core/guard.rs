@@ -25,10 +25,17 @@ fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_extension_holds_the_lock_past_its_ttl() {
     let cluster = Cluster::start(3);
-    let holder = redlock(&cluster, ms(100));
-    let other = redlock(&cluster, ms(100));
+    // Every renewal and every probe answered: the subject is the renewal,
+    // not a slow node (the holder's node timeout a third of its TTL).
+    let ttl = ms(2_000);
+    let holder = redlock(
+        &cluster,
+        redlock_tests::timing::patient_node_timeout_for(ttl),
+    );
+    let other = redlock(&cluster, redlock_tests::timing::PATIENT_NODE_TIMEOUT);
+    // The probe's own TTL is not the subject: above the patient node timeout.
+    let probe_ttl = Duration::from_secs(10);
     let key = "guard-extend";
-    let ttl = ms(300);
     let guard = holder
         .lock_guard(key, &LockOptions::new(ttl))
         .await
@@ -36,9 +43,10 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
     let handle = guard.handle();
     let held_since = Instant::now();
     let mut polls = 0;
-    // Poll every 50 ms for 1 s (more than 3 TTLs); bounded by count and time.
-    while held_since.elapsed() < Duration::from_secs(1) && polls < 100 {
-        match other.try_lock(key, ttl).await {
+    // Poll every 50 ms for more than 3 TTLs (part of the scenario); bounded
+    // by count and time.
+    while held_since.elapsed() < 3 * ttl + ms(100) && polls < 1_000 {
+        match other.try_lock(key, probe_ttl).await {
             Err(Error::Busy { .. }) => {}
             other => panic!(
                 "second client got {other:?} after {:?} while the guard held the lock",
@@ -53,7 +61,7 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
     assert!(polls >= 5, "only {polls} polls");
     assert!(
         handle.extensions() >= 2,
-        "{} renewals in 1 s of a 300 ms TTL",
+        "{} renewals in three TTLs of {ttl:?}",
         handle.extensions()
     );
     assert!(cluster.count_holding(key, handle.token()) >= 2);
@@ -63,7 +71,7 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
         "{released:?}"
     );
     let lock = other
-        .try_lock(key, ttl)
+        .try_lock(key, probe_ttl)
         .await
         .expect("the lock is free right after release");
     other.unlock(lock).await.unwrap();
