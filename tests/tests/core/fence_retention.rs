@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redlock_core::idempotency::{Idempotency, IdempotencyPolicy, RedisStore};
 use redlock_core::request::{self, LockPolicy};
 use redlock_core::{FencingMode, LockOptions, Redlock};
+use redlock_tests::timing;
 use redlock_tests::util::eventually;
 use redlock_tests::{Cluster, RedisNode};
 
@@ -29,9 +30,19 @@ fn counter_bound(keep: Duration) -> Duration {
     span + span / 100 + Duration::from_secs(1)
 }
 
-/// How much later than the bound a loaded 2-core machine may see a key
-/// gone: Redis expires keys lazily or by sampling, a few times a second.
-const SLACK: Duration = Duration::from_secs(3);
+/// Asserts that every fence counter on every node expires, within `bound`
+/// from now: the exact check of the retention (the wait for the keys to be
+/// gone is liveness, bounded by [`timing::liveness`]).
+fn every_counter_expires_within(cluster: &Cluster, bound: Duration) {
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        for (key, pttl) in counters(node) {
+            assert!(
+                pttl > 0 && pttl <= bound.as_millis() as i64,
+                "node {i}: {key} has PTTL {pttl} ms, the bound {bound:?}"
+            );
+        }
+    }
+}
 
 /// A Durable fencing handle over `cluster`, its connections up.
 async fn durable(cluster: &Cluster) -> Redlock {
@@ -107,12 +118,15 @@ async fn durable_counters_of_idempotency_keys_go_with_their_records() {
     // Every record was written before `done`, so all are gone by
     // `done + RECORD_TTL`: the counters may outlive them by the bound less
     // the retention (the record's TTL).
+    // A counter expires at most `counter_bound` after its fence, which came
+    // before `done`: checked exactly on every counter there now.
+    every_counter_expires_within(&cluster, counter_bound(RECORD_TTL));
     let records_gone = done + RECORD_TTL;
     let bound = counter_bound(RECORD_TTL) - RECORD_TTL;
     no_counter_left_by(
         &cluster,
-        records_gone + bound + SLACK,
-        &format!("{bound:?} (+ {SLACK:?} slack) after the records expired"),
+        records_gone + timing::liveness(bound),
+        &format!("{bound:?} (liveness) after the records expired"),
     )
     .await;
     let records: Vec<String> = cluster.node(0).raw(&["KEYS", "*:record"]).unwrap();
@@ -143,7 +157,8 @@ async fn a_request_lock_s_counter_expires_after_the_policy_s_retention() {
         pttl > 0 && pttl <= bound.as_millis() as i64,
         "PTTL {pttl} ms, the bound {bound:?}"
     );
-    no_counter_left_by(&cluster, fenced + bound + SLACK, "request locks").await;
+    every_counter_expires_within(&cluster, bound);
+    no_counter_left_by(&cluster, fenced + timing::liveness(bound), "request locks").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
