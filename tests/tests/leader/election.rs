@@ -69,6 +69,12 @@ fn start(nodes: &str, said: &mpsc::Sender<Said>) -> Replicas {
             .args(["--nodes", nodes, "--name", ELECTION, "--id"])
             .arg(format!("r{i}"))
             .args(["--ttl-ms", &TTL.as_millis().to_string()])
+            .args([
+                "--node-timeout-ms",
+                &timing::patient_node_timeout_for(TTL)
+                    .as_millis()
+                    .to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
