@@ -150,7 +150,14 @@ async fn a_request_lock_s_counter_expires_after_the_policy_s_retention() {
         held.release().await;
     }
     let fenced = Instant::now();
-    let (value, pttl) = counter_of(cluster.node(0), "redlock:/orders/0");
+    // Fenced at quorum: node 0's counter may land a moment later (polled).
+    let mut read = counter_of(cluster.node(0), "redlock:/orders/0");
+    redlock_tests::util::eventually(timing::settled(), || {
+        read = counter_of(cluster.node(0), "redlock:/orders/0");
+        read.0.is_some()
+    })
+    .await;
+    let (value, pttl) = read;
     assert!(value.is_some(), "no counter on node 0");
     let bound = counter_bound(keep);
     assert!(
