@@ -150,6 +150,47 @@ macro_rules! readers_suffix {
     };
 }
 
+/// Lua functions for the scripts that set a read share's expiry (the read
+/// acquire, the reader's extends): `index_of(k)`, the readers index of a
+/// reader key `k` (`nil` for any other key), and `list_reader(idx, k, ms)`,
+/// which lists `k` in `idx` and keeps `idx` alive at least `ms` from now.
+/// So the index outlives every reader it lists (each reader's expiry is set
+/// in the same script, on the same clock), and a writer that finds no index
+/// finds no live reader; once the last reader's key is gone the index
+/// expires too. An index without an expiry (written before indexes had one)
+/// is left so: readers of an older version extend their own keys only, and
+/// an expiry given to their index could end under them. `SADD` also puts
+/// back a reader missing from its index, which only makes writers see more.
+macro_rules! reader_index_lua {
+    () => {
+        concat!(
+            r#"
+local function index_of(k)
+  if string.byte(k) ~= 123 then return nil end
+  local t = string.match(k, '^{[^}]*}')
+  if t and string.sub(k, #t + 1, #t + "#,
+            reader_infix_len!(),
+            r#") == '"#,
+            reader_infix!(),
+            r#"' then
+    return t .. '"#,
+            readers_suffix!(),
+            r#"'
+  end
+  return nil
+end
+local function list_reader(idx, k, ms)
+  local p = redis.call('PTTL', idx)
+  redis.call('SADD', idx, k)
+  if p ~= -1 and p < tonumber(ms) then
+    redis.call('PEXPIRE', idx, ms)
+  end
+end
+"#
+        )
+    };
+}
+
 // The floor plan: each group uses only the groups above it (README, "How
 // the algorithm is implemented"; `module-cycles` checks it in `.ci/run`).
 

@@ -44,7 +44,7 @@ pub(crate) use scripts::Shape;
 
 pub(crate) use release_scripts::RELEASE_LUA;
 pub(crate) use rwlock_scripts::RwKeys;
-pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, FENCE};
+pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, EXTEND_READER, FENCE};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use replicas::ReplicaAcks;

@@ -35,8 +35,8 @@ use super::lua::{LuaScript, keys_cmds};
 /// A read share's key (`{tag}:redlock-reader:<token>`, `rwlock/`) is also
 /// taken off its resource's readers index, held or not: the index lists it
 /// for the writers to check, and a listed reader whose key is gone would
-/// otherwise keep the index (which has no expiry) on the node until the
-/// next acquire of that resource, for ever if there is none. The test is on
+/// otherwise keep the index on the node until it expires (as long as the
+/// longest reader it listed could). The test is on
 /// the key's text, so a lock's release runs no more commands than before.
 pub(crate) const RELEASE_LUA: &str = release_lua!("PUBLISH", "'redlock:released:0:'");
 

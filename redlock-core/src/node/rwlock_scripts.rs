@@ -20,12 +20,14 @@ use super::scripts::{Call, LuaScript};
 /// TTL and listed in the index. Up to three listed readers are checked at
 /// random and dropped from the index if their keys are gone, so that
 /// readers that died unreleased do not pile up between writers. The index
-/// has no TTL: a reader's key can outlive any TTL given to it
-/// (auto-extension), and a writer must see it. A reader's release takes it
-/// off the index (`RELEASE_LUA`), and Redis deletes the set once it is
-/// empty, so only a reader that died unreleased leaves its entry, until the
-/// next acquire of the resource drops it.
-const READ_ACQUIRE_LUA: &str = r#"
+/// lives at least as long as the reader's key (`list_reader`): here, and in
+/// every extend of a reader's key (`EXTEND_READER_LUA`, `EXTEND_BATCH_LUA`),
+/// so a writer sees every live reader and no index outlives its readers by
+/// more than their TTL. A reader's release takes it off the index
+/// (`RELEASE_LUA`), and Redis deletes the set once it is empty.
+const READ_ACQUIRE_LUA: &str = concat!(
+    reader_index_lua!(),
+    r#"
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'none' then
   return {0, 1, redis.call('PTTL', KEYS[1]), t}
@@ -40,9 +42,10 @@ for _, r in ipairs(redis.call('SRANDMEMBER', KEYS[3], 3)) do
   end
 end
 redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
-redis.call('SADD', KEYS[3], KEYS[4])
+list_reader(KEYS[3], KEYS[4], ARGV[2])
 return {1}
-"#;
+"#
+);
 
 /// Write acquire: `KEYS` = writer key, intent, index, and for a fenced lock
 /// the writer key's fence counter; `ARGV` = token, TTL in ms, the writer's

@@ -18,21 +18,45 @@ end
 return 0
 "#;
 
+/// A read share's extend (`rwlock/`): [`EXTEND_LUA`], and the reader's
+/// index kept alive as long as the reader (`reader_index_lua`), so that a
+/// writer still finds a reader whose key outlived the expiry its acquire
+/// gave the index. Never replaced by a native `SET … IFEQ`, which could not
+/// touch the index (`native.rs` replaces [`EXTEND`] only).
+const EXTEND_READER_LUA: &str = concat!(
+    reader_index_lua!(),
+    r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local r = redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local idx = index_of(KEYS[1])
+  if idx then list_reader(idx, KEYS[1], ARGV[2]) end
+  return r
+end
+return 0
+"#
+);
+
 /// Batched extend (`extend_batch.rs`): compare-and-pexpire of every key
 /// `KEYS[i]` held with token `ARGV[2i-1]` to `ARGV[2i]` ms, one flag per key.
 /// The `GET` is a `pcall`: a key holding a foreign non-string value is "not
 /// held" for that lock alone instead of failing the whole batch on the node.
-const EXTEND_BATCH_LUA: &str = r#"
+/// A read share's key also keeps its index alive, as [`EXTEND_READER_LUA`].
+const EXTEND_BATCH_LUA: &str = concat!(
+    reader_index_lua!(),
+    r#"
 local out = {}
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[2 * i - 1] then
     out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    local idx = index_of(KEYS[i])
+    if idx then list_reader(idx, KEYS[i], ARGV[2 * i]) end
   else
     out[i] = 0
   end
 end
 return out
-"#;
+"#
+);
 
 /// Fencing step 3: raises the key's fence counter (`KEYS[2]`) to the token
 /// `ARGV[2]`, never lowers it, and only while the lock key (`KEYS[1]`) still
@@ -65,6 +89,8 @@ return 1
 
 pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
+pub(crate) static EXTEND_READER: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(EXTEND_READER_LUA));
 pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_BATCH_LUA));
 

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::node::{Call, EXTEND, parse_flag};
+use crate::node::{Call, EXTEND, EXTEND_READER, parse_flag};
 use crate::protocol::fan_out::{Fan, Settled};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
@@ -179,6 +179,12 @@ impl Redlock {
     ) -> Extended {
         let _enter = span.enter();
         let call = Arc::new(match &lock.many {
+            // A reader's extend also keeps its index alive (`rwlock/`).
+            None if crate::keys::is_reader_key(&lock.key) => Call::script(
+                &EXTEND_READER,
+                Arc::clone(&lock.key),
+                vec![lock.token.to_string(), ttl.as_millis().to_string()],
+            ),
             None => Call::script(
                 &EXTEND,
                 Arc::clone(&lock.key),
