@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::timing::{PATIENT_NODE_TIMEOUT, liveness};
+use crate::util::{Gauge, GaugeGuard, eventually};
 
 /// How long a request through a lock layer whose handle has the patient node
 /// timeout may take to be answered, when its handler works for `work`: an
@@ -48,6 +49,62 @@ impl Gate {
         let mut open = self.0.subscribe();
         // The sender lives in `self`, so the channel cannot close meanwhile.
         let _ = open.wait_for(|open| *open).await;
+    }
+}
+
+/// What a test sees of the handlers under a lock: a [`Gauge`] of how many
+/// are inside, and the [`Gate`] a gated one waits at until the test has
+/// checked what the other requests get meanwhile. Share one between the app
+/// (its state) and the test.
+#[derive(Debug, Default)]
+pub struct Inside {
+    /// The handlers inside now, and the most seen at once.
+    pub gauge: Gauge,
+    /// Where a gated handler waits.
+    pub gate: Gate,
+}
+
+impl Inside {
+    /// Counts the calling handler inside until the guard drops.
+    pub fn enter(&self) -> GaugeGuard<'_> {
+        self.gauge.enter()
+    }
+
+    /// How many handlers are inside now.
+    pub fn now(&self) -> usize {
+        self.gauge.now()
+    }
+
+    /// The most handlers seen inside at once.
+    pub fn max(&self) -> usize {
+        self.gauge.max()
+    }
+
+    /// Counts the calling handler inside while it waits at the gate, until
+    /// the test opens it.
+    pub async fn wait_at_gate(&self) {
+        let _inside = self.enter();
+        self.gate.passed().await;
+    }
+
+    /// Waits until at least `n` handlers are inside at once, for as long as
+    /// a request through a patient lock layer may take to reach its handler
+    /// ([`answered`] of no work).
+    ///
+    /// # Panics
+    /// When they are not, by then.
+    pub async fn holding(&self, n: usize) {
+        assert!(
+            eventually(answered(Duration::ZERO), || self.now() >= n).await,
+            "{n} gated requests never were inside at once (now {})",
+            self.now()
+        );
+    }
+
+    /// [`Inside::holding`] one handler: the gated request is inside, under
+    /// its lock.
+    pub async fn entered(&self) {
+        self.holding(1).await;
     }
 }
 

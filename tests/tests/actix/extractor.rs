@@ -16,6 +16,7 @@ use futures_util::future::join;
 use http_body_util::BodyExt;
 use redlock_actix::{HeldLock, HeldLockConfig, LockHandle, LockPolicy, LockRejection};
 use redlock_tests::Cluster;
+use redlock_tests::http_timing::Inside;
 
 /// The key of `/orders/{order}/...`: `order:<id>`.
 fn order_config() -> HeldLockConfig {
@@ -26,20 +27,9 @@ fn order_config() -> HeldLockConfig {
 /// lock), and the gates it waits at until the test checked what others get.
 #[derive(Default)]
 struct Probe {
-    inside: Gauge,
-    gate: Gate,
+    inside: Inside,
     /// For a handler that waits twice (the export's body).
     second_gate: Gate,
-}
-
-impl Probe {
-    /// Waits (within a liveness bound) until a gated handler is inside.
-    async fn entered(&self) {
-        assert!(
-            eventually(answered(Duration::ZERO), || self.inside.now() >= 1).await,
-            "the first request never reached its handler"
-        );
-    }
 }
 
 /// Holds the extracted lock for `?hold=<ms>`, or with `?gate` until the test
@@ -47,8 +37,7 @@ impl Probe {
 async fn settle(req: HttpRequest, probe: Option<web::Data<Probe>>, lock: HeldLock) -> String {
     if req.query_string() == "gate" {
         let probe = probe.expect("a `?gate` request needs the app's Probe");
-        let _inside = probe.inside.enter();
-        probe.gate.passed().await;
+        probe.inside.wait_at_gate().await;
     } else {
         let hold = req
             .query_string()
@@ -77,10 +66,10 @@ async fn extracted_lock_admits_one_of_two_concurrent_requests_for_a_key() {
     .await;
 
     let (first, (second, other)) = join(call!(&app, "/orders/1/settle?gate"), async {
-        probe.entered().await;
+        probe.inside.entered().await;
         let second = call!(&app, "/orders/1/settle").await;
         let other = call!(&app, "/orders/2/settle").await;
-        probe.gate.open();
+        probe.inside.gate.open();
         (second, other)
     })
     .await;
@@ -125,8 +114,7 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
                     // once the test has seen the lock go.
                     let first = probe.inside.max() == 0;
                     if first {
-                        let _inside = probe.inside.enter();
-                        probe.gate.passed().await;
+                        probe.inside.wait_at_gate().await;
                     }
                     let chunks = futures_util::stream::unfold(0u32, move |i| {
                         let probe = probe.clone();
@@ -154,9 +142,9 @@ async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end
     let url = server.url("/orders/5/export");
 
     let (response, during) = join(open(&client, &url), async {
-        probe.entered().await;
+        probe.inside.entered().await;
         let during = get(&client, &url).await;
-        probe.gate.open();
+        probe.inside.gate.open();
         during
     })
     .await;
@@ -200,8 +188,7 @@ async fn transfer(
     let from = body["from"].as_u64().unwrap_or_default();
     let lock = HeldLock::acquire(&req, format!("account:{from}")).await?;
     if from == 7 {
-        let _inside = probe.inside.enter();
-        probe.gate.passed().await;
+        probe.inside.wait_at_gate().await;
     }
     Ok(lock
         .handle()
@@ -229,9 +216,9 @@ async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
     };
 
     let (first, (second, other)) = join(post(7), async {
-        probe.entered().await;
+        probe.inside.entered().await;
         let both = (post(7).await, post(8).await);
-        probe.gate.open();
+        probe.inside.gate.open();
         both
     })
     .await;

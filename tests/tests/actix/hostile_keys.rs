@@ -11,22 +11,8 @@ use actix_web::http::header::HeaderName;
 use actix_web::{App, HttpRequest, web};
 use redlock_actix::{LockHandle, Redlock, RedlockMiddleware};
 use redlock_core::request::MAX_KEY_BYTES;
+use redlock_tests::http_timing::Inside;
 use redlock_tests::{Cluster, RedisNode};
-
-/// The requests inside the handler, and the gate a `?gate` request waits at.
-#[derive(Default)]
-struct Inside {
-    gauge: Gauge,
-    gate: Gate,
-}
-
-impl std::ops::Deref for Inside {
-    type Target = Gauge;
-
-    fn deref(&self) -> &Gauge {
-        &self.gauge
-    }
-}
 
 /// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
 /// gate; answers with the lock's key.

@@ -10,21 +10,7 @@ use actix_web::{App, HttpRequest, web};
 use futures_util::future::join_all;
 use redlock_actix::{LockHandle, RedlockMiddleware};
 use redlock_tests::Cluster;
-
-/// The requests inside the handler, and the gate a `?gate` request waits at.
-#[derive(Default)]
-struct Inside {
-    gauge: Gauge,
-    gate: Gate,
-}
-
-impl std::ops::Deref for Inside {
-    type Target = Gauge;
-
-    fn deref(&self) -> &Gauge {
-        &self.gauge
-    }
-}
+use redlock_tests::http_timing::Inside;
 
 /// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
 /// gate; answers with the parameter as the handler sees it and the lock's key.

@@ -17,27 +17,12 @@ use futures_util::StreamExt;
 use http::{HeaderName, StatusCode};
 use redlock_core::LockHandle;
 use redlock_core::request::MAX_KEY_BYTES;
-use redlock_tests::http_timing::Gate;
+use redlock_tests::http_timing::Inside;
 use redlock_tests::{Cluster, RedisNode};
 use redlock_tower::RedlockLayer;
 
 /// The policy's default namespace, which every key below starts with.
 const NAMESPACE: &str = "redlock:";
-
-/// The requests inside the handler, and the gate a `?gate` request waits at.
-#[derive(Default)]
-struct Inside {
-    gauge: Gauge,
-    gate: Gate,
-}
-
-impl std::ops::Deref for Inside {
-    type Target = Gauge;
-
-    fn deref(&self) -> &Gauge {
-        &self.gauge
-    }
-}
 
 /// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
 /// gate; answers with the lock's key.

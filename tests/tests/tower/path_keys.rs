@@ -15,23 +15,8 @@ use futures_util::future::join_all;
 use http::StatusCode;
 use redlock_core::LockHandle;
 use redlock_tests::Cluster;
-use redlock_tests::http_timing::Gate;
+use redlock_tests::http_timing::Inside;
 use redlock_tower::RedlockLayer;
-
-/// The requests inside the handler, and the gate a `?gate` request waits at.
-#[derive(Default)]
-struct Inside {
-    gauge: Gauge,
-    gate: Gate,
-}
-
-impl std::ops::Deref for Inside {
-    type Target = Gauge;
-
-    fn deref(&self) -> &Gauge {
-        &self.gauge
-    }
-}
 
 /// Inside the gauge for `?hold=<ms>`, or with `?gate` until the test opens the
 /// gate; answers with the parameter as the handler sees it and the lock's key.

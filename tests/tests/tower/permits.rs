@@ -14,18 +14,12 @@ use futures_util::future::join_all;
 use http::{Method, StatusCode};
 use redlock_tests::Cluster;
 use redlock_tests::http::send;
-use redlock_tests::http_timing::Gate;
+use redlock_tests::http_timing::Inside;
 use redlock_tower::RedlockLayer;
 
-/// A gauge of the requests inside, and the gate they wait at until the test
-/// saw what it needs of the others (bounded: a request never let through
-/// leaves after a liveness bound).
-#[derive(Default)]
-struct Inside {
-    gauge: Gauge,
-    gate: Gate,
-}
-
+/// Inside the gauge, at the gate until the test saw what it needs of the
+/// others (bounded: a request never let through leaves after a liveness
+/// bound).
 async fn inside(State(s): State<Arc<Inside>>) -> &'static str {
     let _in = s.gauge.enter();
     let _ = tokio::time::timeout(answered(Duration::ZERO), s.gate.passed()).await;

@@ -10,49 +10,19 @@ use actix_web::{App, HttpRequest, test, web};
 use futures_util::future::join;
 use redlock_actix::{LockHandle, MissingKeyPolicy, RedlockMiddleware};
 use redlock_tests::Cluster;
-
-/// What a test sees of a `?gate` request: whether it is inside, and the gate
-/// it waits at until the test has checked what others get meanwhile.
-#[derive(Default)]
-pub(super) struct Probe {
-    inside: Gauge,
-    gate: Gate,
-}
-
-impl Probe {
-    /// Waits (within a liveness bound) until the gated request is inside its
-    /// handler, under its lock.
-    pub(super) async fn entered(&self) {
-        self.holding(1).await;
-    }
-
-    /// Waits (within a liveness bound) until `n` gated requests are inside.
-    pub(super) async fn holding(&self, n: usize) {
-        assert!(
-            eventually(answered(Duration::ZERO), || self.inside.now() >= n).await,
-            "{n} gated requests never were inside at once (now {})",
-            self.inside.now()
-        );
-    }
-
-    /// Lets the gated request finish.
-    pub(super) fn open(&self) {
-        self.gate.open();
-    }
-}
+use redlock_tests::http_timing::Inside;
 
 /// Sleeps `?hold=<ms>` (0 when absent), or with `?gate` waits at the app's
-/// [`Probe`], then answers with the lock's key, or `unlocked` when the request
+/// [`Inside`] gate, then answers with the lock's key, or `unlocked` when the request
 /// runs without one.
 pub(super) async fn hold(
     req: HttpRequest,
-    probe: Option<web::Data<Probe>>,
+    probe: Option<web::Data<Inside>>,
     lock: Option<web::ReqData<LockHandle>>,
 ) -> String {
     if req.query_string().split('&').any(|kv| kv == "gate") {
-        let probe = probe.expect("a `?gate` request needs the app's Probe");
-        let _inside = probe.inside.enter();
-        probe.gate.passed().await;
+        let probe = probe.expect("a `?gate` request needs the app's Inside");
+        probe.wait_at_gate().await;
     } else {
         let hold = req
             .query_string()
@@ -77,7 +47,7 @@ const BUSY_TTL: Duration = PATIENT_NODE_TIMEOUT
 #[actix_web::test]
 pub(super) async fn busy_answer_is_409_with_retry_after_and_a_problem_document() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -90,7 +60,7 @@ pub(super) async fn busy_answer_is_409_with_retry_after_and_a_problem_document()
     let (first, second) = join(call!(&app, "/reports/9?gate"), async {
         probe.entered().await;
         let second = call!(&app, "/reports/9").await;
-        probe.open();
+        probe.gate.open();
         second
     })
     .await;
@@ -127,7 +97,7 @@ pub(super) async fn busy_answer_is_409_with_retry_after_and_a_problem_document()
 #[actix_web::test]
 pub(super) async fn busy_status_is_configurable() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -140,7 +110,7 @@ pub(super) async fn busy_status_is_configurable() {
     let (first, second) = join(call!(&app, "/reports/9?gate"), async {
         probe.entered().await;
         let second = call!(&app, "/reports/9").await;
-        probe.open();
+        probe.gate.open();
         second
     })
     .await;
@@ -200,7 +170,7 @@ pub(super) async fn by_header_runs_requests_without_the_header_unlocked_or_rejec
 #[actix_web::test]
 pub(super) async fn by_path_param_on_a_scope_locks_per_tenant() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -217,7 +187,7 @@ pub(super) async fn by_path_param_on_a_scope_locks_per_tenant() {
         probe.entered().await;
         let same = call!(&app, "/tenants/acme/jobs/2").await;
         let other = call!(&app, "/tenants/globex/jobs/1").await;
-        probe.open();
+        probe.gate.open();
         (same, other)
     })
     .await;
@@ -239,7 +209,7 @@ pub(super) async fn by_path_param_on_a_scope_locks_per_tenant() {
 #[actix_web::test]
 pub(super) async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -264,7 +234,7 @@ pub(super) async fn by_path_params_locks_both_accounts_of_a_transfer_together() 
         let reversed = call!(&app, "/transfers/9/7/go").await;
         let shared = call!(&app, "/transfers/5/9/go").await;
         let other = call!(&app, "/transfers/1/2/go").await;
-        probe.open();
+        probe.gate.open();
         (reversed, shared, other)
     })
     .await;
@@ -311,7 +281,7 @@ pub(super) async fn by_path_param_on_the_app_finds_no_parameter_as_documented() 
 #[actix_web::test]
 pub(super) async fn by_match_pattern_on_the_app_locks_every_request_of_one_route() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -331,7 +301,7 @@ pub(super) async fn by_match_pattern_on_the_app_locks_every_request_of_one_route
             probe.entered().await;
             let same = call!(&app, "/tenants/globex/jobs/2").await;
             let other = call!(&app, "/health").await;
-            probe.open();
+            probe.gate.open();
             (same, other)
         })
         .await;
@@ -359,7 +329,7 @@ pub(super) async fn by_fn_locks_on_a_computed_key() {
             .map(|a| format!("account:{a}"))
     })
     .namespace("bank:");
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -374,7 +344,7 @@ pub(super) async fn by_fn_locks_on_a_computed_key() {
         let same = call!(&app, "/transfer?account=7").await;
         let other = call!(&app, "/transfer?account=8").await;
         let none = call!(&app, "/transfer").await;
-        probe.open();
+        probe.gate.open();
         (same, other, none)
     })
     .await;

@@ -5,13 +5,14 @@ use actix_web::{App, test, web};
 use futures_util::future::join3;
 use redlock_actix::RedlockMiddleware;
 use redlock_tests::Cluster;
+use redlock_tests::http_timing::Inside;
 
-use super::answers::{Probe, hold};
+use super::answers::hold;
 
 #[actix_web::test]
 pub(super) async fn permits_admit_two_and_answer_the_third_429() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -31,7 +32,7 @@ pub(super) async fn permits_admit_two_and_answer_the_third_429() {
     let late = async {
         probe.holding(2).await;
         let late = call!(&app, "/exports").await;
-        probe.open();
+        probe.gate.open();
         late
     };
     let (a, b, c) = join3(call!(&app, "/exports?gate"), second, late).await;
@@ -44,7 +45,7 @@ pub(super) async fn permits_admit_two_and_answer_the_third_429() {
 #[actix_web::test]
 pub(super) async fn reads_share_a_path_that_a_write_holds_alone() {
     let cluster = Cluster::start(3);
-    let probe = web::Data::new(Probe::default());
+    let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
             .app_data(redlock(&cluster))
@@ -60,7 +61,7 @@ pub(super) async fn reads_share_a_path_that_a_write_holds_alone() {
         probe.holding(2).await;
         let req = test::TestRequest::post().uri("/reports/7").to_request();
         let write = Answer::of(test::call_service(&app, req).await).await;
-        probe.open();
+        probe.gate.open();
         write
     };
     let (a, b, w) = join3(
