@@ -28,8 +28,10 @@
 //!   nodes.)
 //!
 //! The record's Redis key is the lock key's tag (`{tag}`, see `slots`)
-//! followed by `:record`, the generation's by `:generation`; both expire after the record TTL (default
-//! 24 h).
+//! followed by `:record`, the generation's by `:generation`. A record
+//! expires after the record TTL (default 24 h), a generation counter after
+//! the record TTL too, but never less than an hour (`RedisStore::generation`
+//! says why).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +48,9 @@ use crate::guard::LockHandle;
 use crate::node::{Call, RECORD_GENERATION, RECORD_GET, RECORD_PUT, parse_flag};
 use crate::protocol::fan_out::Settled;
 use crate::protocol::redlock::Redlock;
+
+/// The least a generation counter lives (`RedisStore::generation`).
+const GENERATION_TTL_FLOOR: Duration = Duration::from_secs(3600);
 
 /// The default record TTL: 24 hours.
 pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -101,7 +106,8 @@ impl RedisStore {
 
     /// The Redis key of `key`'s generation counter: the order of the records
     /// written without fencing (see the module docs of
-    /// [`idempotency`](crate::idempotency)), expiring with the records.
+    /// [`idempotency`](crate::idempotency)), expiring after the records (see
+    /// `RedisStore::generation`).
     pub fn generation_key(&self, key: &LookupKey) -> String {
         crate::slots::derived(&self.redlock.key_for(key.resource()), ":generation")
     }
@@ -110,8 +116,18 @@ impl RedisStore {
     /// 1, at most a century (Redis refuses an expiry past what its clock can
     /// add; a century is "forever" for a record).
     fn ttl_ms(&self) -> String {
+        Self::whole_ms(self.ttl)
+    }
+
+    /// The generation counter's TTL in whole milliseconds: the record TTL,
+    /// and at least an hour (`RedisStore::generation`).
+    fn generation_ttl_ms(&self) -> String {
+        Self::whole_ms(self.ttl.max(GENERATION_TTL_FLOOR))
+    }
+
+    fn whole_ms(ttl: Duration) -> String {
         const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-        self.ttl.min(CENTURY).as_millis().max(1).to_string()
+        ttl.min(CENTURY).as_millis().max(1).to_string()
     }
 
     /// The generation `holder` takes for `key` before it runs the work
@@ -120,16 +136,33 @@ impl RedisStore {
     ///
     /// Each node keeps a counter next to the record, which only a holder of
     /// the lock there may touch (the script checks the node's lock key
-    /// holds the holder's token), which never goes down, and which expires
-    /// with the records (the record TTL, set at each step, so a counter never
-    /// outlives the last record written after it). A holder adds one to the
-    /// counter on every node; its generation `g` is the largest value a
-    /// quorum of answers gave, and it is taken only once a quorum of nodes
-    /// hold at least `g` (a node that was behind is raised to `g` in a second
-    /// step). Sound because any two quorums share a node: an earlier holder
-    /// left at least its `g₁` on a quorum, the next one's increment on the
-    /// shared node gives more than `g₁`, and it takes at least that. A
-    /// holder that cannot get its generation onto a quorum does not run.
+    /// holds the holder's token), and which never goes down while it lives.
+    /// A holder sets the counter on every node to the largest of one more
+    /// than itself and the node's clock (whole seconds times 2^20, `TIME`);
+    /// its generation `g` is the largest value a quorum of answers gave, and
+    /// it is taken only once a quorum of nodes hold at least `g` (a node that
+    /// was behind is raised to `g` in a second step). Sound because any two
+    /// quorums share a node: an earlier holder left at least its `g₁` on a
+    /// quorum, and the next one's step on the shared node gives more than
+    /// `g₁`, and it takes at least that.
+    ///
+    /// The clock keeps that order once the counters have expired (issue 47,
+    /// item 11). A counter expires `C` after its last step, while a record
+    /// written later by the same holder (its work ran in between) or by a
+    /// node that got the write late may still be there; a counter alone would
+    /// start again at 1, below that record, which then won over the records
+    /// of later holders and changed the key's answer. Now the shared node's
+    /// counter, once expired, was last set at least `C` before on its clock,
+    /// so its clock part is past every value written before then by at least
+    /// `C` less the clocks' skew and one second (the rounding), and the
+    /// increments a second's worth of holders can add (2^20). `C` is the
+    /// record TTL, and at least an hour, as the fence counters of
+    /// [`FencingMode::Hybrid`](crate::FencingMode::Hybrid), which rest on
+    /// the same bound: servers whose clocks are within an hour of each other
+    /// and never step back. The common case still takes one round trip: on a
+    /// new key every node answers the same second's value.
+    ///
+    /// A holder that cannot get its generation onto a quorum does not run.
     pub(crate) async fn generation(
         &self,
         key: &LookupKey,
@@ -137,7 +170,7 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
         let generation_key = self.generation_key(key);
-        let ttl_ms = self.ttl_ms();
+        let ttl_ms = self.generation_ttl_ms();
         let step = |floor: u64, nodes: Vec<usize>| {
             let floor = floor.to_string();
             let call = Arc::new(Call::keys(

@@ -33,21 +33,25 @@ return {redis.call('GET', KEYS[1]), holder}
 
 /// The idempotency key's generation, taken by a holder before it runs the
 /// work: only while the lock key (`KEYS[1]`) still holds the holder's token
-/// `ARGV[1]`, the counter `KEYS[2]` goes up by one, and to at least `ARGV[3]`
-/// (the holder's generation, when it raises a node that lagged behind), and
-/// expires with the records (`ARGV[2]` ms). Returns the counter, or `false`
-/// where the lock is not the holder's. See `RedisStore::generation`.
+/// `ARGV[1]`, the counter `KEYS[2]` is set to the largest of one more than
+/// itself, the node's clock in whole seconds times 2^20 (`TIME`), and
+/// `ARGV[3]` (the holder's generation, when it raises a node that lagged
+/// behind), and expires after `ARGV[2]` ms. Returns the counter, or `false`
+/// where the lock is not the holder's. See `RedisStore::generation`, which
+/// says why the clock keeps the order once a counter has expired.
+///
+/// The counter is read and written as a decimal string formatted by
+/// `%.0f`: it stays below 2^53 (the clock part until the year 2242), where
+/// Lua's numbers (doubles) are exact, and `tostring` would write a large
+/// number in exponent form.
 const RECORD_GENERATION_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return false
 end
-local g = redis.call('INCR', KEYS[2])
-local floor = tonumber(ARGV[3])
-if g < floor then
-  redis.call('SET', KEYS[2], ARGV[3])
-  g = floor
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local now = redis.call('TIME')
+local g = math.max(c + 1, tonumber(now[1]) * 1048576, tonumber(ARGV[3]))
+redis.call('SET', KEYS[2], string.format('%.0f', g), 'PX', ARGV[2])
 return g
 "#;
 

@@ -172,8 +172,9 @@ async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
 }
 
 /// A node whose generation counter is behind is raised to the holder's
-/// generation before it runs, so the next holder's increment on any node of
-/// that quorum goes past it; and the counter expires with the records.
+/// generation before it runs, so the next holder's step on any node of that
+/// quorum goes past it; and the counter expires, the record TTL after its
+/// last step but never sooner than an hour (`RedisStore::generation`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_records() {
     let cluster = Cluster::start(3);
@@ -190,23 +191,30 @@ async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_r
     let key = "\"order-11\"";
     let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
     let generation_key = store.generation_key(&lookup);
-    // Counters 5, 4 and none: the increments answer 6, 5 and 1, so no two
-    // agree and every node is heard whichever answers first (with 5 on node
-    // 0 alone, nodes 1 and 2 answering 1 first made a quorum that agreed on
-    // 1: sound, as no earlier holder left 5 on a quorum there, but not this
-    // test's case). Node 0's 6 is the generation; the others are raised.
-    cluster.node(0).cmd(&["SET", &generation_key, "5"]);
-    cluster.node(1).cmd(&["SET", &generation_key, "4"]);
+    // Counters far above the nodes' clocks (a key stepped past its clock
+    // part by many holders): base + 5, base + 4 and none. The steps answer
+    // base + 6, base + 5 and the clock's value, so no two agree and every
+    // node is heard whichever answers first. Node 0's is the generation;
+    // the others are raised.
+    let base = (node_seconds(&cluster, 0) + 1_000_000) * CLOCK_UNIT;
+    cluster
+        .node(0)
+        .cmd(&["SET", &generation_key, &(base + 5).to_string()]);
+    cluster
+        .node(1)
+        .cmd(&["SET", &generation_key, &(base + 4).to_string()]);
     assert_eq!(run(&idem, key, "paid").await.unwrap(), Ok(()));
     let recorded = store.get(&lookup).await.unwrap().expect("recorded");
-    assert_eq!(recorded.order, 6, "the record's generation");
-    // At least 6 on a quorum (the raise of a node that did not answer in
-    // time may land later), and never without an expiry.
+    assert_eq!(recorded.order, base + 6, "the record's generation");
+    // At least base + 6 on a quorum (the raise of a node that did not
+    // answer in time may land later), and never without an expiry.
     assert!(
         eventually(timing::settled(), || cluster
             .nodes()
             .iter()
-            .filter(|n| n.get(&generation_key).and_then(|v| v.parse::<u64>().ok()) >= Some(6))
+            .filter(
+                |n| n.get(&generation_key).and_then(|v| v.parse::<u64>().ok()) >= Some(base + 6)
+            )
             .count()
             >= 2)
         .await,
@@ -219,8 +227,118 @@ async fn a_generation_is_taken_above_every_node_s_counter_and_expires_with_the_r
     );
     for node in cluster.nodes() {
         let pttl = node.pttl(&generation_key);
-        assert!(pttl == -2 || (0 < pttl && pttl <= 60_000), "PTTL {pttl}");
+        assert!(
+            pttl == -2 || (3_500_000 < pttl && pttl <= 3_600_000),
+            "PTTL {pttl}: the record TTL is a minute, the counter lives an hour"
+        );
     }
+}
+
+/// A generation's clock part: a node's `TIME` in whole seconds times this.
+const CLOCK_UNIT: u64 = 1 << 20;
+
+/// Node `i`'s clock in whole seconds (`TIME`).
+fn node_seconds(cluster: &Cluster, i: usize) -> u64 {
+    let time: Vec<String> = cluster.node(i).raw(&["TIME"]).unwrap();
+    time[0].parse().unwrap()
+}
+
+/// Issue 47, item 11: a generation counter that expired while a record
+/// written after it was still on a node. H1 takes its generation and runs;
+/// its record lands on node 0 only (its client got 503), and on nodes 1 and
+/// 2 its counters are gone (expired: they were set before H1's work ran, the
+/// record after). H2 does not hear node 0, runs the work again and records
+/// R2 on nodes 1 and 2; its client gets R2. H3 hears nodes 0 and 1 and finds
+/// both records. Counting from 1 again, H2's generation was below H1's, R1
+/// won, and the key's answer changed from R2 to R1. With the nodes' clocks
+/// in the generation, H2's is above H1's once a second has passed since H1
+/// took its own, and the key keeps answering R2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_an_expired_generation_counter_does_not_change_the_answer() {
+    let cluster = Cluster::start(3);
+    let redlock = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(timing::patient_node_timeout_for(ms(1000)))
+        .build()
+        .unwrap();
+    redlock.check_nodes().await.unwrap();
+    let store = RedisStore::new(redlock.clone());
+    let idem = Idempotency::new(redlock.clone())
+        .store(store.clone())
+        .policy(redlock_core::idempotency::IdempotencyPolicy::default().lock(|l| l.ttl(ms(1000))));
+    let key = "\"order-12\"";
+    let lookup = idem.lookup_key(None, &IdempotencyKey::parse(key.as_bytes()).unwrap());
+    let record_key = store.record_key(&lookup);
+    let generation_key = store.generation_key(&lookup);
+    let lock_key = redlock.key_for(lookup.resource());
+    let no_lock_key = || async {
+        assert!(
+            eventually(timing::settled(), || cluster.count_with_key(&lock_key) == 0).await,
+            "the lock key is left on {} nodes",
+            cluster.count_with_key(&lock_key)
+        );
+    };
+    // Earlier holders had stepped every counter to 6.
+    for node in cluster.nodes() {
+        node.cmd(&["SET", &generation_key, "6", "PX", "60000"]);
+    }
+
+    // H1 runs; then its record is on node 0 alone, and the counters of
+    // nodes 1 and 2 are gone, as their expiry would leave them.
+    let h1_second = node_seconds(&cluster, 1).max(node_seconds(&cluster, 2));
+    assert_eq!(run(&idem, key, "payment 9").await.unwrap(), Ok(()));
+    no_lock_key().await;
+    let on_node_0 = || records(&cluster, &record_key)[0].is_some();
+    assert!(
+        eventually(timing::settled(), on_node_0).await,
+        "no record on node 0"
+    );
+    let r1 = records(&cluster, &record_key)[0]
+        .clone()
+        .expect("H1's record");
+    for node in [1, 2] {
+        let _ = cluster
+            .node(node)
+            .raw::<i64>(&["DEL", &record_key, &generation_key])
+            .unwrap();
+    }
+    // The clock part moves by whole seconds: the next is waited for, as an
+    // expiry (an hour at least) would have passed it.
+    assert!(
+        eventually(timing::liveness(ms(1000)), || {
+            node_seconds(&cluster, 1).min(node_seconds(&cluster, 2)) > h1_second + 1
+        })
+        .await,
+        "the nodes' clocks did not move on"
+    );
+
+    // H2, node 0 unreachable: no record heard, the work runs again.
+    cluster.node(0).pause();
+    let h2 = run(&idem, key, "payment 1").await;
+    cluster.node(0).resume();
+    assert_eq!(h2.unwrap(), Ok(()), "H2 did not run");
+    no_lock_key().await;
+    let r2 = records(&cluster, &record_key)[1]
+        .clone()
+        .expect("H2's record");
+    // Node 0 got H2's calls late; as the interleaving has it, it kept R1.
+    let () = cluster
+        .node(0)
+        .raw_bytes(&[b"SET", record_key.as_bytes(), &r1, b"PX", b"60000"])
+        .unwrap();
+
+    // H3 hears nodes 0 and 1 only.
+    cluster.node(2).pause();
+    let h3 = run(&idem, key, "payment 3").await;
+    cluster.node(2).resume();
+    let order = |b: &[u8]| Record::decode(b).unwrap().order;
+    assert_eq!(
+        h3.unwrap(),
+        Err(Bytes::from_static(b"payment 1")),
+        "H3 was answered another response than H2's client got (generations: H1 {}, H2 {})",
+        order(&r1),
+        order(&r2)
+    );
 }
 
 /// The Redis store, with its writes refused while `fail` is set (a write
