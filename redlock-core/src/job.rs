@@ -145,7 +145,7 @@ impl Redlock {
                 options.at_least
             )));
         }
-        let guard = match self.lock_guard(job, &options.lock_options()).await {
+        let guard = match self.mutex(job).guard(&options.lock_options()).await {
             Ok(guard) => guard,
             Err(Error::Busy { .. }) => return Ok(None),
             Err(e) => return Err(e),

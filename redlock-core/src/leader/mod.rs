@@ -206,7 +206,7 @@ impl Redlock {
                 .with_jitter(poll / 2),
         );
         let guard = loop {
-            match self.lock_guard(name, &lock).await {
+            match self.mutex(name).guard(&lock).await {
                 Ok(guard) => break guard,
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(name, error = %e, "campaign: another round");

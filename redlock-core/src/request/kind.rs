@@ -4,8 +4,8 @@
 
 use crate::error::Error;
 use crate::guard::LockGuard;
+use crate::primitive::Kind;
 use crate::protocol::redlock::Redlock;
-use crate::rwlock::Access;
 use crate::settings::LockOptions;
 
 /// Which lock a request takes on its key (set with the adapters' `permits`
@@ -16,11 +16,11 @@ pub enum RequestLockKind {
     #[default]
     Mutex,
     /// At most this many requests per key at once, across replicas
-    /// ([`Redlock::permit_guard`]); one over the limit is answered busy,
+    /// ([`Redlock::semaphore`]); one over the limit is answered busy,
     /// `429 Too Many Requests` unless `busy_status` says otherwise.
     Permits(u32),
     /// `GET`, `HEAD` and `OPTIONS` take a read share, every other method
-    /// the write lock, on the same key ([`Redlock::rw_guard`]).
+    /// the write lock, on the same key ([`Redlock::rw_lock`]).
     SharedForSafeMethods,
 }
 
@@ -31,34 +31,43 @@ pub fn is_read_method(method: &str) -> bool {
     matches!(method, "GET" | "HEAD" | "OPTIONS")
 }
 
-/// The guard of a request's lock of `kind` on `resource`; `reads`: whether
-/// the request's method only reads.
+impl RequestLockKind {
+    /// The primitive a request of this kind takes; `reads`: whether the
+    /// request's method only reads.
+    pub fn primitive_kind(self, reads: bool) -> Kind {
+        match self {
+            RequestLockKind::Mutex => Kind::Mutex,
+            RequestLockKind::Permits(n) => Kind::Permits(n),
+            RequestLockKind::SharedForSafeMethods if reads => Kind::Read,
+            RequestLockKind::SharedForSafeMethods => Kind::Write,
+        }
+    }
+}
+
+/// The guard of a request's lock of `kind` on `resources` (one, or several
+/// taken together); `reads`: whether the request's method only reads.
 pub(super) async fn guard(
     redlock: &Redlock,
-    resource: &str,
+    resources: &[String],
     options: &LockOptions,
     kind: RequestLockKind,
     reads: bool,
 ) -> Result<LockGuard, Error> {
-    match kind {
-        RequestLockKind::Mutex => redlock.lock_guard(resource, options).await,
-        RequestLockKind::Permits(n) => redlock.permit_guard(resource, n, options).await,
-        RequestLockKind::SharedForSafeMethods => {
-            let access = if reads {
-                Access::Shared
-            } else {
-                Access::Exclusive
-            };
-            redlock.rw_guard(resource, access, options).await
-        }
+    let primitive = kind.primitive_kind(reads);
+    // Several keys are locked together only as the mutex (`Kind`): any
+    // other kind is refused, never taken as the mutex (a write beside a
+    // read, two holders of `permits(1)`), with what to change.
+    if resources.len() > 1 && !primitive.takes_several_resources() {
+        return Err(unsupported_for_many(kind));
     }
+    redlock.primitive(resources, primitive)?.guard(options).await
 }
 
 /// The error of a request whose extractor found several keys under a `kind`
 /// other than the mutex: several keys are locked together only as one mutex
 /// for now, and taking that instead would silently break what `kind`
 /// promises (a write beside a read; two holders of `permits(1)`).
-pub(super) fn unsupported_for_many(kind: RequestLockKind) -> Error {
+fn unsupported_for_many(kind: RequestLockKind) -> Error {
     let what = match kind {
         RequestLockKind::Mutex => "the mutex",
         RequestLockKind::Permits(_) => "permits(n)",

@@ -330,23 +330,9 @@ async fn acquire_lock(
         ),
         ..policy.options.clone()
     };
-    let result = match resources.as_slice() {
-        [one] => {
-            kind::guard(redlock, one, &options, policy.kind, reads)
-                .instrument(span.clone())
-                .await
-        }
-        // Several keys are locked together as one mutex. Permits and shared
-        // reads over several keys are not built yet: refused, never taken
-        // as the mutex (a write beside a read, two holders of `permits(1)`).
-        _ if policy.kind != RequestLockKind::Mutex => Err(kind::unsupported_for_many(policy.kind)),
-        many => {
-            redlock
-                .lock_guard_many(many, &options)
-                .instrument(span.clone())
-                .await
-        }
-    };
+    let result = kind::guard(redlock, &resources, &options, policy.kind, reads)
+        .instrument(span.clone())
+        .await;
     span.record("wait_ms", started.elapsed().as_millis() as u64);
     match result {
         Ok(guard) => Ok(Some(RequestLock {

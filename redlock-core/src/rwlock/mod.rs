@@ -30,7 +30,7 @@ use crate::guard::{LockGuard, LockHandle};
 use crate::keys::Keys;
 use crate::metrics::Of;
 use crate::node::{Call, RwKeys};
-use crate::primitive::Acquire;
+use crate::acquire_kind::Acquire;
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;

@@ -25,7 +25,7 @@ use rand::Rng;
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle};
 use crate::metrics::Of;
-use crate::primitive::Acquire;
+use crate::acquire_kind::Acquire;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
@@ -141,7 +141,7 @@ impl Redlock {
 
 /// A semaphore of this many permits, as the shared wrappers take it
 /// (`primitive`).
-struct Permits(u32);
+pub(crate) struct Permits(pub(crate) u32);
 
 impl Acquire for Permits {
     fn of(&self) -> Of {
@@ -217,7 +217,7 @@ impl Redlock {
 }
 
 /// `permits` within 1 to [`MAX_PERMITS`].
-fn check_permits(permits: u32) -> Result<(), Error> {
+pub(crate) fn check_permits(permits: u32) -> Result<(), Error> {
     if permits == 0 || permits > MAX_PERMITS {
         return Err(Error::InvalidConfig(format!(
             "permits must be 1 to {MAX_PERMITS}, not {permits}"

@@ -284,7 +284,11 @@ impl<'a> Pairs<'a> {
         for i in 0..n {
             let key = format!("bench:cluster-scale:{prefix}:{}", first + i);
             let start = Instant::now();
-            let lock = self.redlock.try_lock(&key, Duration::from_secs(5)).await?;
+            let lock = self
+                .redlock
+                .mutex(&key)
+                .try_acquire(Duration::from_secs(5))
+                .await?;
             self.redlock.unlock(lock).await?;
             self.took.push(start.elapsed());
         }

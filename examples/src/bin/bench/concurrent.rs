@@ -41,7 +41,7 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
                 let key = format!("bench:conc:{round}:{pass}:{t}:{i}");
                 async move {
                     match who {
-                        0 => match lib.try_lock(&key, TTL).await {
+                        0 => match lib.mutex(&key).try_acquire(TTL).await {
                             Ok(l) => lib.unlock(l).await.is_ok(),
                             Err(_) => false,
                         },

@@ -76,12 +76,12 @@ pub(super) async fn contended(setup: &Setup) -> Result<(), BoxError> {
                         let mut ok = false;
                         match who {
                             0 => {
-                                lib_lock = lib.lock_with(key, TTL, &policy).await.ok();
+                                lib_lock = lib.mutex(key).acquire_with(TTL, &policy).await.ok();
                                 ok = lib_lock.is_some();
                             }
                             3 => {
                                 while !stop.load(Ordering::Relaxed) {
-                                    if let Ok(l) = lib.try_lock(key, TTL).await {
+                                    if let Ok(l) = lib.mutex(key).try_acquire(TTL).await {
                                         lib_lock = Some(l);
                                         ok = true;
                                         break;

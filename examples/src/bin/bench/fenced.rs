@@ -20,7 +20,10 @@ pub(super) async fn fenced(setup: &Setup) -> Result<(), BoxError> {
     let (blocks, per_block) = if setup.quick { (4, 250) } else { (10, 600) };
     for i in 0..300 {
         for (rl, name) in [(&plain, "plain"), (&fenced, "fenced")] {
-            let l = rl.try_lock(&format!("bench:fwarm:{name}:{i}"), TTL).await?;
+            let l = rl
+                .mutex(&format!("bench:fwarm:{name}:{i}"))
+                .try_acquire(TTL)
+                .await?;
             rl.unlock(l).await?;
         }
     }
@@ -38,7 +41,7 @@ pub(super) async fn fenced(setup: &Setup) -> Result<(), BoxError> {
                 n += 1;
                 let key = format!("bench:fenced:{n}");
                 let start = Instant::now();
-                let l = rl.try_lock(&key, TTL).await?;
+                let l = rl.mutex(&key).try_acquire(TTL).await?;
                 if run_fenced && l.fencing_token().is_none() {
                     return Err("a fenced lock came without a token".into());
                 }

@@ -23,7 +23,7 @@ pub(super) async fn held(setup: &Setup) -> Result<(), BoxError> {
         let futs = (0..100).map(|i| {
             let (lib, opts) = (lib.clone(), opts.clone());
             let key = format!("bench:held:{}", chunk * 100 + i);
-            async move { lib.lock_guard(&key, &opts).await }
+            async move { lib.mutex(&key).guard(&opts).await }
         });
         for g in join_all(futs).await {
             guards.push(g?);

@@ -61,7 +61,10 @@ pub(crate) async fn metrics_cost(setup: &Setup) -> Result<(), BoxError> {
     let lib = redlock(setup)?;
     let (blocks, per_block) = if setup.quick { (4, 250) } else { (10, 600) };
     for i in 0..300 {
-        let l = lib.try_lock(&format!("bench:mwarm:{i}"), TTL).await?;
+        let l = lib
+            .mutex(&format!("bench:mwarm:{i}"))
+            .try_acquire(TTL)
+            .await?;
         lib.unlock(l).await?;
     }
     let (mut on, mut off) = (Vec::new(), Vec::new());
@@ -75,7 +78,10 @@ pub(crate) async fn metrics_cost(setup: &Setup) -> Result<(), BoxError> {
             for _ in 0..per_block {
                 n += 1;
                 let start = Instant::now();
-                let l = lib.try_lock(&format!("bench:metrics:{n}"), TTL).await?;
+                let l = lib
+                    .mutex(&format!("bench:metrics:{n}"))
+                    .try_acquire(TTL)
+                    .await?;
                 lib.unlock(l).await?;
                 if recording {
                     on.push(start.elapsed());

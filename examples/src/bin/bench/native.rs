@@ -94,7 +94,7 @@ async fn block(
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     let key = format!("bench:native:{tag}:{t}:{i}");
-                    let Ok(mut l) = lib.try_lock(&key, TTL).await else {
+                    let Ok(mut l) = lib.mutex(&key).try_acquire(TTL).await else {
                         failed.fetch_add(1, Ordering::Relaxed);
                         continue;
                     };

@@ -29,7 +29,7 @@ pub(super) async fn paused(setup: &Setup) -> Result<(), BoxError> {
         for i in 0..per_block {
             let key = format!("bench:healthy:{b}:{i}");
             let start = Instant::now();
-            let lock = lib.try_lock(&key, TTL).await?;
+            let lock = lib.mutex(&key).try_acquire(TTL).await?;
             lib.unlock(lock).await?;
             healthy.push(start.elapsed());
         }
@@ -37,7 +37,7 @@ pub(super) async fn paused(setup: &Setup) -> Result<(), BoxError> {
         for i in 0..per_block {
             let key = format!("bench:paused:{b}:{i}");
             let start = Instant::now();
-            let ok = match lib.try_lock(&key, TTL).await {
+            let ok = match lib.mutex(&key).try_acquire(TTL).await {
                 Ok(lock) => lib.unlock(lock).await.is_ok(),
                 Err(_) => false,
             };

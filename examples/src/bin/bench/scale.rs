@@ -75,7 +75,7 @@ async fn one(setup: &Setup, count: usize, hold: Duration, ttl: Duration) -> Resu
         let futs = (0..100.min(count - chunk * 100)).map(|i| {
             let (lib, opts) = (lib.clone(), opts.clone());
             let key = format!("bench:scale:{count}:{}", chunk * 100 + i);
-            async move { lib.lock_guard(&key, &opts).await }
+            async move { lib.mutex(&key).guard(&opts).await }
         });
         for g in join_all(futs).await {
             match g {

@@ -15,7 +15,10 @@ pub(super) async fn sequential(setup: &Setup) -> Result<(), BoxError> {
     let (blocks, per_block) = if setup.quick { (4, 250) } else { (10, 600) };
     // Warm-up both paths (connections, script caches).
     for i in 0..300 {
-        let l = lib.try_lock(&format!("bench:warm:{i}"), TTL).await?;
+        let l = lib
+            .mutex(&format!("bench:warm:{i}"))
+            .try_acquire(TTL)
+            .await?;
         lib.unlock(l).await?;
         let t = Raw::token();
         raw.lock(&format!("bench:rwarm:{i}"), &t).await;
@@ -47,7 +50,7 @@ pub(super) async fn sequential(setup: &Setup) -> Result<(), BoxError> {
                     rsl.unlock(&l).await;
                     peer_lat.push(start.elapsed());
                 } else if run_lib {
-                    let l = lib.try_lock(&key, TTL).await?;
+                    let l = lib.mutex(&key).try_acquire(TTL).await?;
                     lib.unlock(l).await?;
                     lib_lat.push(start.elapsed());
                 } else {

@@ -42,10 +42,14 @@ pub(super) async fn shared(setup: &Setup) -> Result<(), BoxError> {
     let rl = redlock(setup)?;
     let (blocks, per_block) = if setup.quick { (2, 100) } else { (10, 400) };
     for i in 0..200 {
-        let l = rl.try_lock(&format!("bench:swarm:{i}"), TTL).await?;
+        let l = rl
+            .mutex(&format!("bench:swarm:{i}"))
+            .try_acquire(TTL)
+            .await?;
         rl.unlock(l).await?;
         let p = rl
-            .try_permit(&format!("bench:swarm:p:{i}"), PERMITS, TTL)
+            .semaphore(&format!("bench:swarm:p:{i}"), PERMITS)?
+            .try_acquire(TTL)
             .await?;
         rl.unlock(p).await?;
     }
@@ -62,18 +66,18 @@ pub(super) async fn shared(setup: &Setup) -> Result<(), BoxError> {
                 let start = Instant::now();
                 let elapsed = match which {
                     0 => {
-                        let l = rl.try_permit(&key, PERMITS, TTL).await?;
+                        let l = rl.semaphore(&key, PERMITS)?.try_acquire(TTL).await?;
                         rl.unlock(l).await?;
                         start.elapsed()
                     }
                     1 | 3 => {
-                        let l = rl.try_lock(&key, TTL).await?;
+                        let l = rl.mutex(&key).try_acquire(TTL).await?;
                         let took = start.elapsed();
                         rl.unlock(l).await?;
                         if which == 1 { start.elapsed() } else { took }
                     }
                     _ => {
-                        let l = rl.try_rw_lock(&key, Access::Shared, TTL).await?;
+                        let l = rl.rw_lock(&key, Access::Shared).try_acquire(TTL).await?;
                         let took = start.elapsed();
                         rl.unlock(l).await?;
                         took
@@ -108,11 +112,13 @@ pub(super) async fn shared(setup: &Setup) -> Result<(), BoxError> {
                 async move {
                     let retry = contended_retry();
                     let lock = if which == 0 {
-                        rl.permit_with(&format!("bench:sem16:{round}"), PERMITS, TTL, &retry)
-                            .await
+                        match rl.semaphore(format!("bench:sem16:{round}"), PERMITS) {
+                            Ok(sem) => sem.acquire_with(TTL, &retry).await,
+                            Err(e) => Err(e),
+                        }
                     } else {
                         let key = format!("bench:mx16:{round}:{}", t % PERMITS as usize);
-                        rl.lock_with(&key, TTL, &retry).await
+                        rl.mutex(&key).acquire_with(TTL, &retry).await
                     };
                     match lock {
                         Ok(l) => rl.unlock(l).await.is_ok(),

@@ -43,7 +43,7 @@ pub(super) async fn side_by_side(setup: &Setup) -> Result<(), BoxError> {
                     i += 1;
                     let key = format!("bench:side:{round}:{t}:{i}");
                     let ok = if side == 0 {
-                        match lib.try_lock(&key, TTL).await {
+                        match lib.mutex(&key).try_acquire(TTL).await {
                             Ok(l) => lib.unlock(l).await.is_ok(),
                             Err(_) => false,
                         }

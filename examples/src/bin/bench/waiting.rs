@@ -73,7 +73,7 @@ async fn run_tasks(
                 let mut holds = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let asked = wall_ns();
-                    let Ok(lock) = rl.lock_with(&key, TTL, &policy()).await else {
+                    let Ok(lock) = rl.mutex(&key).acquire_with(TTL, &policy()).await else {
                         continue;
                     };
                     let got = wall_ns();
@@ -119,7 +119,7 @@ async fn one_process(urls: &[String], wake: bool, secs: f64) -> Result<Local, Bo
     let rl = handle(urls, wake)?;
     let key = format!("bench:wait:local:{wake}");
     // Connections and scripts first, as a running service has them.
-    let warm = rl.try_lock(&format!("{key}:warm"), TTL).await?;
+    let warm = rl.mutex(&format!("{key}:warm")).try_acquire(TTL).await?;
     rl.unlock(warm).await?;
     let sets_before = set_calls(urls).await?;
     let start = Instant::now();
@@ -165,7 +165,8 @@ pub(super) async fn child(args: &[String]) -> Result<(), BoxError> {
     };
     let rl = handle(urls, wake == "true")?;
     let warm = rl
-        .try_lock(&format!("{key}:warm:{}", std::process::id()), TTL)
+        .mutex(&format!("{key}:warm:{}", std::process::id()))
+        .try_acquire(TTL)
         .await?;
     rl.unlock(warm).await?;
     // Start together: the parent says go on stdin.

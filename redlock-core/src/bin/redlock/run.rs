@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::sys::wait::WaitStatus;
-use redlock_core::{Ended, FencingMode, LockOptions, RetryPolicy, token_fingerprint};
+use redlock_core::{Ended, FencingMode, Kind, LockOptions, RetryPolicy, token_fingerprint};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
@@ -172,11 +172,12 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
     }
+    let kind = args.permits.map_or(Kind::Mutex, Kind::Permits);
     let mut acquire = Box::pin(async {
-        match args.permits {
-            Some(n) => redlock.permit_guard(&args.key, n, &options).await,
-            None => redlock.lock_guard(&args.key, &options).await,
-        }
+        redlock
+            .primitive([&args.key], kind)?
+            .guard(&options)
+            .await
     });
     let acquired = loop {
         tokio::select! {

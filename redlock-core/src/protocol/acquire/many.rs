@@ -157,9 +157,20 @@ impl Redlock {
             }
             Resources::Many(many) => many,
         };
+        self.lock_set(&many, ttl, retry).await
+    }
+
+    /// The retrying acquire of a checked set (see
+    /// [`Redlock::lock_many_with_retained`]), counted in the metrics.
+    pub(crate) async fn lock_set(
+        &self,
+        many: &Arc<Many>,
+        ttl: Ttl,
+        retry: &RetryPolicy,
+    ) -> Result<Lock, Error> {
         let begin = Instant::now();
         let waiting = (retry.max_attempts > 1).then(metrics::Waiting::start);
-        let result = self.lock_many_with_retries(&many, ttl, retry).await;
+        let result = self.lock_many_with_retries(many, ttl, retry).await;
         let key = self
             .inner
             .settings
