@@ -6,6 +6,7 @@
 //! none is silently taken as another kind.
 
 mod actix;
+mod matrix;
 mod tower;
 
 use redlock_core::Redlock;
