@@ -261,7 +261,7 @@ pub use guard::{Ended, LockGuard, LockHandle, LostFuture};
 pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use job::JobOptions;
 pub use keys::MAX_RESOURCES;
-pub use leader::{CampaignOptions, Leader, Leadership, Observer};
+pub use leader::{CampaignOptions, Election, Leader, Leadership, Observer};
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;
 pub use primitive::{Kind, Primitive};

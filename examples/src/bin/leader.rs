@@ -57,9 +57,10 @@ async fn replica(redlock: Redlock, id: String) -> Result<(), BoxError> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let options = CampaignOptions::new(TTL).id(id.clone());
+    let election = redlock.election(ELECTION)?;
     loop {
         let leadership = tokio::select! {
-            l = redlock.campaign_with(ELECTION, &options) => l?,
+            l = election.campaign_with(&options) => l?,
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
         };

@@ -38,7 +38,7 @@ pub use observe::{Leader, Observer};
 /// (a round ends early only on errors a later attempt may not have).
 const ROUND: Duration = Duration::from_secs(60);
 
-/// Options of a campaign ([`Redlock::campaign_with`]).
+/// Options of a campaign ([`Election::campaign_with`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub struct CampaignOptions {
@@ -119,6 +119,12 @@ impl Leadership {
         &self.id
     }
 
+    /// How long the leadership is still sure to last, as far as this process
+    /// knows (see [`LockHandle::remaining`]): zero once it is lost.
+    pub fn remaining(&self) -> Duration {
+        self.guard.remaining()
+    }
+
     /// Whether the leadership was lost (see [`LockHandle::is_lost`]).
     pub fn is_lost(&self) -> bool {
         self.guard.is_lost()
@@ -144,18 +150,56 @@ impl Leadership {
     }
 }
 
+/// An election of a fencing [`Redlock`] handle ([`Redlock::election`]): the
+/// processes that campaign for its name take turns to lead, one at a time.
+#[derive(Debug, Clone)]
+pub struct Election {
+    redlock: Redlock,
+    name: Arc<str>,
+}
+
 impl Redlock {
-    /// Waits until this process leads the election `name`, with a lock of
-    /// `ttl` (see [`Redlock::campaign_with`]).
+    /// The election `name`. Made only on a handle with fencing: a leader's
+    /// term is its lock's fencing token, so that a deposed leader's late
+    /// writes can be refused.
     ///
     /// # Errors
-    /// See [`Redlock::campaign_with`].
-    pub async fn campaign(&self, name: &str, ttl: Duration) -> Result<Leadership, Error> {
-        self.campaign_with(name, &CampaignOptions::new(ttl)).await
+    /// [`Error::InvalidConfig`] when the handle has no fencing
+    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing));
+    /// [`Error::EmptyResource`] (or another input error) for the name.
+    pub fn election(&self, name: impl AsRef<str>) -> Result<Election, Error> {
+        let name = name.as_ref();
+        if self.inner.settings.fencing.is_none() {
+            return Err(Error::InvalidConfig(
+                "an election needs fencing (RedlockBuilder::fencing): the term is the fencing token"
+                    .into(),
+            ));
+        }
+        self.check_resource(name)?;
+        Ok(Election {
+            redlock: self.clone(),
+            name: name.into(),
+        })
+    }
+}
+
+impl Election {
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    /// Waits until this process leads the election `name`, then returns the
-    /// [`Leadership`], renewed in the background.
+    /// Waits until this process leads, with a lock of `ttl` (see
+    /// [`Election::campaign_with`]).
+    ///
+    /// # Errors
+    /// See [`Election::campaign_with`].
+    pub async fn campaign(&self, ttl: Duration) -> Result<Leadership, Error> {
+        self.campaign_with(&CampaignOptions::new(ttl)).await
+    }
+
+    /// Waits until this process leads, then returns the [`Leadership`],
+    /// renewed in the background.
     ///
     /// A follower waits for the leader's release message (then it leads
     /// about a round trip after the resignation) and for the leader's key to
@@ -168,8 +212,9 @@ impl Redlock {
     /// use redlock_core::{CampaignOptions, Redlock};
     ///
     /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+    /// let scheduler = redlock.election("scheduler")?; // refused without fencing
     /// let me = CampaignOptions::new(Duration::from_secs(5)).id("web-3:4711");
-    /// let leadership = redlock.campaign_with("scheduler", &me).await?;
+    /// let leadership = scheduler.campaign_with(&me).await?;
     /// println!("leading in term {}", leadership.term());
     /// tokio::select! {
     ///     _ = leadership.lost() => eprintln!("no longer the leader"),
@@ -180,12 +225,24 @@ impl Redlock {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when the handle has no fencing
-    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing): the term
-    /// is the fencing token) or the loss margin is not shorter than the TTL;
-    /// an acquire error a later attempt cannot fix (see
-    /// [`Redlock::lock_guard`]).
-    pub async fn campaign_with(
+    /// [`Error::InvalidConfig`] when the loss margin is not shorter than the
+    /// TTL; an acquire error a later attempt cannot fix (see
+    /// [`Primitive::guard`](crate::Primitive::guard)).
+    pub async fn campaign_with(&self, options: &CampaignOptions) -> Result<Leadership, Error> {
+        self.redlock.campaign_with(&self.name, options).await
+    }
+
+    /// Follows the election: see [`Redlock::observe`].
+    ///
+    /// # Errors
+    /// See [`Redlock::observe`].
+    pub fn observe(&self) -> Result<Observer, Error> {
+        self.redlock.observe(&self.name)
+    }
+}
+
+impl Redlock {
+    async fn campaign_with(
         &self,
         name: &str,
         options: &CampaignOptions,

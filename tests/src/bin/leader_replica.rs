@@ -63,11 +63,12 @@ async fn main() {
         .build()
         .expect("a handle over the nodes");
     let options = CampaignOptions::new(ttl).id(id.clone());
+    let election = redlock.election(&name).expect("a fenced handle");
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     loop {
         // A campaign that fails (too few nodes answered in time on a loaded
         // machine) is the library's honest answer: campaign again.
-        let leadership = match redlock.campaign_with(&name, &options).await {
+        let leadership = match election.campaign_with(&options).await {
             Ok(leadership) => leadership,
             Err(e) => {
                 eprintln!("leader_replica {id}: campaign: {e}");

@@ -306,18 +306,26 @@ async fn an_observer_is_woken_by_the_release_not_its_poll() {
     // A TTL the patient node timeout fits in (the loss margin).
     let ttl = timing::PATIENT_NODE_TIMEOUT * 2;
     let (a, b, watcher) = (fenced(&cluster), fenced(&cluster), fenced(&cluster));
-    // Without fencing there is no term: refused before any node is asked.
+    // Without fencing there is no term: refused when the election is made.
     let unfenced = Redlock::from_urls(cluster.urls()).unwrap();
-    let refused = unfenced.campaign("wake", ttl).await;
+    let refused = unfenced.election("wake");
     assert!(
         matches!(refused, Err(redlock_core::Error::InvalidConfig(_))),
         "{refused:?}"
     );
 
     let first = a
-        .campaign_with("wake", &redlock_core::CampaignOptions::new(ttl).id("a"))
+        .election("wake")
+        .unwrap()
+        .campaign_with(&redlock_core::CampaignOptions::new(ttl).id("a"))
         .await
         .unwrap();
+    // The leader's view of its lease: positive while it leads, within the TTL.
+    let remaining = first.remaining();
+    assert!(
+        !first.is_lost() && remaining > Duration::ZERO && remaining <= ttl,
+        "remaining {remaining:?} of a {ttl:?} leadership"
+    );
     // An interval far longer than the test: only a release message can make
     // the observer read again in time.
     let every = Duration::from_secs(30);
@@ -349,7 +357,8 @@ async fn an_observer_is_woken_by_the_release_not_its_poll() {
         "{polled:?}"
     );
     let follower = tokio::spawn(async move {
-        b.campaign_with("wake", &redlock_core::CampaignOptions::new(ttl).id("b"))
+        b.election("wake")?
+            .campaign_with(&redlock_core::CampaignOptions::new(ttl).id("b"))
             .await
     });
     // Part of the scenario, not a wait for anything: the follower is
