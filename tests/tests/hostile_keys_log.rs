@@ -10,7 +10,6 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use redlock_core::Redlock;
 use redlock_tests::Cluster;
 
 /// A `MakeWriter` target that appends everything to a shared buffer.
@@ -38,14 +37,6 @@ impl Capture {
     }
 }
 
-fn redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
-}
-
 /// The lines of `log` at error level.
 fn errors(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains("ERROR")).collect()
@@ -60,7 +51,7 @@ async fn tower_status(cluster: &Cluster) -> u16 {
     let app = Router::new()
         .route("/o/{*rest}", get(|| async { "ran" }))
         .layer(redlock_tower::RedlockLayer::by_path())
-        .layer(Extension(redlock(cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let req = http::Request::get(PATH)
         .body(axum::body::Body::empty())
         .unwrap();
@@ -70,7 +61,7 @@ async fn tower_status(cluster: &Cluster) -> u16 {
 async fn actix_status(cluster: &Cluster) -> u16 {
     use actix_web::{App, test, web};
     let app = test::init_service(
-        App::new().app_data(redlock(cluster)).service(
+        App::new().app_data(cluster.patient_redlock()).service(
             web::resource("/o/{rest:.*}")
                 .wrap(redlock_actix::RedlockMiddleware::by_path())
                 .route(web::get().to(|| async { "ran" })),

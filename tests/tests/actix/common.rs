@@ -27,16 +27,10 @@ pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A `Redlock` over the cluster for a test whose subject is not a slow node:
-/// [`timing::PATIENT_NODE_TIMEOUT`], so every call gets its answers on a
-/// loaded machine. Its locks need a TTL of at least twice that to be renewed
-/// (the middleware's default, 5 s).
-pub(crate) fn redlock(cluster: &Cluster) -> Redlock {
-    redlock_with_timeout(cluster, PATIENT_NODE_TIMEOUT)
-}
-
-/// A `Redlock` for a test whose TTL is its subject and is too short for
-/// [`redlock`]'s patient node timeout: 100 ms. Such a test must accept the
+/// A `Redlock` for a test whose TTL is its subject and is too short for the
+/// patient node timeout of [`Cluster::patient_redlock`] (the handle of every
+/// other test, whose locks need a TTL of at least twice that to be renewed:
+/// the middleware's default is 5 s): 100 ms. Such a test must accept the
 /// library's honest answer to a node slower than that (a 503, a loss) as long
 /// as safety held.
 pub(crate) fn short_ttl_redlock(cluster: &Cluster) -> Redlock {

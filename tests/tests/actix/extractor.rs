@@ -58,7 +58,7 @@ async fn extracted_lock_admits_one_of_two_concurrent_requests_for_a_key() {
     let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .app_data(order_config())
             .route("/orders/{order}/settle", web::get().to(settle)),
@@ -94,7 +94,7 @@ async fn extracted_lock_admits_one_of_two_concurrent_requests_for_a_key() {
 #[actix_web::test]
 async fn extracted_lock_is_released_when_the_handler_returns_not_at_the_body_end() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let probe = web::Data::new(Probe::default());
     let shared = probe.clone();
     let server = serve!(move || {
@@ -202,7 +202,7 @@ async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
     let probe = web::Data::new(Probe::default());
     let app = test::init_service(
         App::new()
-            .app_data(web::Data::new(redlock(&cluster)))
+            .app_data(web::Data::new(cluster.patient_redlock()))
             .app_data(probe.clone())
             .route("/transfers", web::post().to(transfer)),
     )
@@ -242,7 +242,7 @@ async fn acquire_locks_on_a_key_computed_from_the_handlers_own_arguments() {
 #[actix_web::test]
 async fn rejections_and_config_lookup() {
     let cluster = Cluster::start(3);
-    let live = redlock(&cluster);
+    let live = cluster.patient_redlock();
     let app = test::init_service(
         App::new()
             .app_data(live.clone())
@@ -321,7 +321,7 @@ async fn run_drops_the_work_when_the_lock_is_lost() {
     let (publish, recorder) = (published.clone(), dropped_at.clone());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             // A TTL the patient handle renews (two node timeouts).
             .app_data(order_config().policy(LockPolicy::default().ttl(RUN_TTL)))
             .route(

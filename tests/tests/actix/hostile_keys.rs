@@ -105,7 +105,7 @@ async fn while_the_first_holds(
 async fn a_path_value_cannot_take_another_family_s_lock() {
     let cluster = Cluster::start(3);
     let (server, inside) = server(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         vec![
             (
                 "/transfers/{from}/{to}",
@@ -143,7 +143,7 @@ async fn keys_joined_from_parts_cannot_spell_each_other() {
     let cluster = Cluster::start(3);
     let header = HeaderName::from_static;
     let (server, inside) = server(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         vec![
             (
                 "/one",
@@ -199,7 +199,7 @@ async fn keys_joined_from_parts_cannot_spell_each_other() {
 async fn a_path_ending_in_the_reserved_suffix_is_a_bad_request() {
     let cluster = Cluster::start(3);
     let (server, _) = server(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         vec![("/o/{rest:.*}", RedlockMiddleware::by_path())],
     );
     let client = client();
@@ -242,7 +242,7 @@ async fn a_60_kb_path_puts_a_bounded_key_on_every_node() {
     const KEY_BOUND: usize = "redlock:".len() + MAX_KEY_BYTES;
     let cluster = Cluster::start(3);
     let (server, inside) = server(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         vec![("/o/{rest:.*}", RedlockMiddleware::by_path())],
     );
     let client = client();

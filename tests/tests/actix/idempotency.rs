@@ -14,13 +14,13 @@ use redlock_core::request::LostPolicy;
 use redlock_tests::Cluster;
 use redlock_tests::http::{send, send_retrying_busy};
 
-use crate::common::{Server, answered, client, ms, redlock, short_ttl_redlock, timing};
+use crate::common::{Server, answered, client, ms, short_ttl_redlock, timing};
 use redlock_tests::http_timing::busy_retries;
 
 /// `POST /pay`: counts its runs, takes `?hold=<ms>`, answers 201 with the run
 /// number and the body. `POST /fail`: counts, answers 500.
 fn server(cluster: &Cluster, policy: IdempotencyPolicy, runs: Arc<AtomicUsize>) -> Server {
-    server_on(redlock(cluster), policy, runs)
+    server_on(cluster.patient_redlock(), policy, runs)
 }
 
 /// [`server`] on a given handle.
@@ -72,7 +72,7 @@ async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
     // worker, which actix hands to its workers in turn. Each worker's thread
     // also reads its own connections' answers, between the 25 copies it
     // serves: the handle is patient.
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let server = server_on(redlock, IdempotencyPolicy::default(), Arc::clone(&runs));
     // A cold worker may answer 503 while it connects: its connection attempt
     // goes on, and the same client (the same worker) asks again.
@@ -298,7 +298,7 @@ async fn a_request_body_over_the_cap_is_413_and_not_run() {
 async fn two_scopes_with_one_key_do_not_see_each_other() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let counter = Arc::clone(&runs);
     let server = serve!(move || {
         let runs = Arc::clone(&counter);

@@ -18,7 +18,7 @@ use redlock_tests::Cluster;
 use redlock_tests::http::{receive, send, send_retrying_busy};
 use tokio::sync::mpsc;
 
-use crate::common::{Server, answered, client, ms, redlock, short_ttl_redlock, timing, within};
+use crate::common::{Server, answered, client, ms, short_ttl_redlock, timing, within};
 use redlock_tests::http_timing::busy_retries;
 
 type Chunk = Result<Bytes, std::io::Error>;
@@ -85,7 +85,7 @@ async fn a_body_that_fails_midway_is_not_recorded_and_the_key_runs_again() {
     let runs = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::unbounded_channel();
     let server = server(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         IdempotencyPolicy::default(),
         Arc::clone(&runs),
         rx,
@@ -169,7 +169,7 @@ async fn an_oversize_body_holds_the_lock_until_it_has_streamed() {
     let runs = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::unbounded_channel();
     let server = server(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         IdempotencyPolicy::default(),
         Arc::clone(&runs),
         rx,

@@ -8,14 +8,14 @@ use redlock_actix::idempotency::IdempotencyMiddleware;
 use redlock_tests::Cluster;
 use redlock_tests::http::send;
 
-use crate::common::{client, redlock};
+use crate::common::client;
 
 /// A tenant scope wrapped by the middleware: the same key sent to tenant a,
 /// then to tenant b, must not answer b with a's response (b gets 422).
 #[actix_web::test]
 async fn in_a_scope_one_tenant_is_never_answered_another_tenants_response() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let server = serve!(move || {
         App::new().service(
             web::scope("/tenants/{t}")
@@ -75,7 +75,7 @@ async fn in_a_scope_one_tenant_is_never_answered_another_tenants_response() {
 #[actix_web::test]
 async fn another_query_with_the_same_key_is_422_not_a_replay() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let server = serve!(move || {
         App::new()
             .wrap(IdempotencyMiddleware::new(redlock.clone()))

@@ -86,7 +86,7 @@ where
     F: actix_web::Handler<(web::Data<Seen>, web::ReqData<LockHandle>), Output = Fut> + Clone + Send,
     Fut: actix_web::Responder + 'static,
 {
-    let (redlock, seen) = (redlock(cluster), seen.clone());
+    let (redlock, seen) = (cluster.patient_redlock(), seen.clone());
     serve!(move || {
         App::new()
             .app_data(redlock.clone())
@@ -331,7 +331,7 @@ async fn raw_request(server: &Server, path: &str) -> tokio::net::TcpStream {
 async fn panicking_handler_releases_the_lock() {
     let cluster = Cluster::start(3);
     let seen = web::Data::new(Seen::default());
-    let (redlock, shared) = (redlock(&cluster), seen.clone());
+    let (redlock, shared) = (cluster.patient_redlock(), seen.clone());
     let server = serve!(1, move || ending_app(redlock.clone(), shared.clone()));
     let client = client();
 
@@ -363,7 +363,7 @@ async fn panicking_handler_releases_the_lock() {
 async fn handler_returning_an_error_releases_the_lock() {
     let cluster = Cluster::start(3);
     let seen = web::Data::new(Seen::default());
-    let (redlock, shared) = (redlock(&cluster), seen.clone());
+    let (redlock, shared) = (cluster.patient_redlock(), seen.clone());
     let server = serve!(1, move || ending_app(redlock.clone(), shared.clone()));
 
     let reply = get(&client(), &server.url("/fail")).await;
@@ -377,7 +377,7 @@ async fn handler_returning_an_error_releases_the_lock() {
 async fn client_leaving_during_the_handler_drops_it_and_releases_when_half_close_is_off() {
     let cluster = Cluster::start(3);
     let seen = web::Data::new(Seen::default());
-    let (redlock, shared) = (redlock(&cluster), seen.clone());
+    let (redlock, shared) = (cluster.patient_redlock(), seen.clone());
     // With half-closed connections refused, actix drops the handler as soon as
     // it reads the client's EOF.
     let server = serve!(
@@ -412,7 +412,7 @@ async fn client_leaving_during_the_handler_drops_it_and_releases_when_half_close
 async fn client_leaving_during_the_handler_releases_when_it_ends_by_actix_default() {
     let cluster = Cluster::start(3);
     let seen = web::Data::new(Seen::default());
-    let (redlock, shared) = (redlock(&cluster), seen.clone());
+    let (redlock, shared) = (cluster.patient_redlock(), seen.clone());
     let server = serve!(1, move || ending_app(redlock.clone(), shared.clone()));
 
     let stream = raw_request(&server, "/short").await;
@@ -436,7 +436,7 @@ async fn client_leaving_during_the_handler_releases_when_it_ends_by_actix_defaul
 async fn client_leaving_during_a_streamed_body_releases_the_lock() {
     let cluster = Cluster::start(3);
     let seen = web::Data::new(Seen::default());
-    let (redlock, shared) = (redlock(&cluster), seen.clone());
+    let (redlock, shared) = (cluster.patient_redlock(), seen.clone());
     let server = serve!(1, move || ending_app(redlock.clone(), shared.clone()));
 
     let mut stream = raw_request(&server, "/stream").await;

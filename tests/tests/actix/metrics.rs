@@ -9,19 +9,8 @@ use actix_web::http::header::HeaderName;
 
 use actix_web::{App, web};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use redlock_actix::{Redlock, RedlockMiddleware};
+use redlock_actix::RedlockMiddleware;
 use redlock_tests::Cluster;
-use redlock_tests::timing::PATIENT_NODE_TIMEOUT;
-
-/// A `Redlock` over the cluster whose node timeout leaves room for a loaded
-/// machine: a 503 here would be the machine, not the case under test.
-fn patient_redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
-}
 
 /// The value of the series `name{labels}` in a Prometheus scrape (0 if absent).
 fn value(scrape: &str, series: &str) -> f64 {
@@ -41,7 +30,8 @@ fn a_request_without_a_key_is_counted_unlocked() {
         actix_web::rt::System::new().block_on(async {
             let app = actix_web::test::init_service(
                 App::new()
-                    .app_data(patient_redlock(&cluster))
+                    // A 503 here would be the machine, not the case under test.
+                    .app_data(cluster.patient_redlock())
                     .wrap(RedlockMiddleware::by_header(HeaderName::from_static(
                         "x-tenant",
                     )))

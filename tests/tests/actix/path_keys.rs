@@ -37,7 +37,7 @@ async fn hold(
 
 fn server(cluster: &Cluster, middleware: RedlockMiddleware) -> (Server, web::Data<Inside>) {
     let inside = web::Data::new(Inside::default());
-    let redlock = redlock(cluster);
+    let redlock = cluster.patient_redlock();
     let shared = inside.clone();
     let server = serve!(move || {
         App::new()

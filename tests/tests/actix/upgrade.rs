@@ -18,7 +18,7 @@ use crate::common::*;
 /// A `Redlock` over the cluster whose node timeout leaves room for a loaded
 /// machine: a 503 here would be the machine, not the case under test.
 fn patient_redlock(cluster: &Cluster) -> Redlock {
-    redlock(cluster)
+    cluster.patient_redlock()
 }
 
 /// How long a session of the scenario runs.

@@ -72,7 +72,7 @@ impl Seen {
 /// `/locked/b` holds its lock for [`HOLD`] in `web::block`, `/locked/w`
 /// returns at once.
 fn server(cluster: &Cluster, seen: &Arc<Seen>) -> Server {
-    let redlock = redlock(cluster);
+    let redlock = cluster.patient_redlock();
     let seen = web::Data::from(Arc::clone(seen));
     serve!(2, move || {
         App::new().app_data(seen.clone()).service(

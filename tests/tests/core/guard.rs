@@ -32,7 +32,7 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
         &cluster,
         redlock_tests::timing::patient_node_timeout_for(ttl),
     );
-    let other = redlock(&cluster, redlock_tests::timing::PATIENT_NODE_TIMEOUT);
+    let other = cluster.patient_redlock();
     // The probe's own TTL is not the subject: above the patient node timeout.
     let probe_ttl = Duration::from_secs(10);
     let key = "guard-extend";

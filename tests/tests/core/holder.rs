@@ -178,7 +178,7 @@ fn a_renewal_task_that_dies_with_its_runtime_fires_lost() {
         .enable_all()
         .build()
         .unwrap();
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     let guard = rt
         .block_on(rl.lock_guard(
             "holder-shutdown",
@@ -332,7 +332,7 @@ async fn a_failed_shortening_extend_lowers_the_validity() {
 #[tokio::test]
 async fn a_dropped_unlock_future_still_releases_in_the_background() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     let key = "holder-cancel-unlock";
     let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
     // Polled once, then dropped: a timeout around the release.
@@ -483,7 +483,7 @@ async fn fail_open_does_not_run_unlocked_when_another_holder_is_seen() {
     let cluster = Cluster::start(3);
     // The paused nodes time out whatever the node timeout; node 0's Busy
     // must be in (the subject is the decision, not a slow node).
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     let key = "redlock:holder-fail-open";
     cluster
         .node(0)

@@ -8,18 +8,10 @@ use redlock_core::{FencingMode, Redlock, Verdict, token_fingerprint};
 use redlock_tests::Cluster;
 use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
-fn redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_tells_free_held_and_inconsistent_and_never_the_token() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster);
+    let rl = cluster.patient_redlock();
 
     let seen = rl.inspect("insp-a").await.unwrap();
     assert_eq!(seen.verdict, Verdict::Free, "{seen:?}");

@@ -7,20 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, Redlock, RetryPolicy};
+use redlock_core::{Error, RetryPolicy};
 use redlock_tests::Cluster;
-use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
+use redlock_tests::timing;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn redlock(cluster: &Cluster, node_timeout: Duration) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(node_timeout)
-        .build()
-        .unwrap()
 }
 
 const FOREIGN: &str = "held-by-someone-else";
@@ -56,7 +48,7 @@ fn eventually_only_foreign_values(
 async fn check_every_subset(n: usize) {
     let cluster = Cluster::start(n);
     // Every node answers: the subject is the quorum rule, not a slow node.
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     // Connect and load the scripts, so every later call is one ordered EVALSHA.
     rl.check_nodes().await.unwrap();
     let lock = rl
@@ -148,7 +140,7 @@ async fn concurrent_clients_never_overlap() {
         .with_jitter(ms(60));
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|client| {
-            let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+            let rl = cluster.patient_redlock();
             let (counter, sections, policy) =
                 (Arc::clone(&counter), Arc::clone(&sections), policy.clone());
             tokio::spawn(async move {

@@ -2,22 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, Redlock};
+use redlock_core::Error;
 use redlock_tests::{Cluster, timing};
-
-/// A handle whose calls are all answered: the subject is not a slow node.
-fn patient(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_busy_extend_unlock() {
     let cluster = Cluster::start(3);
-    let (a, b) = (patient(&cluster), patient(&cluster));
+    let (a, b) = (cluster.patient_redlock(), cluster.patient_redlock());
     // A TTL the node timeout fits in.
     let ttl = timing::PATIENT_NODE_TIMEOUT * 2;
     let asked = Instant::now();

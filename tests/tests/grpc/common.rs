@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::Stream;
-use redlock_core::Redlock;
-use redlock_tests::Cluster;
 use redlock_tower::Held;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
@@ -30,21 +28,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// A `Redlock` over the cluster for a test whose subject is not a slow node:
-/// the patient node timeout (its locks need a TTL above it).
-pub(crate) fn redlock(cluster: &Cluster) -> Redlock {
-    redlock_with_timeout(cluster, PATIENT_NODE_TIMEOUT)
-}
-
-/// A `Redlock` over the cluster with this node timeout.
-pub(crate) fn redlock_with_timeout(cluster: &Cluster, node_timeout: Duration) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(node_timeout)
-        .build()
-        .unwrap()
 }
 
 /// The service: counts the calls its handlers start, and reads the lock with

@@ -20,7 +20,7 @@ async fn grpc_calls_are_refused_by_the_idempotency_layer_before_they_run() {
     let service = JobsService::default();
     // The layer hands the handler a buffered body; tonic's router takes its own.
     let layer = ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(redlock(&cluster)))
+        .layer(IdempotencyLayer::new(cluster.patient_redlock()))
         .map_request(|request: http::Request<Full<Bytes>>| request.map(tonic::body::Body::new));
     let server = GrpcServer::start(layer, service.clone()).await;
     let mut client = server.client().await;

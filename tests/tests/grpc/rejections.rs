@@ -19,7 +19,7 @@ const TTL: Duration = Duration::from_secs(5);
 fn tenant_layer(cluster: &Cluster) -> RedlockLayer<redlock_tower::ByHeader> {
     RedlockLayer::by_header(HeaderName::from_static("x-tenant"))
         .ttl(TTL)
-        .with_redlock(redlock(cluster))
+        .with_redlock(cluster.patient_redlock())
 }
 
 /// Starts a call that holds `tenant`'s lock for `work_ms`, and waits until the
@@ -164,7 +164,7 @@ async fn keys_by_method_lock_one_method_and_leave_the_others_free() {
     let cluster = Cluster::start(3);
     let layer = RedlockLayer::by_grpc_method()
         .ttl(TTL)
-        .with_redlock(redlock(&cluster));
+        .with_redlock(cluster.patient_redlock());
     let service = JobsService::default();
     let server = GrpcServer::start(layer, service.clone()).await;
     let mut client = server.client().await;

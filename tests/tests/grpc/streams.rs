@@ -17,7 +17,7 @@ const KEY: &str = "redlock:x-tenant=acme";
 fn layer(cluster: &Cluster, ttl: Duration) -> RedlockLayer<redlock_tower::ByHeader> {
     RedlockLayer::by_header(HeaderName::from_static("x-tenant"))
         .ttl(ttl)
-        .with_redlock(redlock(cluster))
+        .with_redlock(cluster.patient_redlock())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

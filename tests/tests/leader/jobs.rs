@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use redlock_core::{JobOptions, LockOptions, Redlock};
+use redlock_core::{JobOptions, LockOptions};
 use redlock_tests::Cluster;
 use redlock_tests::timing;
 
@@ -13,16 +13,6 @@ const REPLICAS: usize = 5;
 const TICKS: usize = 6;
 const PERIOD: Duration = Duration::from_millis(2000);
 const SKEW: Duration = Duration::from_millis(500);
-
-/// A replica's handle: its subject is the minimum hold, not a slow node, so
-/// every call must be answered.
-fn patient(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
-}
 
 /// One call to `run_job` that ran the job: when the call began and returned.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +28,8 @@ async fn ticks(cluster: &Cluster, job: &str, options: JobOptions) -> Vec<Vec<Run
     let start = Instant::now() + Duration::from_millis(300);
     let mut tasks = Vec::new();
     for _ in 0..REPLICAS {
-        let redlock = patient(cluster);
+        // The subject is the minimum hold, not a slow node: every call answered.
+        let redlock = cluster.patient_redlock();
         let (runs, options, job) = (Arc::clone(&runs), options.clone(), job.to_owned());
         tasks.push(tokio::spawn(async move {
             for tick in 0..TICKS {
@@ -115,7 +106,7 @@ async fn five_replicas_with_500ms_of_skew_run_each_tick_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_end_keeps_the_key_for_the_rest_of_the_minimum() {
     let cluster = Cluster::start(3);
-    let redlock = patient(&cluster);
+    let redlock = cluster.patient_redlock();
     let key = redlock.key_for("at-least");
     let guard = redlock
         .lock_guard("at-least", &LockOptions::new(Duration::from_secs(10)))

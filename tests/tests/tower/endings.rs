@@ -47,7 +47,7 @@ async fn panicking_handler_closes_the_connection_and_releases_the_lock() {
         .route("/panics", get(panics))
         .with_state(probe.clone())
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let request = tokio::spawn({
@@ -95,7 +95,7 @@ async fn client_disconnect_mid_handler_drops_the_handler_and_releases_the_lock()
         )
         .with_state(probe.clone())
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
@@ -150,7 +150,7 @@ async fn client_disconnect_mid_body_releases_the_lock() {
             }),
         )
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
@@ -198,7 +198,7 @@ async fn dropped_response_future_releases_the_lock() {
     };
     let mut service = RedlockLayer::by_path()
         .ttl(TTL)
-        .with_redlock(redlock(&cluster))
+        .with_redlock(cluster.patient_redlock())
         .layer(handler);
 
     let ready = service.ready().await.unwrap();
@@ -327,7 +327,7 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
     });
     let mut service = RedlockLayer::by_path()
         .ttl(TTL)
-        .with_redlock(redlock(&cluster))
+        .with_redlock(cluster.patient_redlock())
         .layer(handler);
 
     let whole = service

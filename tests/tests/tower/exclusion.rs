@@ -50,7 +50,7 @@ async fn critical(State(s): State<Arc<Critical>>) -> &'static str {
 /// overloaded by the burst (and by other builds) still gets answers in time,
 /// and the only outcomes are 200 and 409.
 fn burst_redlock(cluster: &Cluster) -> redlock_core::Redlock {
-    redlock(cluster)
+    cluster.patient_redlock()
 }
 
 async fn burst(server: &Server, path: &str, n: usize, state: &Arc<Critical>) -> Vec<StatusCode> {
@@ -161,7 +161,7 @@ async fn different_paths_run_concurrently() {
         )
         .with_state(gauge.clone())
         .layer(RedlockLayer::by_path())
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
     let client = client();
 
@@ -206,7 +206,7 @@ async fn by_path_param_excludes_jobs_of_one_tenant_but_not_other_tenants() {
     let app = Router::new()
         .route("/tenants/{tenant}/jobs/{job}", get(hold))
         .layer(RedlockLayer::by_path_param("tenant"))
-        .layer(Extension(redlock(&cluster)))
+        .layer(Extension(cluster.patient_redlock()))
         .layer(Extension(gate.clone()));
     let server = Server::start(app).await;
     let client = client();
@@ -245,7 +245,7 @@ async fn by_path_params_locks_both_accounts_of_a_transfer_together() {
     let app = Router::new()
         .route("/transfers/{from}/{to}", get(hold))
         .layer(RedlockLayer::by_path_params(["from", "to"]))
-        .layer(Extension(redlock(&cluster)))
+        .layer(Extension(cluster.patient_redlock()))
         .layer(Extension(gate.clone()));
     let server = Server::start(app).await;
     let client = client();
@@ -290,7 +290,7 @@ async fn by_matched_path_excludes_every_request_of_one_route() {
         .route("/tenants/{tenant}/jobs/{job}", get(hold))
         .route("/health", get(hold))
         .layer(RedlockLayer::by_matched_path())
-        .layer(Extension(redlock(&cluster)))
+        .layer(Extension(cluster.patient_redlock()))
         .layer(Extension(gate.clone()));
     let server = Server::start(app).await;
     let client = client();
@@ -333,7 +333,7 @@ async fn by_path_inside_a_nested_router_keys_on_the_full_request_path() {
     let app = Router::new()
         .nest("/tenants/acme", inner())
         .nest("/tenants/globex", inner())
-        .layer(Extension(redlock(&cluster)))
+        .layer(Extension(cluster.patient_redlock()))
         .layer(Extension(gate.clone()));
     let server = Server::start(app).await;
     let client = client();
@@ -385,7 +385,7 @@ async fn sequential_requests_never_find_the_previous_request_still_holding_the_l
     let app = Router::new()
         .route("/jobs/{id}", get(hold))
         .layer(RedlockLayer::by_path())
-        .layer(Extension(redlock(&cluster)))
+        .layer(Extension(cluster.patient_redlock()))
         .layer(Extension(Arc::new(Gate::default())));
     let server = Server::start(app).await;
     let client = client();
@@ -430,7 +430,7 @@ async fn a_path_param_route_and_a_named_header_route_share_the_tenant_lock() {
     let app = Router::new()
         .merge(by_path)
         .merge(by_header)
-        .layer(Extension(redlock(&cluster)))
+        .layer(Extension(cluster.patient_redlock()))
         .layer(Extension(gate.clone()));
     let server = Server::start(app).await;
     let client = client();

@@ -50,7 +50,7 @@ async fn held_extractor_gets_the_lock_of_the_request() {
     let app = Router::new()
         .route("/job", get(held))
         .route("/maybe", get(maybe_held))
-        .layer(RedlockLayer::by_path().with_redlock(redlock(&cluster)));
+        .layer(RedlockLayer::by_path().with_redlock(cluster.patient_redlock()));
 
     let (status, text) = get_text(&app, "/job", None).await;
     assert_eq!(status, StatusCode::OK, "{text}");
@@ -68,7 +68,7 @@ async fn optional_held_is_none_for_a_request_without_a_key_and_held_answers_500(
         .layer(RedlockLayer::by_header(HeaderName::from_static(
             "x-tenant-id",
         )))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
 
     let (status, text) = get_text(&app, "/maybe", None).await;
     assert_eq!(
@@ -95,7 +95,7 @@ async fn optional_held_is_none_for_a_fail_open_request() {
     let app = Router::new().route("/maybe", get(maybe_held)).layer(
         RedlockLayer::by_path()
             .fail_open()
-            .with_redlock(redlock(&cluster)),
+            .with_redlock(cluster.patient_redlock()),
     );
     let (status, text) = get_text(&app, "/maybe", None).await;
     assert_eq!((status, text.as_str()), (StatusCode::OK, "redlock:/maybe"));
@@ -132,7 +132,7 @@ async fn hold_job_key(redlock: &Redlock, hold: Duration) -> tokio::task::JoinHan
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_rejection_takes_a_closure_returning_status_and_string() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let app = Router::new().route("/job", get(held)).layer(
         RedlockLayer::by_path()
             .with_redlock(redlock.clone())
@@ -190,7 +190,7 @@ async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
         .with_jitter(Duration::ZERO);
     // Wake-ups on (the default): the long delay is only the safety-net poll;
     // the holder's release at 300 ms wakes the waiting request.
-    let plain = redlock(&cluster);
+    let plain = cluster.patient_redlock();
     let (status, took) = wait_for_busy_key(
         &plain,
         RedlockLayer::by_path().with_redlock(plain.clone()).options(

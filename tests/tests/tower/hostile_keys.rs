@@ -98,7 +98,7 @@ async fn a_path_value_cannot_take_another_family_s_lock() {
     let app = transfers
         .merge(jobs)
         .with_state(inside.clone())
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let (transfer, job) = while_the_first_holds(
@@ -145,7 +145,7 @@ async fn keys_joined_from_parts_cannot_spell_each_other() {
             RedlockLayer::by_header_as(header("x-job"), "job").namespace("redlock:jobs:"),
         ))
         .with_state(inside.clone())
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let (one, two) = while_the_first_holds(
@@ -189,7 +189,7 @@ async fn wildcard_server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc
         .route("/o/{*rest}", get(hold).post(hold))
         .with_state(inside.clone())
         .layer(layer)
-        .layer(Extension(redlock(cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     (Server::start(app).await, inside)
 }
 

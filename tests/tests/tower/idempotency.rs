@@ -17,7 +17,7 @@ use redlock_tests::Cluster;
 use redlock_tests::http::{send, send_retrying_busy};
 use redlock_tower::idempotency::IdempotencyLayer;
 
-use crate::common::{Server, answered, client, ms, redlock, short_ttl_redlock, timing};
+use crate::common::{Server, answered, client, ms, short_ttl_redlock, timing};
 use redlock_tests::http_timing::busy_retries;
 
 /// `POST /pay`: counts its runs, takes `?hold=<ms>`, answers 201 with the
@@ -60,7 +60,7 @@ async fn fifty_concurrent_copies_run_the_work_once_and_agree() {
     // Every node's connection is up before the burst (see the actix twin),
     // and the handle is patient: this test is about the copies agreeing, not
     // about slow nodes.
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     redlock.check_nodes().await.unwrap();
     let server = Server::start(app(
         redlock,
@@ -107,7 +107,7 @@ async fn a_replay_is_byte_identical_and_says_so() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
     let server = Server::start(app(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         IdempotencyPolicy::default(),
         Arc::clone(&runs),
     ))
@@ -137,7 +137,7 @@ async fn mismatch_is_422_and_a_missing_or_bad_key_is_400() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
     let server = Server::start(app(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         IdempotencyPolicy::default(),
         Arc::clone(&runs),
     ))
@@ -174,7 +174,7 @@ async fn mismatch_is_422_and_a_missing_or_bad_key_is_400() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // Over the request cap: 413, not run.
     let small = IdempotencyPolicy::default().max_request_body(4);
-    let server = Server::start(app(redlock(&cluster), small, Arc::clone(&runs))).await;
+    let server = Server::start(app(cluster.patient_redlock(), small, Arc::clone(&runs))).await;
     let big = send(
         &client,
         Method::POST,
@@ -193,7 +193,7 @@ async fn a_5xx_is_not_stored_and_a_retry_runs_again() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
     let server = Server::start(app(
-        redlock(&cluster),
+        cluster.patient_redlock(),
         IdempotencyPolicy::default(),
         Arc::clone(&runs),
     ))
@@ -278,7 +278,7 @@ async fn an_oversize_response_is_passed_through_then_not_replayed_nor_run_again(
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
     let policy = IdempotencyPolicy::default().max_response_body(8);
-    let server = Server::start(app(redlock(&cluster), policy, Arc::clone(&runs))).await;
+    let server = Server::start(app(cluster.patient_redlock(), policy, Arc::clone(&runs))).await;
     let client = client();
     let key = [("idempotency-key", "big-response-1")];
     let url = server.url("/pay");
@@ -324,7 +324,7 @@ async fn a_named_header_keys_and_a_scope_separates_clients() {
             }),
         )
         .layer(
-            IdempotencyLayer::new(redlock(&cluster))
+            IdempotencyLayer::new(cluster.patient_redlock())
                 .key_header(http::HeaderName::from_static("x-github-delivery"))
                 .scope(|parts| {
                     parts
@@ -402,7 +402,7 @@ async fn a_key_read_from_the_body_names_the_delivery() {
             }),
         )
         .layer(
-            IdempotencyLayer::new(redlock(&cluster)).key_fn(|_parts, body| {
+            IdempotencyLayer::new(cluster.patient_redlock()).key_fn(|_parts, body| {
                 let v: serde_json::Value = serde_json::from_slice(body).ok()?;
                 let id = v.get("id")?.as_str()?;
                 Some(IdempotencyKey::parse(id.as_bytes()))
@@ -441,7 +441,7 @@ async fn a_duplicate_in_flight_waits_and_gets_the_recorded_answer() {
     let cluster = Cluster::start(3);
     let runs = Arc::new(AtomicUsize::new(0));
     let policy = IdempotencyPolicy::default().lock(|l| l.wait(answered(ms(600))));
-    let server = Server::start(app(redlock(&cluster), policy, Arc::clone(&runs))).await;
+    let server = Server::start(app(cluster.patient_redlock(), policy, Arc::clone(&runs))).await;
     let client = client();
     let url = server.url("/pay?hold=600");
     let headers = [("idempotency-key", "\"wait-1\"")];

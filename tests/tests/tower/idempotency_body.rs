@@ -21,9 +21,7 @@ use redlock_tests::http::{send, send_retrying_busy};
 use redlock_tower::idempotency::IdempotencyLayer;
 use tokio::sync::mpsc;
 
-use crate::common::{
-    Server, answered, client, ms, receive, redlock, short_ttl_redlock, timing, within,
-};
+use crate::common::{Server, answered, client, ms, receive, short_ttl_redlock, timing, within};
 use redlock_tests::http_timing::busy_retries;
 
 type Chunk = Result<Bytes, std::io::Error>;
@@ -62,7 +60,7 @@ fn app(
             IdempotencyLayer::new(if short_ttl {
                 short_ttl_redlock(cluster)
             } else {
-                redlock(cluster)
+                cluster.patient_redlock()
             })
             .policy(policy.max_response_body(8)),
         )

@@ -11,7 +11,7 @@ use redlock_tests::Cluster;
 use redlock_tests::http::send;
 use redlock_tower::idempotency::IdempotencyLayer;
 
-use crate::common::{Server, client, redlock};
+use crate::common::{Server, client};
 
 /// A nested tenant router: the same key sent to tenant a, then to tenant b,
 /// must not answer b with a's response (b gets 422: the key was used for
@@ -26,7 +26,7 @@ async fn under_nest_one_tenant_is_never_answered_another_tenants_response() {
                 (StatusCode::CREATED, format!("paid by tenant {t}: {body}"))
             }),
         )
-        .layer(IdempotencyLayer::new(redlock(&cluster)));
+        .layer(IdempotencyLayer::new(cluster.patient_redlock()));
     let server = Server::start(Router::new().nest("/tenants/{t}", tenant)).await;
     let client = client();
     let key = [("idempotency-key", "\"same-key-1\"")];
@@ -87,7 +87,7 @@ async fn another_query_with_the_same_key_is_422_not_a_replay() {
                 )
             }),
         )
-        .layer(IdempotencyLayer::new(redlock(&cluster)));
+        .layer(IdempotencyLayer::new(cluster.patient_redlock()));
     let server = Server::start(app).await;
     let client = client();
     let key = [("idempotency-key", "\"transfer-1\"")];

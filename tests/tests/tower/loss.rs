@@ -86,7 +86,7 @@ async fn lost_lock_drops_the_handler_before_its_validity_ends_and_answers_503() 
         .route("/work", get(long_work))
         .with_state(seen.clone())
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let (request, handle) = start_and_wait_for_handler(&server, &cluster, &seen).await;
@@ -159,7 +159,7 @@ async fn signal_mode_lets_the_handler_see_the_loss_and_send_its_own_response() {
         )
         .with_state(seen.clone())
         .layer(RedlockLayer::by_path().ttl(TTL).on_lost(LostPolicy::Signal))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
 
     let (request, handle) = start_and_wait_for_handler(&server, &cluster, &seen).await;

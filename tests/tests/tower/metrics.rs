@@ -35,7 +35,7 @@ fn a_request_without_a_key_is_counted_unlocked() {
                 let header = http::HeaderName::from_static("x-tenant");
                 let app = Router::new()
                     .route("/pass", get(|| async { "ok" }))
-                    .layer(RedlockLayer::by_header(header).with_redlock(redlock(&cluster)));
+                    .layer(RedlockLayer::by_header(header).with_redlock(cluster.patient_redlock()));
                 let server = Server::start(app).await;
                 let client = client();
                 for _ in 0..2 {

@@ -43,7 +43,7 @@ async fn server(cluster: &Cluster, layer: RedlockLayer) -> (Server, Arc<Inside>)
         .route("/files/{*id}", get(hold))
         .with_state(inside.clone())
         .layer(layer)
-        .layer(Extension(redlock(cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     (Server::start(app).await, inside)
 }
 

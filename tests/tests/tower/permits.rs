@@ -37,7 +37,7 @@ async fn warm(redlock: &redlock_core::Redlock) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_admit_n_requests_per_key_and_answer_the_rest_429() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     warm(&redlock).await;
     let state = Arc::new(Inside::default());
     let gauge = &state.gauge;
@@ -96,7 +96,7 @@ async fn permits_admit_n_requests_per_key_and_answer_the_rest_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     warm(&redlock).await;
     let state = Arc::new(Inside::default());
     let gauge = &state.gauge;
@@ -145,7 +145,7 @@ async fn safe_methods_share_a_key_and_other_methods_hold_it_alone() {
 async fn reads_of_many_distinct_paths_leave_no_key_on_the_nodes() {
     const PATHS: usize = 60;
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     warm(&redlock).await;
     let app = Router::new()
         .route("/r/{id}", get(|| async { "read" }))

@@ -63,7 +63,7 @@ async fn busy_key_answers_409_with_retry_after_and_a_problem_json_body() {
     let app = Router::new()
         .route("/busy", get(hold))
         .layer(RedlockLayer::by_path())
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let (server, holder, gate) = with_busy_key(&cluster, app).await;
 
     let busy = http_get(&client(), &server.url("/busy")).await;
@@ -98,7 +98,7 @@ async fn busy_status_locked_answers_423() {
     let app = Router::new()
         .route("/busy", get(hold))
         .layer(RedlockLayer::by_path().busy_status(StatusCode::LOCKED))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let (server, holder, gate) = with_busy_key(&cluster, app).await;
 
     let busy = http_get(&client(), &server.url("/busy")).await;
@@ -123,7 +123,7 @@ async fn custom_rejection_handler_builds_the_busy_response() {
     let app = Router::new()
         .route("/busy", get(hold))
         .layer(layer)
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let (server, holder, gate) = with_busy_key(&cluster, app).await;
 
     let busy = http_get(&client(), &server.url("/busy")).await;
@@ -141,7 +141,7 @@ async fn two_of_three_nodes_down_answers_503_with_retry_after() {
     let app = Router::new()
         .route("/job", get(hold))
         .layer(RedlockLayer::by_path())
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
     let client = client();
     assert_eq!(
@@ -177,7 +177,7 @@ async fn fail_open_runs_the_handler_unlocked_when_nodes_are_down() {
     let app = Router::new()
         .route("/job", get(hold))
         .layer(RedlockLayer::by_path().fail_open())
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
     cluster.node(1).kill();
     cluster.node(2).kill();
@@ -212,7 +212,7 @@ fn tenant_app(cluster: &Cluster, layer: RedlockLayer<redlock_tower::ByHeader>) -
     Router::new()
         .route("/jobs", get(hold))
         .layer(layer)
-        .layer(Extension(redlock(cluster)))
+        .layer(Extension(cluster.patient_redlock()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

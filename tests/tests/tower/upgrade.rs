@@ -141,7 +141,7 @@ fn app(cluster: &Cluster, sessions: &Arc<Sessions>) -> Router {
         .route("/ws/{doc}", get(ws))
         .with_state(Arc::clone(sessions))
         .layer(RedlockLayer::by_path().wait(answered(SESSION)))
-        .layer(Extension(redlock(cluster)))
+        .layer(Extension(cluster.patient_redlock()))
 }
 
 /// Opens a WebSocket to `url` and reads it until the server has closed the

@@ -61,7 +61,7 @@ async fn stream(gate: Option<web::Data<Gate>>) -> HttpResponse {
 /// How long after a call that returned at quorum its last node has answered,
 /// for the handles here.
 fn settle(cluster: &Cluster) -> Duration {
-    timing::settle(redlock(cluster).node_timeout())
+    timing::settle(cluster.patient_redlock().node_timeout())
 }
 
 fn stream_server(
@@ -69,7 +69,7 @@ fn stream_server(
     middleware: RedlockMiddleware,
     gate: web::Data<Gate>,
 ) -> Server {
-    let redlock = redlock(cluster);
+    let redlock = cluster.patient_redlock();
     let middleware = middleware.ttl(TTL);
     serve!(move || {
         App::new()
@@ -196,7 +196,7 @@ async fn response_head_release_frees_the_lock_while_the_body_still_streams() {
 #[actix_web::test]
 async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
     let cluster = Cluster::start(3);
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let gate = web::Data::new(Gate::default());
     let shared = gate.clone();
     let server = serve!(move || {
@@ -337,7 +337,7 @@ async fn an_in_memory_body_is_released_before_the_head_and_a_stream_after_it() {
     let cluster = Cluster::start(3);
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .wrap(RedlockMiddleware::by_path().ttl(Duration::from_secs(30)))
             .route("/whole", web::get().to(|| async { "whole" }))
             .route("/stream", web::get().to(stream)),

@@ -50,7 +50,7 @@ pub(super) async fn busy_answer_is_409_with_retry_after_and_a_problem_document()
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_path().ttl(BUSY_TTL))
             .route("/reports/9", web::get().to(hold)),
@@ -100,7 +100,7 @@ pub(super) async fn busy_status_is_configurable() {
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_path().busy_status(StatusCode::LOCKED))
             .route("/reports/9", web::get().to(hold)),
@@ -126,7 +126,7 @@ pub(super) async fn by_header_runs_requests_without_the_header_unlocked_or_rejec
     let tenant = HeaderName::from_static("x-tenant");
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .service(
                 web::resource("/lenient")
                     .wrap(RedlockMiddleware::by_header(tenant.clone()))
@@ -173,7 +173,7 @@ pub(super) async fn by_path_param_on_a_scope_locks_per_tenant() {
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .service(
                 web::scope("/tenants/{tenant}")
@@ -212,7 +212,7 @@ pub(super) async fn by_path_params_locks_both_accounts_of_a_transfer_together() 
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .service(
                 web::scope("/transfers/{from}/{to}")
@@ -257,7 +257,7 @@ pub(super) async fn by_path_param_on_the_app_finds_no_parameter_as_documented() 
     // Wrapped on the App, the route's `{tenant}` is not filled in yet: no key.
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .wrap(RedlockMiddleware::by_path_param("tenant"))
             .route("/tenants/{tenant}", web::get().to(hold)),
     )
@@ -267,7 +267,7 @@ pub(super) async fn by_path_param_on_the_app_finds_no_parameter_as_documented() 
 
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .wrap(
                 RedlockMiddleware::by_path_param("tenant").on_missing_key(MissingKeyPolicy::Reject),
             )
@@ -284,7 +284,7 @@ pub(super) async fn by_match_pattern_on_the_app_locks_every_request_of_one_route
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_match_pattern())
             .route("/tenants/{tenant}/jobs/{job}", web::get().to(hold))
@@ -332,7 +332,7 @@ pub(super) async fn by_fn_locks_on_a_computed_key() {
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .wrap(by_account)
             .route("/transfer", web::get().to(hold)),

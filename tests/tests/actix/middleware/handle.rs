@@ -26,7 +26,7 @@ pub(super) fn dead_redlock() -> Redlock {
 #[actix_web::test]
 pub(super) async fn handle_comes_from_the_binding_then_app_data_then_web_data() {
     let cluster = Cluster::start(3);
-    let live = redlock(&cluster);
+    let live = cluster.patient_redlock();
 
     // The bound handle wins over app data (here a dead one).
     let app = test::init_service(
@@ -109,7 +109,7 @@ pub(super) async fn majority_of_nodes_down_answers_503_unless_fail_open() {
     cluster.node(1).kill();
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .service(
                 web::resource("/closed")
                     .wrap(RedlockMiddleware::by_path())

@@ -49,7 +49,7 @@ fn critical_server(
     let state = web::Data::new(Critical::default());
     // The patient node timeout: these tests are about admission and waking,
     // not about slow nodes.
-    let redlock = redlock(cluster);
+    let redlock = cluster.patient_redlock();
     let shared = state.clone();
     let server = serve!(move || {
         App::new()
@@ -134,7 +134,7 @@ async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
         .wait(poll * 2)
         .retry_delay(poll, Duration::ZERO);
     let (server, state) = critical_server(&cluster, middleware);
-    let holder = redlock(&cluster);
+    let holder = cluster.patient_redlock();
     let lock = holder
         .try_lock("redlock:/accounts/7/settle", Duration::from_secs(5))
         .await
@@ -158,7 +158,7 @@ async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
 async fn different_paths_run_in_parallel() {
     let cluster = Cluster::start(3);
     let gauge = web::Data::new(Gauge::default());
-    let redlock = redlock(&cluster);
+    let redlock = cluster.patient_redlock();
     let shared = gauge.clone();
     let server = serve!(move || {
         App::new()

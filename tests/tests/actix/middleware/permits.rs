@@ -15,7 +15,7 @@ pub(super) async fn permits_admit_two_and_answer_the_third_429() {
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_path().permits(2))
             .route("/exports", web::get().to(hold)),
@@ -48,7 +48,7 @@ pub(super) async fn reads_share_a_path_that_a_write_holds_alone() {
     let probe = web::Data::new(Inside::default());
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .app_data(probe.clone())
             .wrap(RedlockMiddleware::by_path().shared_for_safe_methods())
             .route("/reports/7", web::get().to(hold))
@@ -80,7 +80,7 @@ pub(super) async fn reads_of_many_distinct_paths_leave_no_key_on_the_nodes() {
     let cluster = Cluster::start(3);
     let app = test::init_service(
         App::new()
-            .app_data(redlock(&cluster))
+            .app_data(cluster.patient_redlock())
             .wrap(RedlockMiddleware::by_path().shared_for_safe_methods())
             .route("/r/{id}", web::get().to(hold)),
     )

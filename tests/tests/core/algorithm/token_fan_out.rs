@@ -109,7 +109,7 @@ pub(super) async fn late_answers_on_a_fresh_handle_still_join_the_lock() {
     let cluster = Cluster::start(3);
     for round in 0..10 {
         // The subject is late answers, not a slow node: every call answered.
-        let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+        let rl = cluster.patient_redlock();
         let key = format!("fresh-handle:{round}");
         let lock = rl.try_lock(&key, Duration::from_secs(30)).await.unwrap();
         let token = lock.token().to_owned();

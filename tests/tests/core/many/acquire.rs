@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redlock_core::{Error, RetryPolicy};
 use redlock_tests::Cluster;
 
-use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
+use redlock_tests::timing;
 
 use super::*;
 
@@ -28,7 +28,7 @@ pub(super) async fn opposite_orders_never_deadlock_nor_overlap() {
         .enumerate()
     {
         // Every call answered: the subject is the order of the keys.
-        let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+        let rl = cluster.patient_redlock();
         rl.check_nodes().await.unwrap();
         let holders = Arc::clone(&holders);
         tasks.push(tokio::spawn(async move {
@@ -77,7 +77,7 @@ pub(super) async fn opposite_orders_never_deadlock_nor_overlap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_node_holding_one_key_for_another_does_not_count() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     rl.check_nodes().await.unwrap();
     cluster.node(0).cmd(&["SET", "fa", FOREIGN, "PX", "30000"]);
     cluster.node(1).cmd(&["SET", "fb", FOREIGN, "PX", "30000"]);
@@ -100,7 +100,7 @@ pub(super) async fn a_node_holding_one_key_for_another_does_not_count() {
 /// quorum; afterwards (unlocked, or failed) only the foreign values are left.
 pub(super) async fn check_every_spread(n: usize) {
     let cluster = Cluster::start(n);
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     rl.check_nodes().await.unwrap();
     let quorum = n / 2 + 1;
     let (mut successes, mut failures) = (0, 0);
@@ -170,7 +170,7 @@ pub(super) async fn acquire_succeeds_iff_the_nodes_with_neither_key_are_a_quorum
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_partial_acquire_is_released_everywhere() {
     let cluster = Cluster::start(5);
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     rl.check_nodes().await.unwrap();
     let foreign = [(0, "pa"), (1, "pb"), (2, "pa"), (2, "pb")];
     for &(i, key) in &foreign {
@@ -208,7 +208,7 @@ pub(super) async fn a_partial_acquire_is_released_everywhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn extend_fails_when_one_key_was_stolen_on_a_quorum() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster, PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     rl.check_nodes().await.unwrap();
     let mut lock = rl.try_lock_many(["xa", "xb"], ms(5000)).await.unwrap();
     assert!(

@@ -186,7 +186,7 @@ pub(super) async fn guards_renewed_in_one_batch_keep_every_key_of_a_set() {
     let cluster = Cluster::start(3);
     // The subject is the batch, not a slow node: every renewal answered, with
     // a TTL the node timeout fits in.
-    let rl = redlock(&cluster, redlock_tests::timing::PATIENT_NODE_TIMEOUT);
+    let rl = cluster.patient_redlock();
     let ttl = redlock_tests::timing::PATIENT_NODE_TIMEOUT * 2;
     let options = LockOptions::new(ttl);
     let names: Vec<String> = (0..4).map(|i| format!("bs{i}")).collect();

@@ -6,8 +6,6 @@ use redlock_core::{Redlock, RetryPolicy};
 use redlock_tests::Cluster;
 use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
 
-use super::*;
-
 /// How soon a woken waiter holds the lock: the release announced and an
 /// attempt made, each one node round at most.
 fn woken_within() -> Duration {
@@ -28,8 +26,8 @@ fn far() -> Duration {
 pub(super) async fn holder_waiter_and_slow_poll(
     cluster: &Cluster,
 ) -> (Redlock, Redlock, RetryPolicy) {
-    let holder = redlock(cluster, PATIENT_NODE_TIMEOUT);
-    let waiter = redlock(cluster, PATIENT_NODE_TIMEOUT);
+    let holder = cluster.patient_redlock();
+    let waiter = cluster.patient_redlock();
     holder.check_nodes().await.unwrap();
     waiter.check_nodes().await.unwrap();
     let slow = RetryPolicy::deadline(2 * far())

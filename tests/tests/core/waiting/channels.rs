@@ -17,7 +17,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_release_in_another_database_wakes_no_waiter() {
     let cluster = Cluster::start(3);
-    let (holder, waiter) = (patient(&cluster), patient(&cluster));
+    let (holder, waiter) = (cluster.patient_redlock(), cluster.patient_redlock());
     let db1 = Redlock::builder()
         .urls(cluster.urls().iter().map(|u| format!("{u}/1")))
         .node_timeout(timing::PATIENT_NODE_TIMEOUT)
@@ -132,7 +132,7 @@ pub(super) async fn without_waiters_a_down_node_is_not_retried() {
         .node_timeout(timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
-    let holder = patient(&cluster);
+    let holder = cluster.patient_redlock();
     one_wait(&cluster, &holder, &waiter, "waiting:idle").await;
     // Nobody waits: the task has unsubscribed; wait until it has also closed
     // its connection (no client of node 2 is in pub/sub mode), so that the
@@ -179,7 +179,7 @@ pub(super) async fn a_silently_dead_subscription_is_replaced() {
         .node_timeout(ms(500))
         .build()
         .unwrap();
-    let holder = patient(&cluster);
+    let holder = cluster.patient_redlock();
     let key = "waiting:dead-sub";
     let sets = || set_calls(&cluster, 0);
     let held = holder.try_lock(key, Duration::from_secs(30)).await.unwrap();
@@ -261,7 +261,7 @@ pub(super) fn flag(key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_release_announces_itself_only_when_a_waiter_flagged_the_key() {
     let cluster = Cluster::start(3);
-    let (a, b) = (patient(&cluster), patient(&cluster));
+    let (a, b) = (cluster.patient_redlock(), cluster.patient_redlock());
     let key = "waiting:flag";
     let all_publishes = |c: &Cluster| -> Vec<u64> { (0..3).map(|n| publishes(c, n)).collect() };
 

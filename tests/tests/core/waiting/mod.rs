@@ -45,9 +45,10 @@ fn slow_poll(deadline: Duration) -> RetryPolicy {
 }
 
 /// How soon a waiter handed the lock by a wake-up (or by a fallback, after
-/// the event it waits for) must hold it, with [`patient`] handles: a release
-/// announced and an attempt made, each one node round at most
-/// ([`timing::liveness`] of two node timeouts).
+/// the event it waits for) must hold it, with patient handles
+/// ([`Cluster::patient_redlock`], for tests whose premise is that every node
+/// answered every call): a release announced and an attempt made, each one
+/// node round at most ([`timing::liveness`] of two node timeouts).
 fn woken_within() -> Duration {
     timing::liveness(2 * timing::PATIENT_NODE_TIMEOUT)
 }
@@ -65,18 +66,6 @@ fn never_polls() -> RetryPolicy {
     RetryPolicy::deadline(2 * far())
         .with_delay(far())
         .with_jitter(Duration::ZERO)
-}
-
-/// A handle whose calls do not time out on a loaded machine: for tests whose
-/// premise is that every node answered every call (a holder on all of them, a
-/// waiter that found all of them busy, and subscriptions confirmed before the
-/// waiter's second attempt, which waits for them up to the node timeout).
-fn patient(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(timing::PATIENT_NODE_TIMEOUT)
-        .build()
-        .unwrap()
 }
 
 /// The channel of `key`'s releases in database 0.

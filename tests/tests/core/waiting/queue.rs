@@ -121,7 +121,7 @@ pub(super) async fn waiters_that_give_up_do_not_block_the_next() {
 pub(super) async fn a_node_killed_and_restarted_while_waiting() {
     let cluster = Cluster::start(3);
     // The subject is a node killed, not a slow one: every call is answered.
-    let (holder, waiter) = (patient(&cluster), patient(&cluster));
+    let (holder, waiter) = (cluster.patient_redlock(), cluster.patient_redlock());
     let node_timeout = redlock_tests::timing::PATIENT_NODE_TIMEOUT;
     let ttl = Duration::from_secs(10);
     let asked = Instant::now();

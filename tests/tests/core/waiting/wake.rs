@@ -19,7 +19,7 @@ pub(super) async fn most_clients_wait_and_none_overlap() {
     let cluster = Cluster::start(3);
     // The subject is exclusion, not a slow node; and a TTL no hold outlives
     // on a loaded machine, so that the overlap check judges the library.
-    let handles = [patient(&cluster), patient(&cluster)];
+    let handles = [cluster.patient_redlock(), cluster.patient_redlock()];
     let counter = redis::Client::open(cluster.node(0).url()).unwrap();
     let inside = Arc::new(AtomicBool::new(false));
     const ROUNDS: u64 = 8;
@@ -116,7 +116,7 @@ pub(super) async fn release_to_acquire(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_release_wakes_the_waiter_long_before_its_poll() {
     let cluster = Cluster::start(3);
-    let (a, b) = (patient(&cluster), patient(&cluster));
+    let (a, b) = (cluster.patient_redlock(), cluster.patient_redlock());
     let across =
         release_to_acquire(&cluster, &a, &b, "waiting:across", never_polls(), ms(200)).await;
     assert!(
@@ -162,7 +162,7 @@ pub(super) async fn a_release_wakes_the_waiter_long_before_its_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_lock() {
     let cluster = Cluster::start(3);
-    let (a, b) = (patient(&cluster), patient(&cluster));
+    let (a, b) = (cluster.patient_redlock(), cluster.patient_redlock());
     let key = "waiting:cleanup";
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
     let held = a.try_lock(key, far()).await.unwrap();
@@ -210,7 +210,7 @@ pub(super) async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_l
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn expiry_and_silent_deletes_are_found_by_the_fallbacks() {
     let cluster = Cluster::start(3);
-    let rl = patient(&cluster);
+    let rl = cluster.patient_redlock();
     // Set after `start`: no quorum is free before 700 ms from it.
     let start = Instant::now();
     for node in cluster.nodes() {

@@ -395,7 +395,7 @@ pub(super) async fn a_handle_kept_by_a_spawned_task_stops_saying_held_after_the_
         .layer(
             RedlockLayer::by_path()
                 .ttl(Duration::from_secs(10))
-                .with_redlock(redlock(&cluster)),
+                .with_redlock(cluster.patient_redlock()),
         );
     let server = Server::start(app).await;
     let client = client();

@@ -60,7 +60,7 @@ async fn stream(State(gate): State<Arc<Gate>>) -> Body {
 
 /// The node timeout of the handles here.
 fn node_timeout(cluster: &Cluster) -> Duration {
-    redlock(cluster).node_timeout()
+    cluster.patient_redlock().node_timeout()
 }
 
 fn stream_app(cluster: &Cluster, layer: RedlockLayer, gate: Arc<Gate>) -> Router {
@@ -68,7 +68,7 @@ fn stream_app(cluster: &Cluster, layer: RedlockLayer, gate: Arc<Gate>) -> Router
         .route("/stream", get(stream))
         .with_state(gate)
         .layer(layer.ttl(TTL))
-        .layer(Extension(redlock(cluster)))
+        .layer(Extension(cluster.patient_redlock()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,7 +200,7 @@ async fn handler_running_three_ttls_stays_exclusive_through_auto_extension() {
         )
         .with_state(gate.clone())
         .layer(RedlockLayer::by_path().ttl(TTL))
-        .layer(Extension(redlock(&cluster)));
+        .layer(Extension(cluster.patient_redlock()));
     let server = Server::start(app).await;
     let client = client();
     let url = server.url("/long");
