@@ -228,10 +228,10 @@ mod protocol;
 // wake-up); above them, a leader (campaign, observe), jobs run once per
 // tick, permits (`semaphore`) and shared locks (`rwlock`) with the wrappers
 // they share (`primitive`).
+mod acquire_kind;
 mod guard;
 mod job;
 mod leader;
-mod acquire_kind;
 mod primitive;
 mod rwlock;
 mod semaphore;
@@ -276,6 +276,10 @@ pub use settings::{LockOptions, RetryPolicy};
 /// measures it against a plain compare-and-delete. Not part of the API.
 #[doc(hidden)]
 pub const __RELEASE_LUA: &str = node::RELEASE_LUA;
+/// The quiet release's text (a failed attempt's, which announces nothing),
+/// for the tests that read releases off `MONITOR`. Not part of the API.
+#[doc(hidden)]
+pub const __RELEASE_QUIET_LUA: &str = node::RELEASE_QUIET_LUA;
 /// The waiters flag's suffix, which the release script's second key takes,
 /// for the same scenario. Not part of the API.
 #[doc(hidden)]

@@ -42,7 +42,7 @@ pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_fl
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 pub(crate) use scripts::Shape;
 
-pub(crate) use release_scripts::RELEASE_LUA;
+pub(crate) use release_scripts::{RELEASE_LUA, RELEASE_QUIET, RELEASE_QUIET_LUA};
 pub(crate) use rwlock_scripts::RwKeys;
 pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, EXTEND_READER, FENCE};
 

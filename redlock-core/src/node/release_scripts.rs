@@ -109,7 +109,30 @@ return 0
     };
 }
 
+/// The release of a failed attempt's keys, which took fewer nodes than a
+/// quorum (`Attempt::release_failed`): compare-and-delete (a read share also
+/// leaves its index), announcing nothing and leaving the waiters flag. Such
+/// a key never held the lock, so nobody waits for it to go: a waiter it
+/// refused waits for the holder that refused the attempt, or for its own
+/// poll. Announced, it woke waiters of the resource to try again at once,
+/// the attempt's own waiter too (issue 48, item 3: a permit waiter's
+/// clean-up of one slot woke it as a release on another slot's busy node,
+/// and it spun); and a `DEL` of the flag took other waiters' flags away.
+pub(crate) const RELEASE_QUIET_LUA: &str = concat!(
+    reader_index_lua!(),
+    r#"
+local idx = index_of(KEYS[1])
+if idx then redis.call('SREM', idx, KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#
+);
+
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_LUA));
+pub(crate) static RELEASE_QUIET: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(RELEASE_QUIET_LUA));
 static RELEASE_IN_DB: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(RELEASE_IN_DB_LUA));
 pub(crate) static RELEASE_UNFLAGGED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(release_unflagged_lua!("PUBLISH")));

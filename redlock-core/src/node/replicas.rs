@@ -219,7 +219,13 @@ pub(crate) fn split_url(url: &str) -> Result<(String, Option<ReplicaAcks>), Erro
 
 /// Whether `call` waits for replicas: every write but a release.
 pub(super) fn waits(call: &Call) -> bool {
-    !matches!(call, Call::Release { .. } | Call::ReleaseMany { .. })
+    match call {
+        Call::Release { .. } | Call::ReleaseMany { .. } => false,
+        Call::Script { script, .. } => {
+            !std::ptr::eq(*script, &*super::release_scripts::RELEASE_QUIET)
+        }
+        _ => true,
+    }
 }
 
 /// Whether `reply` says the call wrote nothing: a refused `SET`, an extend

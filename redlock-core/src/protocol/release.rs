@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::keys::Keys;
-use crate::node::{Call, parse_flag};
+use crate::node::{Call, RELEASE_QUIET, parse_flag};
 use crate::protocol::fan_out::{Fan, Settled, ready_now, send_now};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
@@ -88,6 +88,20 @@ impl Redlock {
         acquired: Option<&Report>,
         late: Option<&Late>,
     ) -> Vec<Option<Settled<bool>>> {
+        self.unlock_all_as(keys, token, acquired, late, false).await
+    }
+
+    /// [`Redlock::unlock_all`]; `quiet`: a key of one resource is released
+    /// without announcing it (`RELEASE_QUIET`), for a failed attempt that
+    /// took fewer nodes than a quorum.
+    pub(crate) async fn unlock_all_as(
+        &self,
+        keys: &Keys,
+        token: &Arc<str>,
+        acquired: Option<&Report>,
+        late: Option<&Late>,
+        quiet: bool,
+    ) -> Vec<Option<Settled<bool>>> {
         let skip = |i: usize| {
             acquired.is_some_and(|r| {
                 matches!(
@@ -104,7 +118,12 @@ impl Redlock {
             }
             return Vec::new();
         }
-        let call = Arc::new(Call::release_keys(keys.clone(), Arc::clone(token)));
+        let call = Arc::new(match keys {
+            Keys::One(key) if quiet => {
+                Call::script(&RELEASE_QUIET, Arc::clone(key), vec![token.to_string()])
+            }
+            _ => Call::release_keys(keys.clone(), Arc::clone(token)),
+        });
         let mut pending = self.fan_out(
             &call,
             parse_flag,

@@ -245,3 +245,61 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
         polled.after_release()
     );
 }
+
+/// Issue 48, item 3: a permit waiter must not be woken by its own clean-up.
+/// An attempt walks the slots; on a slot where it took some nodes but not a
+/// quorum it releases them, and that release was announced on the
+/// resource's one channel, where the same waiter heard it as a release of
+/// a node it had found busy on another slot: it tried again at once, over
+/// and over. Slot 0 is held on nodes 0 and 1, slot 1 on nodes 1 and 2 (keys
+/// set by hand, for longer than the wait): every attempt takes node 2 on
+/// slot 0 and node 0 on slot 1, and releases both, until the keys expire
+/// (2 s; a busy key that outlives the wait makes the waiter give up at
+/// once). Nothing is released by anyone else meanwhile, so the waiter may
+/// not try more often than its poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_is_not_woken_by_its_own_clean_up() {
+    let cluster = Cluster::start(3);
+    let rl = handle(&cluster, true);
+    let resource = "own-clean-up";
+    let slot = |i: u32| format!("{{{resource}}}:redlock-permit:{i}");
+    for (node, held) in [(0, 0), (1, 0), (1, 1), (2, 1)] {
+        let () = cluster
+            .node(node)
+            .raw(&["SET", &slot(held), "someone-else", "PX", "2000"])
+            .unwrap();
+    }
+    let held_for = Duration::from_secs(2);
+    let wait = timing::liveness(held_for);
+    let delay = Duration::from_millis(250);
+    // Every attempt takes slot 1 on node 0 and deletes it again: node 0's
+    // `DEL`s (run by the release scripts) count the attempts.
+    let _: () = cluster.node(0).raw(&["CONFIG", "RESETSTAT"]).unwrap();
+    let start = Instant::now();
+    let result = rl
+        .semaphore(resource, 2)
+        .unwrap()
+        .acquire_with(
+            ms(5000),
+            &RetryPolicy::deadline(wait)
+                .with_delay(delay)
+                .with_jitter(Duration::ZERO),
+        )
+        .await;
+    let served = start.elapsed();
+    assert!(result.is_ok(), "{result:?}");
+    let stats: String = cluster.node(0).raw(&["INFO", "commandstats"]).unwrap();
+    let attempts = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_del:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse::<u128>().unwrap());
+    // Polling alone makes one attempt per delay until it is served, and
+    // the first one.
+    let bound = served.as_millis() / delay.as_millis() + 2;
+    assert!(
+        attempts <= bound,
+        "{attempts} attempts in {served:?} (at most {bound} by the delay of {delay:?}): \
+         the waiter woke itself"
+    );
+}

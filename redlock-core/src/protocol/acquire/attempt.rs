@@ -271,8 +271,11 @@ impl Attempt<'_> {
         }
         redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
         let report = redlock.report(&round.settled, acquire_status);
+        // Fewer nodes than a quorum: the keys never held the lock, and their
+        // release wakes nobody (`RELEASE_QUIET`).
+        let quiet = round.ok < redlock.inner.quorum;
         redlock
-            .unlock_all(&self.cleanup.keys, &self.token, Some(&report), None)
+            .unlock_all_as(&self.cleanup.keys, &self.token, Some(&report), None, quiet)
             .await;
         self.cleanup.armed = false;
         tracing::debug!(report = %report, "attempt failed");

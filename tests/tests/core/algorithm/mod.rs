@@ -111,13 +111,19 @@ fn acquire_calls(cmds: &[Vec<String>], key: &str) -> Vec<(String, String)> {
 /// script's SHA, or `EVAL` of its body (the script deletes the key's waiters
 /// flag with it, by a name it builds). Returns the tokens.
 fn release_calls(cmds: &[Vec<String>], key: &str) -> Vec<String> {
-    let release = redlock_core::__RELEASE_LUA;
-    let sha = redlock_core::deadpool_redis::redis::Script::new(release)
-        .get_hash()
-        .to_owned();
+    // The release, and a failed attempt's quiet one.
+    let scripts = [
+        redlock_core::__RELEASE_LUA,
+        redlock_core::__RELEASE_QUIET_LUA,
+    ];
+    let shas = scripts.map(|s| {
+        redlock_core::deadpool_redis::redis::Script::new(s)
+            .get_hash()
+            .to_owned()
+    });
     cmds.iter()
         .filter(|c| c.len() == 5 && is_script_call(c) && c[2] == "1" && c[3] == key)
-        .filter(|c| c[1] == sha || c[1] == release)
+        .filter(|c| shas.contains(&c[1]) || scripts.contains(&c[1].as_str()))
         .map(|c| c[4].clone())
         .collect()
 }
