@@ -132,12 +132,22 @@ async fn acquire_succeeds_iff_a_majority_is_free_five_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_never_overlap() {
     const CLIENTS: usize = 16;
+    // Each client's critical section: part of the scenario.
+    const SECTION: Duration = Duration::from_millis(8);
     let cluster = Cluster::start(3);
     let counter = Arc::new(AtomicU64::new(0));
     let sections: Arc<Mutex<Vec<(usize, Instant, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
-    let policy = RetryPolicy::deadline(Duration::from_secs(20))
-        .with_delay(ms(10))
-        .with_jitter(ms(60));
+    let (delay, jitter) = (ms(10), ms(60));
+    // A client's turn: the pause before its attempt, its acquire's round, its
+    // section and its release's round. The last client waits for every
+    // other's turn.
+    let turn = delay + jitter + 2 * timing::PATIENT_NODE_TIMEOUT + SECTION;
+    let waits = timing::liveness(turn * CLIENTS as u32);
+    let policy = RetryPolicy::deadline(waits)
+        .with_delay(delay)
+        .with_jitter(jitter);
+    // Its own turn after the wait.
+    let hung = waits + timing::liveness(turn);
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|client| {
             let rl = cluster.patient_redlock();
@@ -151,7 +161,7 @@ async fn concurrent_clients_never_overlap() {
                 let enter = Instant::now();
                 // A non-atomic read-modify-write: lost updates if two overlap.
                 let seen = counter.load(Ordering::SeqCst);
-                tokio::time::sleep(ms(8)).await;
+                tokio::time::sleep(SECTION).await;
                 counter.store(seen + 1, Ordering::SeqCst);
                 let exit = Instant::now();
                 assert!(lock.is_valid(), "client {client} outlived its validity");
@@ -162,7 +172,7 @@ async fn concurrent_clients_never_overlap() {
         .collect();
     let mut ok = 0;
     for task in tasks {
-        let result = tokio::time::timeout(Duration::from_secs(30), task)
+        let result = tokio::time::timeout(hung, task)
             .await
             .expect("a client hung")
             .expect("a client panicked");
