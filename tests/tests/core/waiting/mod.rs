@@ -10,30 +10,16 @@
 
 use std::time::Duration;
 
+use redlock_core::RetryPolicy;
 use redlock_core::deadpool_redis::redis;
-use redlock_core::{Redlock, RetryPolicy};
 use redlock_tests::{Cluster, timing};
 
 mod channels;
 mod queue;
 mod wake;
 
-/// How soon a woken waiter must hold the lock. Where a test uses it, the
-/// waiter could otherwise be served only by the holder's expiry or by its
-/// poll, 10 s or more away, so the bound can be generous for a loaded 2-core
-/// machine (it was 100 ms).
-const SOON: Duration = Duration::from_secs(2);
-
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn redlock(cluster: &Cluster) -> Redlock {
-    Redlock::builder()
-        .urls(cluster.urls())
-        .node_timeout(ms(100))
-        .build()
-        .unwrap()
 }
 
 /// A policy whose polling alone would be far too slow for these tests: only a
@@ -66,6 +52,27 @@ fn never_polls() -> RetryPolicy {
     RetryPolicy::deadline(2 * far())
         .with_delay(far())
         .with_jitter(Duration::ZERO)
+}
+
+/// Spawns `waiter` (a `lock_with` of one handle) after polling it once here:
+/// a waiter joins its handle's local queue in its first poll, so waiters
+/// spawned one after the other are queued in that order, without a sleep
+/// betting that the scheduler ran each before the next.
+///
+/// # Panics
+/// When the first poll already finished it: the waiter did not wait.
+fn spawn_queued<F>(waiter: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    use futures_util::FutureExt;
+    let mut waiter = Box::pin(waiter);
+    assert!(
+        (&mut waiter).now_or_never().is_none(),
+        "the waiter did not wait"
+    );
+    tokio::spawn(waiter)
 }
 
 /// The channel of `key`'s releases in database 0.

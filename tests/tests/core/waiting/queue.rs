@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlock_core::{LockOptions, Redlock, RetryPolicy};
-use redlock_tests::Cluster;
+use redlock_tests::{Cluster, timing};
 
 use super::*;
 
@@ -12,40 +12,46 @@ use super::*;
 /// attempt as soon as the one before releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn local_waiters_are_served_first_come_first_served() {
+    const WAITERS: usize = 6;
+    const HOLD: Duration = Duration::from_millis(5);
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster);
-    let first = rl
-        .try_lock("waiting:fifo", Duration::from_secs(10))
-        .await
-        .unwrap();
+    // The subject is the queue's order, not a slow node: every call answered.
+    let rl = cluster.patient_redlock();
+    // Six hand-overs, each a release and the next waiter's attempt (a node
+    // round each) and its hold.
+    let handovers = timing::liveness((2 * timing::PATIENT_NODE_TIMEOUT + HOLD) * WAITERS as u32);
+    // Neither a poll nor the first holder's expiry comes within that: far
+    // beyond it.
+    let far = 2 * handovers;
+    let poll = RetryPolicy::deadline(2 * far)
+        .with_delay(far)
+        .with_jitter(Duration::ZERO);
+    let first = rl.try_lock("waiting:fifo", far).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for i in 0..6 {
-        let (rl, order) = (rl.clone(), Arc::clone(&order));
-        tasks.push(tokio::spawn(async move {
+    for i in 0..WAITERS {
+        let (rl, order, poll) = (rl.clone(), Arc::clone(&order), poll.clone());
+        tasks.push(spawn_queued(async move {
             let lock = rl
-                .lock_with(
-                    "waiting:fifo",
-                    Duration::from_secs(10),
-                    &slow_poll(ms(20_000)),
-                )
+                .lock_with("waiting:fifo", Duration::from_secs(10), &poll)
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
-            tokio::time::sleep(ms(5)).await;
+            tokio::time::sleep(HOLD).await;
             rl.unlock(lock).await.unwrap();
         }));
-        // Each waiter has joined the queue before the next one starts.
-        tokio::time::sleep(ms(30)).await;
     }
-    let start = Instant::now();
     rl.unlock(first).await.unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
-    // Six handovers, none of which waited for the 20 s poll or the 10 s TTL.
-    assert!(start.elapsed() < 3 * SOON, "{:?}", start.elapsed());
+    let served = async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    assert!(
+        tokio::time::timeout(handovers, served).await.is_ok(),
+        "six hand-overs took over {handovers:?}: a waiter waited for a poll or an expiry"
+    );
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
 }
 
 /// A waiter dropped at the head of the queue and one that timed out behind it
@@ -53,54 +59,39 @@ pub(super) async fn local_waiters_are_served_first_come_first_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn waiters_that_give_up_do_not_block_the_next() {
     let cluster = Cluster::start(3);
-    let rl = redlock(&cluster);
-    let holder = rl
-        .try_lock("waiting:drop", Duration::from_secs(10))
-        .await
-        .unwrap();
+    // The subject is the queue, not a slow node: every call answered.
+    let rl = cluster.patient_redlock();
+    // Held and polled far beyond the wake-up's bound: only the release can
+    // serve the last waiter within it.
+    let holder = rl.try_lock("waiting:drop", far()).await.unwrap();
     let head = {
         let rl = rl.clone();
-        tokio::spawn(async move {
+        spawn_queued(async move {
             let _ = rl
-                .lock_with(
-                    "waiting:drop",
-                    Duration::from_secs(10),
-                    &slow_poll(ms(20_000)),
-                )
+                .lock_with("waiting:drop", Duration::from_secs(10), &never_polls())
                 .await;
         })
     };
-    tokio::time::sleep(ms(50)).await;
     let timed_out = {
         let rl = rl.clone();
-        tokio::spawn(async move {
+        spawn_queued(async move {
             tokio::time::timeout(
                 ms(200),
-                rl.lock_with(
-                    "waiting:drop",
-                    Duration::from_secs(10),
-                    &slow_poll(ms(20_000)),
-                ),
+                rl.lock_with("waiting:drop", Duration::from_secs(10), &never_polls()),
             )
             .await
             .is_err()
         })
     };
-    tokio::time::sleep(ms(50)).await;
     let last = {
         let rl = rl.clone();
-        tokio::spawn(async move {
+        spawn_queued(async move {
             let lock = rl
-                .lock_with(
-                    "waiting:drop",
-                    Duration::from_secs(10),
-                    &slow_poll(ms(20_000)),
-                )
+                .lock_with("waiting:drop", Duration::from_secs(10), &never_polls())
                 .await;
             (Instant::now(), lock)
         })
     };
-    tokio::time::sleep(ms(50)).await;
     head.abort();
     assert!(
         timed_out.await.unwrap(),
@@ -108,9 +99,12 @@ pub(super) async fn waiters_that_give_up_do_not_block_the_next() {
     );
     rl.unlock(holder).await.unwrap();
     let released = Instant::now();
-    let (acquired, lock) = last.await.unwrap();
+    let (acquired, lock) = tokio::time::timeout(woken_within(), last)
+        .await
+        .unwrap_or_else(|_| panic!("not served within {:?} of the release", woken_within()))
+        .unwrap();
     let after = acquired.saturating_duration_since(released);
-    assert!(after < SOON, "served {after:?} after the release");
+    assert!(after < woken_within(), "served {after:?} after the release");
     rl.unlock(lock.unwrap()).await.unwrap();
 }
 
