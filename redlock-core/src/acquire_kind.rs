@@ -1,23 +1,21 @@
 //! *Layer 4, beside the mutex (see `lib.rs`).*
 //!
-//! The public shape the primitives beside the mutex share (the semaphore's
-//! permits, `semaphore/`, and the read/write lock's shares, `rwlock/`): each
-//! gives only its retrying acquire ([`Acquire`]), and gets here its `*_with`
-//! (that acquire counted in the metrics: the mutex's, and the primitive's own
-//! gauges of holders and waiters), its `*_guard` (held with auto-extension)
-//! and its `with_*` (a closure run while held). The mutex keeps its own:
-//! its acquire takes a retained key's TTL and its queue, and its metrics have
-//! no gauge of their own.
+//! What the primitives beside the mutex share (the semaphore's permits,
+//! `semaphore/`, and the read/write lock's shares, `rwlock/`): each gives
+//! only its retrying acquire ([`Acquire`]), and gets here that acquire
+//! counted in the metrics (the mutex's, and the primitive's own gauges of
+//! holders and waiters). The verbs (`try_acquire`, `guard`, `run`) are the
+//! primitive value's (`primitive/`). The mutex keeps its own acquire: it
+//! takes its queue, and its metrics have no gauge of their own.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::guard::{LockGuard, LockHandle, run_guarded};
 use crate::metrics::{self, Gauged, Of};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
-use crate::settings::{LockOptions, RetryPolicy};
+use crate::settings::RetryPolicy;
 
 /// A primitive's retrying acquire: attempts until one wins or `retry` gives
 /// up, with the primitive's own checks.
@@ -40,7 +38,7 @@ pub(crate) trait Acquire {
 
 impl Redlock {
     /// `*_with`: `what`'s retrying acquire of `resource`, counted as the
-    /// mutex's `lock_with` counts its calls, and in `what`'s gauges: a waiter
+    /// mutex's acquire counts its calls, and in `what`'s gauges: a waiter
     /// while it may retry, a holder from its success until the lock is
     /// released or dropped. The `key` label only with the application's
     /// mapping (`metrics_key_label`), of the resource's lock key.
@@ -69,43 +67,5 @@ impl Redlock {
             lock.gauged = Some(Gauged::held(of, key));
         }
         result
-    }
-
-    /// `*_guard`: [`Redlock::acquire_with`] (retrying per `options` or the
-    /// handle's policy), then held with auto-extension until the guard is
-    /// released or dropped, as [`Redlock::lock_guard`] does for the mutex.
-    pub(crate) async fn acquire_guard<P: Acquire>(
-        &self,
-        what: &P,
-        resource: &str,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error> {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        // As the mutex's guard: a Durable counter of a resource with a
-        // retention expires after it (a client-named request key's).
-        let retained = options.retained_counter_ttl(self.inner.settings.fencing);
-        let lock = self
-            .acquire_with(what, resource, options.ttl, retry, retained)
-            .await?;
-        LockGuard::new(lock, options)
-    }
-
-    /// `with_*`: runs the future `f` makes while holding `what` on
-    /// `resource`, as [`Redlock::with_lock`] does while holding the mutex.
-    pub(crate) async fn with_acquired<P, F, Fut, T>(
-        &self,
-        what: &P,
-        resource: &str,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        P: Acquire,
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.acquire_guard(what, resource, options).await?;
-        run_guarded(guard, f).await
     }
 }

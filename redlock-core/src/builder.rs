@@ -140,7 +140,7 @@ impl RedlockBuilder {
         self
     }
 
-    /// The retry policy of [`Redlock::lock`] (default [`RetryPolicy::default`]).
+    /// The retry policy of [`crate::Primitive::acquire`] (default [`RetryPolicy::default`]).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.settings.retry = retry;
         self
@@ -280,7 +280,7 @@ impl RedlockBuilder {
     /// for node in redlock.check_nodes().await? {
     ///     assert!(node.fencing.as_ref().is_some_and(|c| c.is_sound()), "{node:?}");
     /// }
-    /// let lock = redlock.try_lock("invoice:42", Duration::from_secs(5)).await?;
+    /// let lock = redlock.mutex("invoice:42").try_acquire(Duration::from_secs(5)).await?;
     /// let token = lock.fencing_token().expect("fencing is on");
     /// // write to the store with `token`; it refuses tokens older than the last it took
     /// # Ok(()) }
@@ -310,7 +310,7 @@ impl RedlockBuilder {
         self
     }
 
-    /// Whether waiting ([`Redlock::lock`] and everything built on it) is woken
+    /// Whether waiting ([`crate::Primitive::acquire`] and everything built on it) is woken
     /// by releases (default: on). On, the waiters of a key in this process
     /// queue first come, first served, only the first contends on the nodes,
     /// and it sleeps until releases published on the key's channel

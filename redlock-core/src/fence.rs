@@ -37,7 +37,7 @@
 //! use redlock_core::{Redlock, fence};
 //!
 //! # async fn run(redlock: Redlock, store: deadpool_redis::Pool) -> Result<(), Box<dyn std::error::Error>> {
-//! let lock = redlock.try_lock("order:42", Duration::from_secs(5)).await?;
+//! let lock = redlock.mutex("order:42").try_acquire(Duration::from_secs(5)).await?;
 //! let token = lock.fencing_token().ok_or("the handle was built without fencing")?;
 //! let mut conn = store.get().await?;
 //! match fence::set_if_fresh(&mut conn, "{order:42}:fence", token, "{order:42}:state", "paid").await? {

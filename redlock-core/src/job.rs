@@ -100,7 +100,7 @@ impl Redlock {
     ///
     /// The lock is renewed while the job runs (up to
     /// [`JobOptions::at_most`], when the job is dropped and
-    /// [`Error::Lost`] returned, as by [`Redlock::with_lock`]). When the job
+    /// [`Error::Lost`] returned, as by [`crate::Primitive::run`]). When the job
     /// ends, the key is kept until [`JobOptions::at_least`] after the start
     /// ([`LockGuard::release_at_least`](crate::LockGuard::release_at_least)),
     /// and so it is when the job panics or this call's future is dropped
@@ -126,7 +126,7 @@ impl Redlock {
     /// # Errors
     /// [`Error::InvalidConfig`] when [`JobOptions::at_most`] is shorter than
     /// [`JobOptions::at_least`]; an acquire error other than [`Error::Busy`]
-    /// (see [`Redlock::lock_guard`]); [`Error::Lost`].
+    /// (see [`crate::Primitive::guard`]); [`Error::Lost`].
     pub async fn run_job<F, Fut, T>(
         &self,
         job: &str,

@@ -1,7 +1,7 @@
 //! *Layer 1, values (see `lib.rs`).*
 //!
 //! Which keys a lock holds: one resource's, or several resources taken
-//! together under one token ([`Redlock::lock_many`](crate::Redlock::lock_many)).
+//! together under one token ([`crate::Redlock::mutex_many`](crate::Redlock::mutex_many)).
 //! Every step that sends a lock's keys (release, extend, the release of late
 //! answers) takes a [`Keys`], so one path serves both.
 

@@ -15,7 +15,7 @@
 //!
 //! On top of that: compare-and-pexpire extension that counts only with a quorum
 //! inside the current validity, a [`LockGuard`] that renews the lock while work runs
-//! and says when it is lost, and [`Redlock::with_lock`], which drops the work if the
+//! and says when it is lost, and [`crate::Primitive::run`], which drops the work if the
 //! lock is lost. Opt-in fencing tokens ([`RedlockBuilder::fencing`]) let the
 //! protected resource refuse late writes (see [Safety](#safety) and [`fence`]).
 //!
@@ -33,14 +33,15 @@
 //! ])?;
 //!
 //! // One attempt, manual release.
-//! let lock = redlock.try_lock("invoice:42", Duration::from_secs(5)).await?;
+//! let lock = redlock.mutex("invoice:42").try_acquire(Duration::from_secs(5)).await?;
 //! println!("held for another {:?}", lock.remaining());
 //! redlock.unlock(lock).await?;
 //!
 //! // Held with auto-extension while the work runs; the work is dropped if the
 //! // lock is lost.
 //! redlock
-//!     .with_lock("tenant:7", &LockOptions::new(Duration::from_secs(2)), |lock| async move {
+//!     .mutex("tenant:7")
+//!     .run(&LockOptions::new(Duration::from_secs(2)), |lock| async move {
 //!         // long work here
 //!         lock.remaining()
 //!     })
@@ -66,7 +67,7 @@
 //! less a loss margin (default: the node timeout, see
 //! [`LockOptions::loss_margin`]). It does not wait for the renewal task: a
 //! holder whose thread blocked past its validity is told `is_lost() == true`
-//! the moment it looks, and [`Redlock::with_lock`] and the web adapters never
+//! the moment it looks, and [`crate::Primitive::run`] and the web adapters never
 //! poll the work again once the deadline has passed. A renewal task that dies
 //! (a panic, its runtime shut down) fires the loss too. What no client-side
 //! check can do: a holder that checks, is then paused (GC, `SIGSTOP`, swap, a

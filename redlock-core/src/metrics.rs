@@ -39,7 +39,7 @@ pub struct Metric {
     pub help: &'static str,
 }
 
-/// Acquire calls (`lock`, `try_lock`, `lock_with`, guards), whole call with
+/// Acquire calls (`acquire`, `try_acquire`, `acquire_with`, guards), whole call with
 /// its retries.
 pub const ACQUIRE_DURATION: &str = "redlock_acquire_duration_seconds";
 /// How long calls that may retry spent before they got the lock or gave up.

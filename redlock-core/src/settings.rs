@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::fencing::FencingMode;
 
-/// How [`Redlock::lock`](crate::Redlock::lock) retries a failed attempt.
+/// How [`crate::Primitive::acquire`](crate::Primitive::acquire) retries a failed attempt.
 ///
 /// Every failed attempt is released on all nodes. Retries stop after
 /// `max_attempts`, or when the next attempt could not finish before the
@@ -50,7 +50,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// One attempt, no retry (what [`Redlock::try_lock`](crate::Redlock::try_lock) does).
+    /// One attempt, no retry (what [`crate::Primitive::try_acquire`](crate::Primitive::try_acquire) does).
     pub fn no_retry() -> Self {
         Self {
             max_attempts: 1,
@@ -110,8 +110,8 @@ impl RetryPolicy {
     }
 }
 
-/// Options for a lock held with auto-extension ([`Redlock::lock_guard`](crate::Redlock::lock_guard) and
-/// [`Redlock::with_lock`](crate::Redlock::with_lock)).
+/// Options for a lock held with auto-extension ([`crate::Primitive::guard`](crate::Primitive::guard) and
+/// [`crate::Primitive::run`](crate::Primitive::run)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub struct LockOptions {

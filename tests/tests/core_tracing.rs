@@ -68,7 +68,8 @@ async fn spans_are_named_and_the_password_is_never_logged() {
     let builder_debug = format!("{builder:?}");
     let redlock = builder.build().unwrap();
     let mut lock = redlock
-        .try_lock("traced", Duration::from_secs(5))
+        .mutex("traced")
+        .try_acquire(Duration::from_secs(5))
         .await
         .expect("the password from the URL authenticates");
     redlock

@@ -57,24 +57,30 @@ async fn a_scrape_after_known_operations_counts_them() {
     // 1. Three locks taken and released, one busy try.
     for i in 0..3 {
         let lock = rl
-            .try_lock(&format!("m-{i}"), Duration::from_secs(5))
+            .mutex(format!("m-{i}"))
+            .try_acquire(Duration::from_secs(5))
             .await
             .unwrap();
         if i == 0 {
-            let busy = rl.try_lock("m-0", Duration::from_secs(5)).await;
+            let busy = rl.mutex("m-0").try_acquire(Duration::from_secs(5)).await;
             assert!(busy.is_err());
         }
         rl.unlock(lock).await.unwrap();
     }
     // 2. One extend.
-    let mut lock = rl.try_lock("m-ext", Duration::from_secs(5)).await.unwrap();
+    let mut lock = rl
+        .mutex("m-ext")
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     rl.extend(&mut lock, Duration::from_secs(5)).await.unwrap();
     rl.unlock(lock).await.unwrap();
     // 3. A guarded lock lost: every node paused until the holder is told.
     //    (The shortest TTL the patient handle renews: two node timeouts.)
     let guard_ttl = PATIENT_NODE_TIMEOUT * 2;
     let guard = rl
-        .lock_guard("m-lost", &LockOptions::new(guard_ttl))
+        .mutex("m-lost")
+        .guard(&LockOptions::new(guard_ttl))
         .await
         .unwrap();
     for n in cluster.nodes() {
@@ -99,7 +105,7 @@ async fn a_scrape_after_known_operations_counts_them() {
     // 3b. Two nodes of three paused: no quorum, two node timeouts.
     cluster.node(1).pause();
     cluster.node(2).pause();
-    let none = rl.try_lock("m-down", Duration::from_secs(5)).await;
+    let none = rl.mutex("m-down").try_acquire(Duration::from_secs(5)).await;
     cluster.node(1).resume();
     cluster.node(2).resume();
     assert!(none.is_err());
@@ -222,7 +228,9 @@ async fn a_scrape_after_known_operations_counts_them() {
         .build()
         .unwrap();
     let permit = labelled
-        .try_permit("m-sem-labelled", 2, Duration::from_secs(5))
+        .semaphore("m-sem-labelled", 2)
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     let text = handle.render();
@@ -241,19 +249,34 @@ async fn a_scrape_after_known_operations_counts_them() {
 ///    waiters hold; then everything released.
 async fn permits_and_shares(handle: &PrometheusHandle, rl: &Redlock) {
     let ttl = Duration::from_secs(5);
-    let p1 = rl.try_permit("m-sem", 2, ttl).await.unwrap();
-    let p2 = rl.try_permit("m-sem", 2, ttl).await.unwrap();
-    let r1 = rl.try_rw_lock("m-rw", Access::Shared, ttl).await.unwrap();
+    let p1 = rl
+        .semaphore("m-sem", 2)
+        .unwrap()
+        .try_acquire(ttl)
+        .await
+        .unwrap();
+    let p2 = rl
+        .semaphore("m-sem", 2)
+        .unwrap()
+        .try_acquire(ttl)
+        .await
+        .unwrap();
+    let r1 = rl
+        .rw_lock("m-rw", Access::Shared)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     // A liveness bound: the waiters are let in by the releases below.
     let retry = RetryPolicy::deadline(liveness(ttl));
     let waiter = tokio::spawn({
         let (rl, retry) = (rl.clone(), retry.clone());
-        async move { rl.permit_with("m-sem", 2, ttl, &retry).await }
+        async move { rl.semaphore("m-sem", 2)?.acquire_with(ttl, &retry).await }
     });
     let writer = tokio::spawn({
         let rl = rl.clone();
         async move {
-            rl.rw_lock_with("m-rw", Access::Exclusive, ttl, &retry)
+            rl.rw_lock("m-rw", Access::Exclusive)
+                .acquire_with(ttl, &retry)
                 .await
         }
     });

@@ -27,10 +27,19 @@ async fn permits_and_shares_are_labelled_by_their_resources_key() {
         .build()
         .unwrap();
     let ttl = Duration::from_secs(10);
-    let mut permit = rl.try_permit("exports", 2, ttl).await.unwrap();
+    let mut permit = rl
+        .semaphore("exports", 2)
+        .unwrap()
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     rl.extend(&mut permit, ttl).await.unwrap();
     rl.unlock(permit).await.unwrap();
-    let mut share = rl.try_rw_lock("doc", Access::Shared, ttl).await.unwrap();
+    let mut share = rl
+        .rw_lock("doc", Access::Shared)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     rl.extend(&mut share, ttl).await.unwrap();
     rl.unlock(share).await.unwrap();
 

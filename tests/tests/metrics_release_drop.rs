@@ -42,7 +42,7 @@ async fn a_release_dropped_mid_flight_counts_the_lock_out_once() {
         .build()
         .unwrap();
     let ttl = Duration::from_secs(60);
-    let lock = rl.try_lock("m-dropped", ttl).await.unwrap();
+    let lock = rl.mutex("m-dropped").try_acquire(ttl).await.unwrap();
     assert_eq!(value(&handle.render(), "redlock_held_locks"), 1.0);
     cluster.node(1).pause();
     cluster.node(2).pause();

@@ -53,7 +53,7 @@ fn a_renewal_decided_after_the_holders_deadline_is_not_counted() {
         // The extend script loaded too: a `NOSCRIPT` would make the renewal
         // send again, which the block would hold up.
         let ttl = Duration::from_secs(10);
-        let mut lock = rl.try_lock("m-warm", ttl).await.unwrap();
+        let mut lock = rl.mutex("m-warm").try_acquire(ttl).await.unwrap();
         rl.extend(&mut lock, ttl).await.unwrap();
         rl.unlock(lock).await.unwrap();
     });
@@ -64,7 +64,7 @@ fn a_renewal_decided_after_the_holders_deadline_is_not_counted() {
     let holder_extensions = rt.block_on(async {
         // Validity about 10 s; the holder's deadline 5 s before its end.
         let options = LockOptions::new(Duration::from_secs(10)).loss_margin(Duration::from_secs(5));
-        let guard = rl.lock_guard("m-starved", &options).await.unwrap();
+        let guard = rl.mutex("m-starved").guard(&options).await.unwrap();
         let holder = guard.handle();
         for n in cluster.nodes() {
             n.pause();

@@ -39,7 +39,7 @@ pub enum FencingMode {
     /// write it acknowledged: every node must run with `appendonly yes` and
     /// `appendfsync always`. On a node that restarts without its data, tokens
     /// can repeat or go backwards. The counter of a resource the program
-    /// names (`lock`, `try_lock`, `lock_guard` without a retention) never
+    /// names (`acquire`, `try_acquire`, `guard` without a retention) never
     /// expires (about 90 bytes per resource ever locked, per node). The
     /// counter of a per-request resource (the web layers' keys, the
     /// idempotency layer's, or a lock taken with

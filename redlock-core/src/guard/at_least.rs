@@ -33,7 +33,7 @@ impl LockGuard {
     /// use redlock_core::{LockOptions, Redlock};
     ///
     /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-    /// let guard = redlock.lock_guard("report:daily", &LockOptions::new(Duration::from_secs(60))).await?;
+    /// let guard = redlock.mutex("report:daily").guard(&LockOptions::new(Duration::from_secs(60))).await?;
     /// // ... a job that may take a second or ten minutes ...
     /// // Another replica firing up to 30 s later still finds the key:
     /// guard.release_at_least(Duration::from_secs(30)).await?;

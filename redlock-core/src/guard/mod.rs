@@ -1,7 +1,7 @@
 //! *Layer 4, holding (see `lib.rs`).*
 //!
 //! A lock held with auto-extension ([`LockGuard`]), and the ways to take one:
-//! [`Redlock::lock_guard`] and [`Redlock::with_lock`].
+//! [`crate::Primitive::guard`] and [`crate::Primitive::run`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,7 +56,7 @@ mod schedule;
 /// use redlock_core::{LockOptions, Redlock};
 ///
 /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-/// let guard = redlock.lock_guard("report:daily", &LockOptions::new(Duration::from_secs(2))).await?;
+/// let guard = redlock.mutex("report:daily").guard(&LockOptions::new(Duration::from_secs(2))).await?;
 /// tokio::select! {
 ///     _ = guard.lost() => eprintln!("lock lost, stopping"),
 ///     _ = tokio::time::sleep(Duration::from_secs(10)) => {}, // work longer than the TTL
@@ -209,28 +209,6 @@ impl Drop for LockGuard {
 }
 
 impl Redlock {
-    /// Takes the lock (retrying per `options` or the handle's policy) and holds it
-    /// with auto-extension until the guard is released or dropped.
-    ///
-    /// # Errors
-    /// See [`Redlock::lock`]; [`Error::InvalidConfig`] when the loss margin is not
-    /// shorter than the TTL.
-    pub async fn lock_guard(
-        &self,
-        resource: &str,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error> {
-        // Checked before any node is asked: a margin that can never hold would
-        // otherwise cost every call a full acquire and release.
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let retained = options.retained_counter_ttl(self.inner.settings.fencing);
-        let lock = self
-            .lock_with_retained(resource, options.ttl, retry, retained)
-            .await?;
-        LockGuard::new(lock, options)
-    }
-
     /// The loss margin a guard taken with `options` uses: the options' own, or
     /// the handle's.
     ///
@@ -246,96 +224,9 @@ impl Redlock {
         }
         Ok(margin)
     }
-
-    /// Runs the future `f` makes while holding the lock, with auto-extension.
-    ///
-    /// Before each poll of the work, the lock is checked against the clock (see
-    /// [`LockHandle::is_lost`]): once it is lost, the work is not polled again, it
-    /// is dropped, and [`Error::Lost`] is returned. Work that finishes in a poll
-    /// during which the lock was lost (it blocked its thread past the deadline)
-    /// also returns [`Error::Lost`]: it did not run entirely under the lock. The
-    /// lock is released when the work ends.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_core::{LockOptions, Redlock};
-    ///
-    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-    /// let total = redlock
-    ///     .with_lock("tenant:7", &LockOptions::new(Duration::from_secs(1)), |lock| async move {
-    ///         // lock.remaining(), lock.is_lost() are there if the work wants them
-    ///         tokio::time::sleep(Duration::from_secs(3)).await; // renewed meanwhile
-    ///         42
-    ///     })
-    ///     .await?;
-    /// assert_eq!(total, 42);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// An acquire error (see [`Redlock::lock_guard`]) or [`Error::Lost`].
-    pub async fn with_lock<F, Fut, T>(
-        &self,
-        resource: &str,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.lock_guard(resource, options).await?;
-        run_guarded(guard, f).await
-    }
-
-    /// Locks several resources together and holds them with auto-extension
-    /// (every renewal extends every key) until the guard is released or
-    /// dropped: [`Redlock::lock_guard`] for a set.
-    ///
-    /// # Errors
-    /// See [`Redlock::lock_many`] and [`Redlock::lock_guard`].
-    pub async fn lock_guard_many<I, R>(
-        &self,
-        resources: I,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        self.loss_margin_for(options)?;
-        let retry = options.retry.as_ref().unwrap_or(self.retry_policy());
-        let ttl = crate::protocol::acquire::Ttl::new(
-            options.ttl,
-            options.retained_counter_ttl(self.inner.settings.fencing),
-        );
-        let lock = self.lock_many_with_retained(resources, ttl, retry).await?;
-        LockGuard::new(lock, options)
-    }
-
-    /// Runs the future `f` makes while holding several resources together,
-    /// with auto-extension: [`Redlock::with_lock`] for a set.
-    ///
-    /// # Errors
-    /// An acquire error (see [`Redlock::lock_guard_many`]) or [`Error::Lost`].
-    pub async fn with_lock_many<I, R, F, Fut, T>(
-        &self,
-        resources: I,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.lock_guard_many(resources, options).await?;
-        run_guarded(guard, f).await
-    }
 }
 
-/// The work of [`Redlock::with_lock`] under `guard`: never polled once the
+/// The work of [`crate::Primitive::run`] under `guard`: never polled once the
 /// lock is lost, and the lock released when it ends.
 pub(crate) async fn run_guarded<F, Fut, T>(guard: LockGuard, f: F) -> Result<T, Error>
 where
@@ -351,7 +242,7 @@ where
     .filter(|_| !handle.is_lost());
     let resource: Arc<str> = Arc::clone(&handle.shared.resource);
     if let Err(e) = guard.release().await {
-        tracing::debug!(resource = %resource, error = %e, "release after with_lock");
+        tracing::debug!(resource = %resource, error = %e, "release after run");
     }
     outcome.ok_or(Error::Lost { resource })
 }

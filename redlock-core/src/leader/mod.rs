@@ -65,7 +65,7 @@ impl CampaignOptions {
     }
 }
 
-/// This process leads an election ([`Redlock::campaign`]).
+/// This process leads an election ([`crate::Election::campaign`]).
 ///
 /// Renewed in the background like a [`LockGuard`] (it is one), it signals its
 /// loss the same way ([`Leadership::lost`], [`Leadership::is_lost`]): a leader

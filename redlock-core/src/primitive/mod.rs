@@ -229,8 +229,7 @@ impl Primitive {
     /// failed; [`Error::NoValidity`] when the quorum came too late; or an
     /// input error.
     pub async fn try_acquire(&self, ttl: Duration) -> Result<Lock, Error> {
-        self.acquire_lock(ttl, &RetryPolicy::no_retry(), None)
-            .await
+        self.acquire_lock(ttl, &RetryPolicy::no_retry(), None).await
     }
 
     /// Takes it, retrying per the handle's retry policy (with wake-ups on,
@@ -327,8 +326,7 @@ impl Primitive {
                 rl.lock_set(many, Ttl::new(ttl, retained), retry).await
             }
             (Target::One(r), Kind::Permits(n)) => {
-                rl.acquire_with(&Permits(n), r, ttl, retry, retained)
-                    .await
+                rl.acquire_with(&Permits(n), r, ttl, retry, retained).await
             }
             (Target::One(r), Kind::Read) => {
                 rl.acquire_with(&Access::Shared, r, ttl, retry, retained)

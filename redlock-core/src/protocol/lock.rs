@@ -106,7 +106,7 @@ impl std::fmt::Debug for Lock {
 
 impl Lock {
     /// The resource name; for a lock on several resources
-    /// ([`Redlock::lock_many`]), the set's label, `{a, b}`.
+    /// ([`crate::Redlock::mutex_many`]), the set's label, `{a, b}`.
     pub fn resource(&self) -> &str {
         &self.resource
     }
@@ -118,7 +118,7 @@ impl Lock {
     }
 
     /// The resources this lock holds, deduplicated and in key order: one,
-    /// or several for a lock taken with [`Redlock::lock_many`].
+    /// or several for a lock taken with [`crate::Redlock::mutex_many`].
     pub fn resources(&self) -> Vec<&str> {
         match &self.many {
             None => vec![&*self.resource],

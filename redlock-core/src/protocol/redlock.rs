@@ -164,7 +164,7 @@ impl Redlock {
         self.inner.settings.min_ttl
     }
 
-    /// The default retry policy of [`Redlock::lock`].
+    /// The default retry policy of [`crate::Primitive::acquire`].
     pub fn retry_policy(&self) -> &RetryPolicy {
         &self.inner.settings.retry
     }

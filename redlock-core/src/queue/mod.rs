@@ -20,7 +20,7 @@
 //! The turn is advisory, never a safety property: a holder whose validity ran
 //! out without a release loses its turn to the next waiter
 //! ([`Queues::expire`]), a waiter that waited longer than its budget makes one
-//! attempt off the queue, and `try_lock` never queues.
+//! attempt off the queue, and `try_acquire` never queues.
 
 #[cfg(redlock_loom)]
 use loom::sync::{
@@ -67,7 +67,7 @@ struct KeyQueue {
     turn: Option<Turn>,
     /// How many of the last releases handed the turn over as they were sent.
     streak: u32,
-    /// A local release that did not hold the turn (a `try_lock` holder, or a
+    /// A local release that did not hold the turn (a `try_acquire` holder, or a
     /// holder whose turn had expired) happened while the head was contending:
     /// the head should attempt again at once.
     kicked: bool,

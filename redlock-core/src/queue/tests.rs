@@ -125,7 +125,7 @@ mod unit {
         assert!(poll_turn(&q, &key, e));
         q.release(&key, &tc);
         assert!(q.poll_kick(&key, e, cx).is_pending());
-        // Another holder's release (a `try_lock`) still kicks.
+        // Another holder's release (a `try_acquire`) still kicks.
         q.release(&key, &ta);
         assert!(q.poll_kick(&key, e, cx).is_ready());
         q.leave(&key, e);

@@ -1,5 +1,5 @@
 //! The lock key of a request: one, or several taken together under one lock
-//! ([`Redlock::lock_many`](crate::Redlock::lock_many)), e.g. both accounts of
+//! ([`crate::Redlock::mutex_many`](crate::Redlock::mutex_many)), e.g. both accounts of
 //! `/transfers/{from}/{to}`; and the two promises every key made from what a
 //! client sent keeps, whatever it sent:
 //!

@@ -60,7 +60,10 @@ pub(super) async fn guard(
     if resources.len() > 1 && !primitive.takes_several_resources() {
         return Err(unsupported_for_many(kind));
     }
-    redlock.primitive(resources, primitive)?.guard(options).await
+    redlock
+        .primitive(resources, primitive)?
+        .guard(options)
+        .await
 }
 
 /// The error of a request whose extractor found several keys under a `kind`

@@ -5,7 +5,7 @@
 //! [`Rejection`] to their own response type. Everything else lives here once:
 //! the [`LockPolicy`] and its setters (the adapters' builders get the same ones
 //! from one macro), the wait, the hold with auto-extension (a
-//! [`LockGuard`] from [`Redlock::lock_guard`]), the abort on loss, the release,
+//! [`LockGuard`] from [`crate::Primitive::guard`]), the abort on loss, the release,
 //! the tracing span, and the HTTP answer of a refusal (status, `Retry-After`,
 //! `application/problem+json`).
 //!
@@ -232,7 +232,7 @@ pub async fn acquire(
 
 /// [`acquire`] for a request whose extractor may find several keys
 /// ([`RequestKey::Many`]): they are locked together, as one lock
-/// ([`Redlock::lock_guard_many`]), each under the policy's namespace.
+/// ([`crate::Redlock::mutex_many`]), each under the policy's namespace.
 ///
 /// # Errors
 /// See [`acquire`].

@@ -70,7 +70,7 @@ pub enum ReleasePolicy {
 
 /// The settings of a per-request lock, shared by both web adapters.
 ///
-/// The lock itself is taken with [`Redlock::lock_guard`](crate::Redlock::lock_guard)
+/// The lock itself is taken with [`crate::Primitive::guard`](crate::Primitive::guard)
 /// and the policy's [`LockOptions`] (TTL, hold cap, retry, loss margin); the rest
 /// says how a request is answered when it cannot run under the lock. A
 /// request holds its lock at most [`LockPolicy::DEFAULT_MAX_HOLD`] (30 s)

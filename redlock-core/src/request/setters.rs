@@ -247,7 +247,7 @@ macro_rules! lock_policy_setters {
         }
 
         /// At most `n` requests per key at once, across every replica (a
-        /// quorum semaphore: `Redlock::permit_guard`) instead of one. A
+        /// quorum semaphore: `Redlock::semaphore`) instead of one. A
         /// request over the limit is answered busy: `429 Too Many Requests`
         /// with `Retry-After` and problem+json (`busy_status` called
         /// afterwards changes the status; `wait` waits for a permit). `n`
@@ -261,7 +261,7 @@ macro_rules! lock_policy_setters {
 
         /// `GET`, `HEAD` and `OPTIONS` requests take a read share of their
         /// key, which they hold together; every other method takes the write
-        /// lock, alone (`Redlock::rw_guard`, with writer preference). A
+        /// lock, alone (`Redlock::rw_lock`, with writer preference). A
         /// request whose key extractor finds several keys is a
         /// misconfiguration, answered 500 (several keys are locked together
         /// only as one mutex; never taken as the mutex instead).

@@ -117,7 +117,7 @@ pub struct RwInspection {
 
 impl Redlock {
     /// Reads, on every node at once, what it holds for `resource`'s
-    /// read/write lock (see [`Redlock::try_rw_lock`]): the writer, the
+    /// read/write lock (see [`crate::Redlock::rw_lock`]): the writer, the
     /// readers and a waiting writer's intent, and judges them
     /// ([`RwVerdict`]). Takes nothing and changes nothing.
     ///

@@ -24,18 +24,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::acquire_kind::Acquire;
 use crate::error::Error;
 use crate::fencing::fence_key;
-use crate::guard::{LockGuard, LockHandle};
 use crate::keys::Keys;
 use crate::metrics::Of;
 use crate::node::{Call, RwKeys};
-use crate::acquire_kind::Acquire;
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
 use crate::protocol::steps::new_token;
-use crate::settings::{LockOptions, RetryPolicy};
+use crate::settings::RetryPolicy;
 
 mod inspect;
 pub use inspect::{RwInspection, RwState, RwVerdict};
@@ -83,90 +82,7 @@ impl Names {
     }
 }
 
-impl Redlock {
-    /// One attempt (no retry) to take a read share of `resource`.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_core::{Access, Redlock};
-    ///
-    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-    /// let a = redlock.try_rw_lock("reports/7", Access::Shared, Duration::from_secs(5)).await?;
-    /// let b = redlock.try_rw_lock("reports/7", Access::Shared, Duration::from_secs(5)).await?;
-    /// // both read; a writer now waits for both
-    /// redlock.unlock(a).await?;
-    /// redlock.unlock(b).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// The [`Lock`] of a reader is its own key's (`Lock::key`); a writer's
-    /// is the resource's lock key, and carries the fencing token of a
-    /// fencing handle. Do not take the mutex ([`Redlock::lock`]) on a
-    /// resource used as a read/write lock: it does not look for readers.
-    ///
-    /// # Errors
-    /// [`Error::Busy`] when a writer holds or waits (a reader), or a writer or
-    /// readers hold (a writer); otherwise as [`Redlock::try_lock`].
-    pub async fn try_rw_lock(
-        &self,
-        resource: &str,
-        access: Access,
-        ttl: Duration,
-    ) -> Result<Lock, Error> {
-        self.acquire_with(&access, resource, ttl, &RetryPolicy::no_retry(), None)
-            .await
-    }
-
-    /// Takes a read share or the write lock of `resource`, retrying per
-    /// `retry` (see [`Redlock::try_rw_lock`]). A writer that readers hold up
-    /// keeps new readers out until it holds or gives up.
-    ///
-    /// # Errors
-    /// The last attempt's error once the policy gives up.
-    pub async fn rw_lock_with(
-        &self,
-        resource: &str,
-        access: Access,
-        ttl: Duration,
-        retry: &RetryPolicy,
-    ) -> Result<Lock, Error> {
-        self.acquire_with(&access, resource, ttl, retry, None).await
-    }
-
-    /// Takes a read share or the write lock (retrying per `options` or the
-    /// handle's policy) and holds it with auto-extension until the guard is
-    /// released or dropped, as [`Redlock::lock_guard`].
-    ///
-    /// # Errors
-    /// See [`Redlock::rw_lock_with`] and [`Redlock::lock_guard`].
-    pub async fn rw_guard(
-        &self,
-        resource: &str,
-        access: Access,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error> {
-        self.acquire_guard(&access, resource, options).await
-    }
-
-    /// Runs the future `f` makes while holding a read share or the write
-    /// lock, as [`Redlock::with_lock`] does while holding the mutex.
-    ///
-    /// # Errors
-    /// An acquire error (see [`Redlock::rw_guard`]) or [`Error::Lost`].
-    pub async fn with_rw_lock<F, Fut, T>(
-        &self,
-        resource: &str,
-        access: Access,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        self.with_acquired(&access, resource, options, f).await
-    }
-}
+impl Redlock {}
 
 /// A side of a read/write lock, as the shared wrappers take it
 /// (`primitive`).

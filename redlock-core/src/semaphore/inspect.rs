@@ -44,7 +44,7 @@ pub struct PermitsVerdict {
 
 impl Redlock {
     /// Reads, on every node at once, each of the `permits` slots of
-    /// `resource`'s semaphore (see [`Redlock::try_permit`]) as
+    /// `resource`'s semaphore (see [`crate::Redlock::semaphore`]) as
     /// [`Redlock::inspect`] reads a mutex, and counts the slots held. Takes
     /// nothing and changes nothing. Ask with the `permits` the holders use:
     /// slots past it are not read.

@@ -22,14 +22,13 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use crate::error::Error;
-use crate::guard::{LockGuard, LockHandle};
-use crate::metrics::Of;
 use crate::acquire_kind::Acquire;
+use crate::error::Error;
+use crate::metrics::Of;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
-use crate::settings::{LockOptions, RetryPolicy};
+use crate::settings::RetryPolicy;
 
 mod inspect;
 pub use inspect::{PermitsInspection, PermitsVerdict};
@@ -45,99 +44,7 @@ pub(crate) fn permit_key(key: &str, slot: u32) -> String {
     crate::slots::derived(key, &format!(":redlock-permit:{slot}"))
 }
 
-impl Redlock {
-    /// One attempt (no retry) to take one of `permits` permits of
-    /// `resource`: at most `permits` holders at once across all the nodes.
-    ///
-    /// The [`Lock`] is the mutex of the permit's slot: [`Lock::resource`] is
-    /// `resource`, [`Lock::key`] the slot's key; extend, release, guard and
-    /// fencing token are the mutex's.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_core::Redlock;
-    ///
-    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-    /// // At most 3 exports of tenant 7 at once, across every replica.
-    /// let permit = redlock.try_permit("exports:7", 3, Duration::from_secs(30)).await?;
-    /// // ... export ...
-    /// redlock.unlock(permit).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::Busy`] when every permit is held (its `retry_after` the
-    /// soonest a slot's holder expires), [`Error::NoQuorum`] when too many
-    /// nodes failed, [`Error::InvalidConfig`] for `permits` of 0 or past
-    /// [`MAX_PERMITS`], and the mutex's input errors.
-    pub async fn try_permit(
-        &self,
-        resource: &str,
-        permits: u32,
-        ttl: Duration,
-    ) -> Result<Lock, Error> {
-        self.acquire_with(
-            &Permits(permits),
-            resource,
-            ttl,
-            &RetryPolicy::no_retry(),
-            None,
-        )
-        .await
-    }
-
-    /// Takes one of `permits` permits of `resource`, retrying per `retry`
-    /// (see [`Redlock::try_permit`]).
-    ///
-    /// # Errors
-    /// The last attempt's error once the policy gives up.
-    pub async fn permit_with(
-        &self,
-        resource: &str,
-        permits: u32,
-        ttl: Duration,
-        retry: &RetryPolicy,
-    ) -> Result<Lock, Error> {
-        self.acquire_with(&Permits(permits), resource, ttl, retry, None)
-            .await
-    }
-
-    /// Takes a permit (retrying per `options` or the handle's policy) and
-    /// holds it with auto-extension until the guard is released or dropped,
-    /// as [`Redlock::lock_guard`] does for the mutex.
-    ///
-    /// # Errors
-    /// See [`Redlock::permit_with`] and [`Redlock::lock_guard`].
-    pub async fn permit_guard(
-        &self,
-        resource: &str,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<LockGuard, Error> {
-        self.acquire_guard(&Permits(permits), resource, options)
-            .await
-    }
-
-    /// Runs the future `f` makes while holding a permit, as
-    /// [`Redlock::with_lock`] does while holding the mutex.
-    ///
-    /// # Errors
-    /// An acquire error (see [`Redlock::permit_guard`]) or [`Error::Lost`].
-    pub async fn with_permit<F, Fut, T>(
-        &self,
-        resource: &str,
-        permits: u32,
-        options: &LockOptions,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        self.with_acquired(&Permits(permits), resource, options, f)
-            .await
-    }
-}
+impl Redlock {}
 
 /// A semaphore of this many permits, as the shared wrappers take it
 /// (`primitive`).

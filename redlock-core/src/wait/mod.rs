@@ -10,7 +10,7 @@
 //!   nothing);
 //! - the retry policy's delay, as a safety-net poll (pub/sub is at-most-once);
 //! - a node's subscription lost or regained (its messages may be lost);
-//! - a release in this process by a holder that did not queue (`try_lock`).
+//! - a release in this process by a holder that did not queue (`try_acquire`).
 //!
 //! The retry policy keeps its meaning: every attempt counts against
 //! `max_attempts`, and the deadline bounds the whole wait, queue included.
@@ -32,7 +32,7 @@ mod many;
 mod shared;
 
 impl Redlock {
-    /// [`Redlock::lock_with`] for a policy that retries, when wake-ups are on.
+    /// The mutex's acquire (`Redlock::lock_with_retained`) for a policy that retries, when wake-ups are on.
     /// `latest_start` is when the last attempt must start by (the deadline
     /// less one acquire round, the fence round of a fencing lock, and one
     /// release round).

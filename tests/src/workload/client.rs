@@ -167,7 +167,7 @@ pub(super) async fn manual_section(
     ttl: Duration,
 ) -> (bool, u64) {
     let t0 = now_ns();
-    let r = redlock.lock_with(res, ttl, &cfg.retry).await;
+    let r = redlock.mutex(res).acquire_with(ttl, &cfg.retry).await;
     let t1 = now_ns();
     let mut lock = match r {
         Ok(l) => l,
@@ -269,7 +269,7 @@ pub(super) async fn guard_section(
         .max_hold(ttl * 3)
         .retry(cfg.retry.clone());
     let t0 = now_ns();
-    let r = redlock.lock_guard(res, &options).await;
+    let r = redlock.mutex(res).guard(&options).await;
     let t1 = now_ns();
     let guard = match r {
         Ok(g) => g,

@@ -160,7 +160,7 @@ pub(super) async fn holder_section(
         let (client, res) = (cfg.name.clone(), res.to_owned());
         let stalls = cfg.stalls.clone();
         redlock
-            .with_lock(resource, &options, move |h| async move {
+            .mutex(resource).run(&options, move |h| async move {
                 let t1 = now_ns();
                 log.push(Event::Acquire {
                     client: client.clone(),

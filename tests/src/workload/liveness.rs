@@ -23,7 +23,7 @@ pub async fn probe_liveness(
             .with_delay(Duration::from_millis(10))
             .with_jitter(Duration::from_millis(10));
         let t0 = now_ns();
-        let r = redlock.lock_with(res, *ttl, &policy).await;
+        let r = redlock.mutex(res).acquire_with(*ttl, &policy).await;
         let t1 = now_ns();
         let acquired_at = r.as_ref().ok().map(|_| t1);
         match r {

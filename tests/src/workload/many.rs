@@ -52,7 +52,10 @@ pub(super) async fn many_section(
     ttl: Duration,
 ) -> (bool, u64) {
     let t0 = now_ns();
-    let r = redlock.lock_many_with(set, ttl, &cfg.retry).await;
+    let r = match redlock.mutex_many(set) {
+        Ok(both) => both.acquire_with(ttl, &cfg.retry).await,
+        Err(e) => Err(e),
+    };
     let t1 = now_ns();
     let mut lock = match r {
         Ok(l) => l,

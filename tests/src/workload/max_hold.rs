@@ -71,7 +71,7 @@ pub(super) async fn max_hold_section(
         .max_hold(max_hold)
         .retry(cfg.retry.clone());
     let t0 = now_ns();
-    let r = redlock.lock_guard(res, &options).await;
+    let r = redlock.mutex(res).guard(&options).await;
     let t1 = now_ns();
     let guard = match r {
         Ok(g) => g,

@@ -74,10 +74,21 @@ fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
     let shared = redlock_core::Access::Shared;
     let asked = Instant::now();
     let (permit, readers) = rt.block_on(async {
-        let permit = rl.permit_with("report", 2, ttl, &retry).await.unwrap();
+        let permit = rl
+            .semaphore("report", 2)
+            .unwrap()
+            .acquire_with(ttl, &retry)
+            .await
+            .unwrap();
         let readers = [
-            rl.rw_lock_with("doc", shared, ttl, &retry).await.unwrap(),
-            rl.rw_lock_with("doc", shared, ttl, &retry).await.unwrap(),
+            rl.rw_lock("doc", shared)
+                .acquire_with(ttl, &retry)
+                .await
+                .unwrap(),
+            rl.rw_lock("doc", shared)
+                .acquire_with(ttl, &retry)
+                .await
+                .unwrap(),
         ];
         (permit, readers)
     });

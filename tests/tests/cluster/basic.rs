@@ -22,12 +22,12 @@ async fn lock_busy_extend_unlock_on_three_clusters() {
     // Resources whose keys land on different masters, one with braces.
     for resource in ["orders:1", "orders:2", "a{b}c", "{x}"] {
         let key = a.key_for(resource);
-        let mut lock = a.try_lock(resource, ttl).await.unwrap();
+        let mut lock = a.mutex(resource).try_acquire(ttl).await.unwrap();
         assert!(
             clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 3),
             "{resource}: the key is not on every cluster"
         );
-        match b.try_lock(resource, ttl).await.unwrap_err() {
+        match b.mutex(resource).try_acquire(ttl).await.unwrap_err() {
             Error::Busy { retry_after, .. } => {
                 let ra = retry_after.expect("busy clusters report their pttl");
                 assert!(ra <= ttl && ra > Duration::from_millis(500), "{ra:?}");
@@ -40,7 +40,7 @@ async fn lock_busy_extend_unlock_on_three_clusters() {
         }));
         redlock_tests::util::assert_released(&a.unlock(lock).await.unwrap(), 3);
         assert!(clusters.wait_until(wait(), |c| c.count_with_key(&key) == 0));
-        let lock = b.try_lock(resource, ttl).await.unwrap();
+        let lock = b.mutex(resource).try_acquire(ttl).await.unwrap();
         b.unlock(lock).await.unwrap();
     }
 }
@@ -56,7 +56,11 @@ async fn a_cluster_node_beside_two_single_servers() {
         .build()
         .unwrap();
     assert_eq!(rl.node_count(), 3);
-    let lock = rl.try_lock("mixed", Duration::from_secs(3)).await.unwrap();
+    let lock = rl
+        .mutex("mixed")
+        .try_acquire(Duration::from_secs(3))
+        .await
+        .unwrap();
     let key = rl.key_for("mixed");
     assert!(clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 1));
     assert!(singles.wait_until(wait(), |s| s.count_holding(&key, lock.token()) == 2));
@@ -64,7 +68,11 @@ async fn a_cluster_node_beside_two_single_servers() {
     // (and gets) the cluster for its quorum of two.
     rl.unlock(lock).await.unwrap();
     singles.node(1).kill();
-    let lock = rl.try_lock("mixed", Duration::from_secs(3)).await.unwrap();
+    let lock = rl
+        .mutex("mixed")
+        .try_acquire(Duration::from_secs(3))
+        .await
+        .unwrap();
     assert!(clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 1));
     rl.unlock(lock).await.unwrap();
 }
@@ -75,7 +83,8 @@ async fn guard_renews_and_inspect_reads_cluster_nodes() {
     let rl = handle(&clusters);
     let key = rl.key_for("guarded{1}");
     let guard = rl
-        .lock_guard("guarded{1}", &LockOptions::new(Duration::from_millis(1500)))
+        .mutex("guarded{1}")
+        .guard(&LockOptions::new(Duration::from_millis(1500)))
         .await
         .unwrap();
     let token = guard.handle().token().to_owned();

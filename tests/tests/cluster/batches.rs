@@ -25,14 +25,21 @@ async fn a_set_over_many_slots_is_taken_extended_and_released_whole() {
     let a = handle(&clusters);
     let b = handle(&clusters);
     let set = spread("set:");
-    let mut lock = a.try_lock_many(&set, Duration::from_secs(3)).await.unwrap();
+    let mut lock = a
+        .mutex_many(&set)
+        .unwrap()
+        .try_acquire(Duration::from_secs(3))
+        .await
+        .unwrap();
     for r in &set {
         let key = a.key_for(r);
         assert!(clusters.wait_until(wait(), |c| c.count_holding(&key, lock.token()) == 3));
     }
     // One resource of the set is enough to be refused.
     let err = b
-        .try_lock_many(["other", set[7].as_str()], Duration::from_secs(3))
+        .mutex_many(["other", set[7].as_str()])
+        .unwrap()
+        .try_acquire(Duration::from_secs(3))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
@@ -65,7 +72,9 @@ async fn a_cluster_missing_one_key_of_the_set_does_not_count() {
     }
     // A TTL far longer than the wait below: keys left behind would stay.
     let err = rl
-        .try_lock_many(&set, Duration::from_secs(60))
+        .mutex_many(&set)
+        .unwrap()
+        .try_acquire(Duration::from_secs(60))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
@@ -95,14 +104,18 @@ async fn fenced_sets_and_batched_guards_on_clusters() {
         .unwrap();
     let set = spread("fset:");
     let first = rl
-        .try_lock_many(&set, Duration::from_secs(3))
+        .mutex_many(&set)
+        .unwrap()
+        .try_acquire(Duration::from_secs(3))
         .await
         .unwrap();
     let tokens: Vec<_> = first.fencing_tokens().iter().map(|(_, t)| *t).collect();
     assert_eq!(tokens.len(), set.len());
     rl.unlock(first).await.unwrap();
     let second = rl
-        .try_lock_many(&set, Duration::from_secs(3))
+        .mutex_many(&set)
+        .unwrap()
+        .try_acquire(Duration::from_secs(3))
         .await
         .unwrap();
     for (before, (_, after)) in tokens.iter().zip(second.fencing_tokens()) {
@@ -115,10 +128,12 @@ async fn fenced_sets_and_batched_guards_on_clusters() {
     let names = spread("g:");
     let mut guards = Vec::new();
     for name in &names {
-        guards.push(rl.lock_guard(name, &options).await.unwrap());
+        guards.push(rl.mutex(name).guard(&options).await.unwrap());
     }
     let set = rl
-        .lock_guard_many(["gs:a", "gs:b", "gs:c"], &options)
+        .mutex_many(["gs:a", "gs:b", "gs:c"])
+        .unwrap()
+        .guard(&options)
         .await
         .unwrap();
     // What each guard says holds on the nodes: not lost means a quorum (2

@@ -24,7 +24,11 @@ async fn fenced_locks_keep_their_counter_in_the_lock_keys_slot() {
     let mut last = None;
     for resource in ["plain", "a{b}", "{b}", "}{", "50%", "{"] {
         for _ in 0..2 {
-            let lock = rl.try_lock(resource, Duration::from_secs(3)).await.unwrap();
+            let lock = rl
+                .mutex(resource)
+                .try_acquire(Duration::from_secs(3))
+                .await
+                .unwrap();
             let token = lock.fencing_token().expect("a fencing token");
             assert!(last.is_none_or(|l| token > l), "{resource}: {token:?}");
             last = Some(token);

@@ -150,7 +150,8 @@ async fn with_replica_acks_the_promoted_replica_of_a_cluster_keeps_the_lock() {
     s.node3_busy();
     let a = s
         .handle(true)
-        .try_lock(RESOURCE, TTL)
+        .mutex(RESOURCE)
+        .try_acquire(TTL)
         .await
         .expect("A takes the lock on nodes 1 and 2");
     // The `WAIT` answered: the replica has the key before the failover.
@@ -160,7 +161,7 @@ async fn with_replica_acks_the_promoted_replica_of_a_cluster_keeps_the_lock() {
     let b = s.handle(true);
     let end = Instant::now() + Duration::from_secs(20);
     loop {
-        match b.try_lock(RESOURCE, TTL).await {
+        match b.mutex(RESOURCE).try_acquire(TTL).await {
             Ok(lock) => panic!(
                 "B got the lock while A holds it: A {:?} left, B {:?} left",
                 a.remaining(),
@@ -188,7 +189,8 @@ async fn without_replica_acks_a_cluster_failover_hands_the_lock_out_twice() {
     let a = s.connected(false).await;
     stop_replica(&master, &replica);
     let a = a
-        .try_lock(RESOURCE, TTL)
+        .mutex(RESOURCE)
+        .try_acquire(TTL)
         .await
         .expect("A takes the lock on nodes 1 and 2");
     // The master dies before the replica runs again: A's write never left.
@@ -204,7 +206,7 @@ async fn without_replica_acks_a_cluster_failover_hands_the_lock_out_twice() {
     let b = s.handle(false);
     let end = Instant::now() + Duration::from_secs(20);
     let b: Lock = loop {
-        match b.try_lock(RESOURCE, TTL).await {
+        match b.mutex(RESOURCE).try_acquire(TTL).await {
             Ok(lock) => break lock,
             Err(e) => assert!(Instant::now() < end, "B never took the lock: {e}"),
         }
@@ -238,7 +240,7 @@ async fn with_replica_acks_a_write_a_stopped_replica_missed_does_not_count() {
     s.node3_busy();
     let a = s.connected(true).await;
     replica.pause();
-    let a = a.try_lock(RESOURCE, TTL).await;
+    let a = a.mutex(RESOURCE).try_acquire(TTL).await;
     replica.resume();
     let Some(report) = a.as_ref().err().and_then(Error::report) else {
         panic!("A must not get the lock with node 1's write unacked: {a:?}");

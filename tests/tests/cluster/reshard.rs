@@ -53,7 +53,7 @@ async fn locks_taken_and_renewed_while_their_slot_moves_never_overlap() {
                 let options =
                     LockOptions::new(Duration::from_millis(600)).retry(RetryPolicy::no_retry());
                 while Instant::now() < until {
-                    let Ok(guard) = rl.lock_guard(resource, &options).await else {
+                    let Ok(guard) = rl.mutex(resource).guard(&options).await else {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     };

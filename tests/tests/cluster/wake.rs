@@ -76,12 +76,17 @@ async fn release_to_acquire(
     wakes: bool,
 ) -> Duration {
     let lock_key = holder.key_for(key);
-    let lock = holder.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = holder
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     let waiting = {
         let (waiter, key) = (waiter.clone(), key.to_owned());
         tokio::spawn(async move {
             let lock = waiter
-                .lock_with(&key, Duration::from_secs(10), &slow_poll())
+                .mutex(&key)
+                .acquire_with(Duration::from_secs(10), &slow_poll())
                 .await;
             (Instant::now(), lock)
         })
@@ -146,12 +151,17 @@ async fn a_waiter_still_wakes_after_the_slots_master_fails_over() {
     let lock_key = a.key_for(key);
     let slot = cluster.slot_of(lock_key.as_bytes());
     let old = cluster.owner(slot).expect("an owner");
-    let lock = a.try_lock(key, Duration::from_secs(60)).await.unwrap();
+    let lock = a
+        .mutex(key)
+        .try_acquire(Duration::from_secs(60))
+        .await
+        .unwrap();
     let waiting = tokio::spawn({
         let b = b.clone();
         async move {
             let lock = b
-                .lock_with(key, Duration::from_secs(10), &slow_poll())
+                .mutex(key)
+                .acquire_with(Duration::from_secs(10), &slow_poll())
                 .await;
             (Instant::now(), lock)
         }
@@ -268,12 +278,17 @@ async fn a_waiter_still_wakes_after_the_keys_slot_moves() {
     let lock_key = a.key_for(key);
     let slot = cluster.slot_of(lock_key.as_bytes());
     let old = cluster.owner(slot).expect("an owner");
-    let lock = a.try_lock(key, Duration::from_secs(60)).await.unwrap();
+    let lock = a
+        .mutex(key)
+        .try_acquire(Duration::from_secs(60))
+        .await
+        .unwrap();
     let waiting = tokio::spawn({
         let b = b.clone();
         async move {
             let lock = b
-                .lock_with(key, Duration::from_secs(10), &slow_poll())
+                .mutex(key)
+                .acquire_with(Duration::from_secs(10), &slow_poll())
                 .await;
             (Instant::now(), lock)
         }

@@ -34,7 +34,7 @@ async fn take(rl: &Redlock, prefix: &str, n: usize, options: &LockOptions) -> Ve
     for chunk in 0..n.div_ceil(100) {
         let futs = (chunk * 100..n.min(chunk * 100 + 100)).map(|i| {
             let key = format!("{prefix}:{i}");
-            async move { rl.lock_guard(&key, options).await }
+            async move { rl.mutex(&key).guard(options).await }
         });
         for g in join_all(futs).await {
             guards.push(g.unwrap());

@@ -209,10 +209,15 @@ async fn a_request_lock_s_counter_keeps_a_day_by_default() {
 async fn a_named_resource_s_durable_counter_still_never_expires() {
     let cluster = Cluster::start(3);
     let redlock = durable(&cluster).await;
-    let lock = redlock.try_lock("invoice:42", LOCK_TTL).await.unwrap();
+    let lock = redlock
+        .mutex("invoice:42")
+        .try_acquire(LOCK_TTL)
+        .await
+        .unwrap();
     redlock.unlock(lock).await.unwrap();
     let guard = redlock
-        .lock_guard("invoice:43", &LockOptions::new(LOCK_TTL).max_hold(MAX_HOLD))
+        .mutex("invoice:43")
+        .guard(&LockOptions::new(LOCK_TTL).max_hold(MAX_HOLD))
         .await
         .unwrap();
     guard.release().await.unwrap();
@@ -222,11 +227,16 @@ async fn a_named_resource_s_durable_counter_still_never_expires() {
         .max_hold(MAX_HOLD)
         .fence_retention(RECORD_TTL);
     let guard = redlock
-        .lock_guard("invoice:44", &per_request)
+        .mutex("invoice:44")
+        .guard(&per_request)
         .await
         .unwrap();
     guard.release().await.unwrap();
-    let lock = redlock.try_lock("invoice:44", LOCK_TTL).await.unwrap();
+    let lock = redlock
+        .mutex("invoice:44")
+        .try_acquire(LOCK_TTL)
+        .await
+        .unwrap();
     redlock.unlock(lock).await.unwrap();
     // Each fence is decided at a quorum: a quorum of nodes holds the last
     // token without expiry (the third node's fence may still be on its way).
@@ -270,7 +280,8 @@ async fn tokens_of_a_per_request_resource_grow_while_its_record_lives() {
     let last_fence = loop {
         let asked = Instant::now();
         let guard = redlock
-            .lock_guard(lookup.resource(), &options)
+            .mutex(lookup.resource())
+            .guard(&options)
             .await
             .unwrap();
         let token = guard.handle().fencing_token().expect("fenced");

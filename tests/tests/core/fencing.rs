@@ -83,7 +83,11 @@ async fn token_with_busy(cluster: &Cluster, mode: FencingMode, key: &str, busy: 
     occupy(cluster, busy, key);
     // A fresh handle: a node restarted since the last one broke its connection.
     let rl = fenced(cluster.urls(), mode);
-    let lock = rl.try_lock(key, Duration::from_secs(5)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     let token = lock.fencing_token().expect("fencing is on").get();
     rl.unlock(lock).await.unwrap();
     free(cluster, busy, key);
@@ -106,7 +110,8 @@ async fn successive_holders_get_increasing_tokens(mode: FencingMode) {
                 let lock = rl
                     // A TTL no hold outlives on a loaded machine: the
                     // recorded order is the holders' order only while held.
-                    .lock_with("fenced:counter", Duration::from_secs(10), &retry)
+                    .mutex("fenced:counter")
+                    .acquire_with(Duration::from_secs(10), &retry)
                     .await
                     .unwrap();
                 // Recorded while held: holders are mutually exclusive, so the
@@ -239,7 +244,7 @@ async fn held_acquire(
     let attempt = {
         let rl = rl.clone();
         let key = key.to_owned();
-        tokio::spawn(async move { rl.try_lock(&key, ttl).await })
+        tokio::spawn(async move { rl.mutex(&key).try_acquire(ttl).await })
     };
     assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key(key) == 3));
     between(cluster);
@@ -288,7 +293,11 @@ async fn fence_refused_by_a_quorum_fails_and_releases() {
     assert_eq!(counter(cluster.node(1), key), None);
     // Free again for the next client.
     let rl = fenced(cluster.urls(), FencingMode::Hybrid);
-    let lock = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
     rl.unlock(lock).await.unwrap();
 }
 
@@ -333,12 +342,12 @@ async fn store_refuses_a_stale_token() {
         .build()
         .unwrap();
 
-    let first = rl.try_lock("order:42", ttl).await.unwrap();
+    let first = rl.mutex("order:42").try_acquire(ttl).await.unwrap();
     let t1 = first.fencing_token().unwrap();
     // The first holder "pauses" past its validity (part of the scenario: its
     // keys expire); the second takes over.
     tokio::time::sleep(ttl + ms(100)).await;
-    let second = rl.try_lock("order:42", ttl).await.unwrap();
+    let second = rl.mutex("order:42").try_acquire(ttl).await.unwrap();
     let t2 = second.fencing_token().unwrap();
     assert!(t2 > t1);
     for value in ["paid", "shipped"] {
@@ -399,14 +408,19 @@ async fn fencing_off_costs_nothing_and_on_costs_one_script() {
         }
         let rl = b.build().unwrap();
         // Connect and load the scripts first.
-        let lock = rl.try_lock("warm", Duration::from_secs(10)).await.unwrap();
+        let lock = rl
+            .mutex("warm")
+            .try_acquire(Duration::from_secs(10))
+            .await
+            .unwrap();
         rl.unlock(lock).await.unwrap();
         // The warm-up's release done on node 0 too before it is watched.
         assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("warm") == 0));
 
         let monitor = cluster.node(0).monitor();
         let lock = rl
-            .try_lock("fenced:mon", Duration::from_secs(10))
+            .mutex("fenced:mon")
+            .try_acquire(Duration::from_secs(10))
             .await
             .unwrap();
         assert_eq!(lock.fencing_token().is_some(), mode.is_some());
@@ -525,7 +539,11 @@ async fn the_retry_deadline_counts_the_fence_round() {
         .build()
         .unwrap();
     // Connected, and the fence and release scripts loaded, before the delay.
-    let lock = rl.try_lock("warm", Duration::from_secs(2)).await.unwrap();
+    let lock = rl
+        .mutex("warm")
+        .try_acquire(Duration::from_secs(2))
+        .await
+        .unwrap();
     rl.unlock(lock).await.unwrap();
     assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("warm") == 0));
     let attempts = || type_calls(&cluster, 0);
@@ -538,7 +556,10 @@ async fn the_retry_deadline_counts_the_fence_round() {
         .with_delay(Duration::ZERO)
         .with_jitter(Duration::ZERO);
     let started = std::time::Instant::now();
-    let result = rl.lock_with("fenced:deadline", ms(250), &retry).await;
+    let result = rl
+        .mutex("fenced:deadline")
+        .acquire_with(ms(250), &retry)
+        .await;
     let took = started.elapsed();
     // The node timeout is the subject's: a reply that missed it on a loaded
     // machine fails the attempt another way.
@@ -574,7 +595,8 @@ async fn hybrid_counters_expire_after_the_floor_and_durable_ones_never() {
     let day = 24 * hour;
     let rl = fenced(cluster.urls(), FencingMode::Hybrid);
     let lock = rl
-        .try_lock("fenced:ttl", Duration::from_secs(10))
+        .mutex("fenced:ttl")
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap();
     rl.unlock(lock).await.unwrap();
@@ -596,27 +618,30 @@ async fn hybrid_counters_expire_after_the_floor_and_durable_ones_never() {
         .build()
         .unwrap();
     let lock = custom
-        .try_lock("fenced:ttl2", Duration::from_secs(10))
+        .mutex("fenced:ttl2")
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap();
     custom.unlock(lock).await.unwrap();
     assert!(fenced_on("fenced:ttl2", &|p| p > 2 * hour - 60_000 && p <= 2 * hour) >= 2);
     // A lock's TTL above the hour gets the counter its TTL plus the hour.
     let long = Duration::from_secs(3 * 3600);
-    let lock = custom.try_lock("fenced:ttl3", long).await.unwrap();
+    let lock = custom.mutex("fenced:ttl3").try_acquire(long).await.unwrap();
     custom.unlock(lock).await.unwrap();
     assert!(fenced_on("fenced:ttl3", &|p| p > 4 * hour - 60_000 && p <= 4 * hour) >= 2);
 
     let durable = fenced(cluster.urls(), FencingMode::Durable);
     let lock = durable
-        .try_lock("fenced:ttl4", Duration::from_secs(10))
+        .mutex("fenced:ttl4")
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap();
     durable.unlock(lock).await.unwrap();
     assert!(fenced_on("fenced:ttl4", &|p| p == -1) >= 2);
     // The Hybrid counter of "fenced:ttl", fenced again in Durable mode.
     let lock = durable
-        .try_lock("fenced:ttl", Duration::from_secs(10))
+        .mutex("fenced:ttl")
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap();
     durable.unlock(lock).await.unwrap();

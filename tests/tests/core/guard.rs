@@ -37,7 +37,8 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
     let probe_ttl = Duration::from_secs(10);
     let key = "guard-extend";
     let guard = holder
-        .lock_guard(key, &LockOptions::new(ttl))
+        .mutex(key)
+        .guard(&LockOptions::new(ttl))
         .await
         .unwrap();
     let handle = guard.handle();
@@ -46,7 +47,7 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
     // Poll every 50 ms for more than 3 TTLs (part of the scenario); bounded
     // by count and time.
     while held_since.elapsed() < 3 * ttl + ms(100) && polls < 1_000 {
-        match other.try_lock(key, probe_ttl).await {
+        match other.mutex(key).try_acquire(probe_ttl).await {
             Err(Error::Busy { .. }) => {}
             other => panic!(
                 "second client got {other:?} after {:?} while the guard held the lock",
@@ -71,7 +72,8 @@ async fn auto_extension_holds_the_lock_past_its_ttl() {
         "{released:?}"
     );
     let lock = other
-        .try_lock(key, probe_ttl)
+        .mutex(key)
+        .try_acquire(probe_ttl)
         .await
         .expect("the lock is free right after release");
     other.unlock(lock).await.unwrap();
@@ -83,7 +85,8 @@ async fn lost_lock_is_signalled_before_its_validity_ends() {
     let rl = redlock(&cluster, ms(200));
     let key = "guard-lost";
     let guard = rl
-        .lock_guard(key, &LockOptions::new(Duration::from_secs(1)))
+        .mutex(key)
+        .guard(&LockOptions::new(Duration::from_secs(1)))
         .await
         .unwrap();
     let handle = guard.handle();
@@ -140,30 +143,31 @@ async fn with_lock_drops_the_work_when_the_lock_is_lost() {
     let bound = redlock_tests::timing::liveness(Duration::from_secs(1));
     let result = tokio::time::timeout(
         bound,
-        rl.with_lock(key, &LockOptions::new(Duration::from_secs(1)), {
-            let finished = Arc::clone(&finished);
-            move |handle| async move {
-                let (key, token) = (handle.key().to_owned(), handle.token().to_owned());
-                tokio::task::spawn_blocking(move || {
-                    // The acquire returned at quorum: a SET still on its way
-                    // would land after the DEL and keep the lock held.
-                    let end = Instant::now() + redlock_tests::timing::settle(ms(200));
-                    while [&n0, &n1]
-                        .iter()
-                        .any(|n| n.get(&key).as_deref() != Some(&token))
-                        && Instant::now() < end
-                    {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    n0.cmd(&["DEL", &key]);
-                    n1.cmd(&["DEL", &key]);
-                })
-                .await
-                .unwrap();
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                finished.store(true, Ordering::SeqCst);
-            }
-        }),
+        rl.mutex(key)
+            .run(&LockOptions::new(Duration::from_secs(1)), {
+                let finished = Arc::clone(&finished);
+                move |handle| async move {
+                    let (key, token) = (handle.key().to_owned(), handle.token().to_owned());
+                    tokio::task::spawn_blocking(move || {
+                        // The acquire returned at quorum: a SET still on its way
+                        // would land after the DEL and keep the lock held.
+                        let end = Instant::now() + redlock_tests::timing::settle(ms(200));
+                        while [&n0, &n1]
+                            .iter()
+                            .any(|n| n.get(&key).as_deref() != Some(&token))
+                            && Instant::now() < end
+                        {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        n0.cmd(&["DEL", &key]);
+                        n1.cmd(&["DEL", &key]);
+                    })
+                    .await
+                    .unwrap();
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    finished.store(true, Ordering::SeqCst);
+                }
+            }),
     )
     .await
     .expect("with_lock did not return within its bound");
@@ -190,7 +194,11 @@ async fn dropped_lock_is_released_in_the_background() {
     let cluster = Cluster::start(3);
     let rl = redlock(&cluster, ms(200));
     let key = "drop-lock";
-    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     let token = lock.token().to_owned();
     assert!(
         cluster.wait_until(redlock_tests::timing::settle(ms(200)), |c| c
@@ -205,7 +213,11 @@ async fn dropped_lock_is_released_in_the_background() {
         "a dropped 30 s lock still has keys"
     );
     // And the resource is free for the next holder.
-    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     rl.unlock(lock).await.unwrap();
 }
 
@@ -215,7 +227,8 @@ async fn dropped_guard_is_released_in_the_background() {
     let rl = redlock(&cluster, ms(200));
     let key = "drop-guard";
     let guard = rl
-        .lock_guard(key, &LockOptions::new(Duration::from_secs(30)))
+        .mutex(key)
+        .guard(&LockOptions::new(Duration::from_secs(30)))
         .await
         .unwrap();
     let token = guard.handle().token().to_owned();
@@ -231,6 +244,10 @@ async fn dropped_guard_is_released_in_the_background() {
             == 0),
         "a dropped 30 s guard still has keys"
     );
-    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     rl.unlock(lock).await.unwrap();
 }

@@ -49,7 +49,11 @@ fn contender(
             let retry = RetryPolicy::deadline(budget)
                 .with_delay(ms(10))
                 .with_jitter(ms(10));
-            let lock = other.lock_with(key, ms(5_000), &retry).await.ok()?;
+            let lock = other
+                .mutex(key)
+                .acquire_with(ms(5_000), &retry)
+                .await
+                .ok()?;
             let at = Instant::now();
             let _ = took.send(at);
             other.unlock(lock).await.ok();
@@ -78,15 +82,17 @@ fn a_holder_whose_thread_blocked_past_the_ttl_is_told_it_lost_the_lock() {
     // The contender can take the lock once the holder's keys expired.
     let budget = timing::liveness(ttl);
     let result = rt.block_on(
-        rl.with_lock(key, &LockOptions::new(ttl), |lock| async move {
-            let (tx, took) = std::sync::mpsc::channel();
-            let other = contender(urls, key, budget, tx);
-            // A GC pause, a blocking call on the runtime's only thread: it
-            // lasts until the second client holds the lock (bounded).
-            let _ = took.recv_timeout(budget);
-            let checked_at = Instant::now();
-            *seen2.lock().unwrap() = Some((lock.is_lost(), lock.remaining(), checked_at, other));
-        }),
+        rl.mutex(key)
+            .run(&LockOptions::new(ttl), |lock| async move {
+                let (tx, took) = std::sync::mpsc::channel();
+                let other = contender(urls, key, budget, tx);
+                // A GC pause, a blocking call on the runtime's only thread: it
+                // lasts until the second client holds the lock (bounded).
+                let _ = took.recv_timeout(budget);
+                let checked_at = Instant::now();
+                *seen2.lock().unwrap() =
+                    Some((lock.is_lost(), lock.remaining(), checked_at, other));
+            }),
     );
     let (lost, remaining, checked_at, other) = seen.lock().unwrap().take().expect("the work ran");
     let other_at = other
@@ -130,7 +136,8 @@ fn lost_completes_by_the_deadline_while_the_renewal_runtime_is_blocked() {
                 .build()
                 .unwrap();
             let guard = rl
-                .lock_guard("holder-timer", &LockOptions::new(ttl))
+                .mutex("holder-timer")
+                .guard(&LockOptions::new(ttl))
                 .await
                 .unwrap();
             tx.send(guard.handle()).unwrap();
@@ -180,10 +187,10 @@ fn a_renewal_task_that_dies_with_its_runtime_fires_lost() {
         .unwrap();
     let rl = cluster.patient_redlock();
     let guard = rt
-        .block_on(rl.lock_guard(
-            "holder-shutdown",
-            &LockOptions::new(Duration::from_secs(30)),
-        ))
+        .block_on(
+            rl.mutex("holder-shutdown")
+                .guard(&LockOptions::new(Duration::from_secs(30))),
+        )
         .unwrap();
     let handle = guard.handle();
     assert!(!handle.is_lost());
@@ -206,7 +213,8 @@ async fn max_hold_of_duration_max_means_no_cap() {
     let other = redlock(&cluster, patient_node_timeout_for(ttl));
     let key = "holder-max-hold";
     let guard = rl
-        .lock_guard(key, &LockOptions::new(ttl).max_hold(Duration::MAX))
+        .mutex(key)
+        .guard(&LockOptions::new(ttl).max_hold(Duration::MAX))
         .await
         .unwrap();
     // Two renewals (each about a third of the TTL apart).
@@ -221,7 +229,7 @@ async fn max_hold_of_duration_max_means_no_cap() {
         "lost after two renewals with max_hold(MAX)"
     );
     assert!(matches!(
-        other.try_lock(key, ttl).await,
+        other.mutex(key).try_acquire(ttl).await,
         Err(Error::Busy { .. })
     ));
     let released = guard.release().await.unwrap();
@@ -240,11 +248,8 @@ async fn duration_max_is_accepted_everywhere() {
     let rl = redlock(&cluster, node_timeout);
     // A deadline past the end of time.
     let lock = rl
-        .lock_with(
-            "max-deadline",
-            ms(500),
-            &RetryPolicy::deadline(Duration::MAX),
-        )
+        .mutex("max-deadline")
+        .acquire_with(ms(500), &RetryPolicy::deadline(Duration::MAX))
         .await
         .unwrap();
     // A busy lock and a retry delay past the end of time. Polling: no second
@@ -260,7 +265,10 @@ async fn duration_max_is_accepted_everywhere() {
         .unwrap();
     let started = Instant::now();
     assert!(matches!(
-        polling.lock_with("max-deadline", ms(500), &retry).await,
+        polling
+            .mutex("max-deadline")
+            .acquire_with(ms(500), &retry)
+            .await,
         Err(Error::Busy { .. })
     ));
     // One attempt: its round and the release of what it took.
@@ -268,7 +276,11 @@ async fn duration_max_is_accepted_everywhere() {
     // Woken by releases: the delay is only the safety-net poll, and the
     // holder's expiry (500 ms, never released) still wakes the waiter.
     let started = Instant::now();
-    let next = rl.lock_with("max-deadline", ms(500), &retry).await.unwrap();
+    let next = rl
+        .mutex("max-deadline")
+        .acquire_with(ms(500), &retry)
+        .await
+        .unwrap();
     // The holder's 500 ms, then an attempt.
     assert!(started.elapsed() < timing::liveness(ms(500) + 2 * node_timeout));
     drop(lock);
@@ -287,13 +299,17 @@ async fn duration_max_is_accepted_everywhere() {
         .fixed_drift(Duration::MAX)
         .build()
         .unwrap();
-    assert!(unbounded.try_lock("max-ttl", Duration::MAX).await.is_err());
     assert!(
         unbounded
-            .lock_guard(
-                "max-ttl",
-                &LockOptions::new(Duration::MAX).loss_margin(Duration::MAX)
-            )
+            .mutex("max-ttl")
+            .try_acquire(Duration::MAX)
+            .await
+            .is_err()
+    );
+    assert!(
+        unbounded
+            .mutex("max-ttl")
+            .guard(&LockOptions::new(Duration::MAX).loss_margin(Duration::MAX))
             .await
             .is_err()
     );
@@ -309,7 +325,8 @@ async fn a_failed_shortening_extend_lowers_the_validity() {
     let shorter = Duration::from_secs(3);
     let rl = redlock(&cluster, patient_node_timeout_for(shorter));
     let mut lock = rl
-        .try_lock("holder-shorten", Duration::from_secs(30))
+        .mutex("holder-shorten")
+        .try_acquire(Duration::from_secs(30))
         .await
         .unwrap();
     assert!(lock.remaining() > shorter);
@@ -334,7 +351,11 @@ async fn a_dropped_unlock_future_still_releases_in_the_background() {
     let cluster = Cluster::start(3);
     let rl = cluster.patient_redlock();
     let key = "holder-cancel-unlock";
-    let lock = rl.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     // Polled once, then dropped: a timeout around the release.
     let polled = rl.unlock(lock).now_or_never();
     assert!(polled.is_none(), "{polled:?}");
@@ -361,7 +382,8 @@ async fn validity_counts_only_the_whole_milliseconds_the_keys_live() {
     // A TTL long enough that a loaded machine's first connects and the
     // release below fit in it: with 200 ms the test failed in CI.
     let lock = rl
-        .try_lock("holder-rounding", ms(30_000) + Duration::from_micros(900))
+        .mutex("holder-rounding")
+        .try_acquire(ms(30_000) + Duration::from_micros(900))
         .await
         .unwrap();
     let granted = lock.valid_until() - lock.started_at();
@@ -393,8 +415,8 @@ async fn max_hold_below_min_ttl_stops_renewing_without_a_false_loss() {
         .unwrap();
     let key = "holder-min-ttl";
     let guard = rl
-        .lock_guard(
-            key,
+        .mutex(key)
+        .guard(
             // The margin the arithmetic below was made for (by default it is
             // the node timeout, patient here).
             &LockOptions::new(ms(2_000))
@@ -445,7 +467,10 @@ async fn the_retry_deadline_counts_the_release_of_the_last_attempt() {
     let attempts = || type_calls(&cluster, 2);
     let before = attempts();
     let started = Instant::now();
-    let result = rl.lock_with(key, Duration::from_secs(5), &retry).await;
+    let result = rl
+        .mutex(key)
+        .acquire_with(Duration::from_secs(5), &retry)
+        .await;
     let took = started.elapsed();
     cluster.node(0).resume();
     assert!(result.is_err(), "{result:?}");
@@ -518,7 +543,8 @@ async fn lost_is_sticky() {
     let ttl = ms(300);
     let rl = redlock(&cluster, patient_node_timeout_for(ttl));
     let guard = rl
-        .lock_guard("holder-sticky", &LockOptions::new(ttl))
+        .mutex("holder-sticky")
+        .guard(&LockOptions::new(ttl))
         .await
         .unwrap();
     let handle = guard.handle();

@@ -140,7 +140,8 @@ async fn a_stale_holder_s_record_is_refused_on_every_node() {
     let lookup = LookupKey::new("idempotency:", None, &key("stale-1"));
     let options = LockOptions::new(Duration::from_secs(10));
     let stale = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     let stale_handle = stale.handle();
@@ -158,7 +159,8 @@ async fn a_stale_holder_s_record_is_refused_on_every_node() {
         node.cmd(&["DEL", stale_handle.key()]);
     }
     let next = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     assert!(
@@ -228,7 +230,8 @@ async fn a_record_on_a_minority_does_not_answer_without_the_lock() {
     // Under the lock the record is found, not durable; the flow replays it
     // and writes it again, after which the fast path answers.
     let guard = redlock
-        .lock_guard(lookup.resource(), &LockOptions::new(Duration::from_secs(5)))
+        .mutex(lookup.resource())
+        .guard(&LockOptions::new(Duration::from_secs(5)))
         .await
         .unwrap();
     let found = store
@@ -371,14 +374,16 @@ async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
         }
     };
     let first = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     let lock_key = first.handle().key().to_owned();
     let older = write(&first, "older").await;
     first.release().await.unwrap();
     let second = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     let newer = write(&second, "newer").await;
@@ -408,7 +413,8 @@ async fn under_the_lock_the_newest_record_wins_by_fencing_token() {
     cluster.node(2).cmd(&["DEL", &record_key]);
     assert_eq!(store.get(&lookup).await.unwrap(), None, "no quorum agrees");
     let third = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     let found = store

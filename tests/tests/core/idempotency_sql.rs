@@ -173,7 +173,8 @@ async fn a_stale_holder_s_write_is_refused_by_the_fence() {
     );
     let options = LockOptions::new(Duration::from_secs(10));
     let stale = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     let stale_handle = stale.handle();
@@ -188,7 +189,8 @@ async fn a_stale_holder_s_write_is_refused_by_the_fence() {
         node.cmd(&["DEL", stale_handle.key()]);
     }
     let next = redlock
-        .lock_guard(lookup.resource(), &options)
+        .mutex(lookup.resource())
+        .guard(&options)
         .await
         .unwrap();
     assert!(next.fencing_token() > stale_handle.fencing_token());

@@ -28,9 +28,17 @@ fn no_keys_anywhere(cluster: &Cluster) -> bool {
 async fn empty_resource_is_refused() {
     let cluster = Cluster::start(3);
     let rl = redlock(&cluster, ms(100));
-    let err = rl.try_lock("", Duration::from_secs(1)).await.unwrap_err();
+    let err = rl
+        .mutex("")
+        .try_acquire(Duration::from_secs(1))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::EmptyResource), "{err:?}");
-    let err = rl.lock("", Duration::from_secs(1)).await.unwrap_err();
+    let err = rl
+        .mutex("")
+        .acquire(Duration::from_secs(1))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::EmptyResource), "{err:?}");
     assert!(no_keys_anywhere(&cluster));
 }
@@ -43,12 +51,14 @@ async fn a_key_named_like_a_waiters_flag_is_refused() {
     let cluster = Cluster::start(3);
     let rl = redlock(&cluster, ms(100));
     let ttl = Duration::from_secs(1);
-    let err = rl.try_lock("a:redlock-waiters", ttl).await.unwrap_err();
-    assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
     let err = rl
-        .lock_many(["b", "a:redlock-waiters"], ttl)
+        .mutex("a:redlock-waiters")
+        .try_acquire(ttl)
         .await
         .unwrap_err();
+    assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
+    // A set is refused when it is made.
+    let err = rl.mutex_many(["b", "a:redlock-waiters"]).unwrap_err();
     assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
     let prefixed = Redlock::builder()
         .urls(cluster.urls())
@@ -56,12 +66,12 @@ async fn a_key_named_like_a_waiters_flag_is_refused() {
         .key_prefix("x:redlock-wait")
         .build()
         .unwrap();
-    let err = prefixed.try_lock("ers", ttl).await.unwrap_err();
+    let err = prefixed.mutex("ers").try_acquire(ttl).await.unwrap_err();
     assert!(matches!(err, Error::ReservedResource { .. }), "{err:?}");
     // Close, but not the suffix: taken.
-    let lock = rl.try_lock("a:redlock-waiter", ttl).await.unwrap();
+    let lock = rl.mutex("a:redlock-waiter").try_acquire(ttl).await.unwrap();
     rl.unlock(lock).await.unwrap();
-    let lock = prefixed.try_lock("er", ttl).await.unwrap();
+    let lock = prefixed.mutex("er").try_acquire(ttl).await.unwrap();
     prefixed.unlock(lock).await.unwrap();
     assert!(cluster.wait_until(Duration::from_secs(5), no_keys_anywhere));
 }
@@ -77,7 +87,7 @@ async fn ttl_zero_below_min_or_above_max_is_invalid() {
         .build()
         .unwrap();
     for ttl in [Duration::ZERO, ms(99), Duration::from_secs(61)] {
-        let err = rl.try_lock("ttl-bounds", ttl).await.unwrap_err();
+        let err = rl.mutex("ttl-bounds").try_acquire(ttl).await.unwrap_err();
         match err {
             Error::InvalidTtl {
                 ttl: got, min, max, ..
@@ -95,7 +105,7 @@ async fn ttl_zero_below_min_or_above_max_is_invalid() {
     // node out: that honest answer (a node-level failure, with its report)
     // is accepted, as is a release it leaves incomplete.
     for ttl in [ms(100), Duration::from_secs(60)] {
-        match rl.try_lock("ttl-bounds", ttl).await {
+        match rl.mutex("ttl-bounds").try_acquire(ttl).await {
             Ok(lock) => match rl.unlock(lock).await {
                 Ok(_) | Err(Error::ReleaseIncomplete { .. }) => {}
                 Err(e) => panic!("ttl {ttl:?}: release: {e:?}"),
@@ -111,7 +121,11 @@ async fn node_timeout_not_below_the_ttl_is_refused() {
     let cluster = Cluster::start(3);
     let rl = redlock(&cluster, ms(500));
     for ttl in [ms(500), ms(300)] {
-        let err = rl.try_lock("timeout-vs-ttl", ttl).await.unwrap_err();
+        let err = rl
+            .mutex("timeout-vs-ttl")
+            .try_acquire(ttl)
+            .await
+            .unwrap_err();
         match err {
             Error::NodeTimeoutTooLong {
                 node_timeout,
@@ -231,7 +245,11 @@ async fn invalid_urls_are_refused_without_their_password() {
         Err(err) => assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}"),
         Ok(rl) => {
             assert!(!format!("{rl:?}").contains("s3cret"), "{rl:?}");
-            let err = rl.try_lock("x", Duration::from_secs(1)).await.unwrap_err();
+            let err = rl
+                .mutex("x")
+                .try_acquire(Duration::from_secs(1))
+                .await
+                .unwrap_err();
             assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
         }
     }
@@ -255,7 +273,11 @@ async fn even_node_count_builds_and_locks_with_a_majority() {
     assert_eq!(rl.node_count(), 4);
     assert_eq!(rl.quorum(), 3);
     let key = "even";
-    let lock = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
     let token = lock.token().to_owned();
     assert!(
         cluster.wait_until(Duration::from_secs(2), |c| c.count_holding(key, &token)
@@ -277,7 +299,8 @@ async fn even_node_count_builds_and_locks_with_a_majority() {
             .cmd(&["SET", busy_key, "other", "PX", "10000"]);
     }
     let err = rl
-        .try_lock(busy_key, Duration::from_secs(10))
+        .mutex(busy_key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap_err();
     // Busy or NoQuorum, depending on which answers came first (see the ignored
@@ -309,7 +332,8 @@ async fn even_node_count_half_busy_is_always_busy() {
             cluster.node(i).cmd(&["SET", &key, "other", "PX", "10000"]);
         }
         let err = rl
-            .try_lock(&key, Duration::from_secs(10))
+            .mutex(&key)
+            .try_acquire(Duration::from_secs(10))
             .await
             .unwrap_err();
         match &err {

@@ -23,7 +23,7 @@ async fn inspect_tells_free_held_and_inconsistent_and_never_the_token() {
 
     let ttl = Duration::from_secs(10);
     let asked = Instant::now();
-    let lock = rl.try_lock("insp-a", ttl).await.unwrap();
+    let lock = rl.mutex("insp-a").try_acquire(ttl).await.unwrap();
     assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("insp-a") == 3));
     let before: Vec<i64> = cluster.nodes().iter().map(|n| n.pttl("insp-a")).collect();
     let seen = rl.inspect("insp-a").await.unwrap();
@@ -116,7 +116,8 @@ async fn inspect_shows_the_fencing_counter_and_release_token_deletes_only_that_h
         .build()
         .unwrap();
     let lock = rl
-        .try_lock("insp-f", Duration::from_secs(10))
+        .mutex("insp-f")
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap();
     let token = lock.fencing_token().unwrap();

@@ -45,7 +45,8 @@ async fn a_full_quorum_fails_closed_even_when_failing_open() {
     for fencing in [None, Some(FencingMode::Hybrid)] {
         let rl = redlock(&cluster, fencing);
         let err = rl
-            .try_lock("oom", Duration::from_secs(10))
+            .mutex("oom")
+            .try_acquire(Duration::from_secs(10))
             .await
             .unwrap_err();
         let Error::NoQuorum { ref report, .. } = err else {

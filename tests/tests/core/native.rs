@@ -87,7 +87,11 @@ async fn detection_on_redis_7_finds_none_and_the_scripts_run() {
     let cluster = cluster_of(&[&redis, &redis, &redis]);
     let rl = handle(&cluster, NativeCommands::ReleaseAndExtend);
     assert_eq!(native_of(&rl).await, vec!["none"; 3]);
-    let mut lock = rl.try_lock("nat-r7", Duration::from_secs(5)).await.unwrap();
+    let mut lock = rl
+        .mutex("nat-r7")
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     let evalsha: Vec<u64> = cluster
         .nodes()
         .iter()
@@ -141,7 +145,11 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     let evalsha = count("evalsha");
 
     // A foreign holder on node 2: neither extended nor deleted there.
-    let mut lock = rl.try_lock("nat-a", Duration::from_secs(5)).await.unwrap();
+    let mut lock = rl
+        .mutex("nat-a")
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(cluster.wait_until(
         timing::settled(),
         |c| c.count_holding("nat-a", lock.token()) == 3
@@ -180,7 +188,11 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     // after it, one real release adds exactly one PUBLISH per node (the
     // connection is first-in first-out, so a stray one would come first).
     let publish = count("publish");
-    let other = rl.try_lock("nat-b", Duration::from_secs(5)).await.unwrap();
+    let other = rl
+        .mutex("nat-b")
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     let none = rl.release_token("nat-b", "not-the-token").await.unwrap();
     assert_eq!(none.deleted, 0);
     assert!(cluster.wait_until(
@@ -193,7 +205,11 @@ async fn native_release_and_extend_keep_the_compare_on_valkey() {
     assert_eq!(count("publish"), expected);
 
     // The extend that succeeds sets the new expiry, by SET, with no script.
-    let mut lock = rl.try_lock("nat-c", Duration::from_secs(5)).await.unwrap();
+    let mut lock = rl
+        .mutex("nat-c")
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     rl.extend(&mut lock, Duration::from_secs(40)).await.unwrap();
     assert!(cluster.wait_until(timing::settled(), |c| {
         c.nodes().iter().all(|n| n.pttl("nat-c") > 30_000)
@@ -215,7 +231,7 @@ async fn a_native_release_wakes_a_waiter_of_another_handle() {
     // A wake-up: the release announced and an attempt made.
     let woken_within = timing::liveness(2 * PATIENT_NODE_TIMEOUT);
     let far = 4 * woken_within;
-    let lock = holder.try_lock("nat-w", far).await.unwrap();
+    let lock = holder.mutex("nat-w").try_acquire(far).await.unwrap();
     // Polling and a holder far beyond the bound below: only the release's
     // PUBLISH can wake the waiter within it.
     let policy = RetryPolicy::deadline(2 * far)
@@ -223,7 +239,8 @@ async fn a_native_release_wakes_a_waiter_of_another_handle() {
         .with_jitter(Duration::ZERO);
     let wait = tokio::spawn(async move {
         waiter
-            .lock_with("nat-w", Duration::from_secs(5), &policy)
+            .mutex("nat-w")
+            .acquire_with(Duration::from_secs(5), &policy)
             .await
     });
     // The waiter has subscribed once its first attempt found the key busy.
@@ -267,7 +284,11 @@ async fn a_cluster_of_two_redis_7_and_one_valkey_9_locks_extends_and_releases() 
     assert_eq!(native_of(&rl).await, vec!["none", "none", VALKEY]);
     for i in 0..20 {
         let key = format!("nat-mixed-{i}");
-        let mut lock = rl.try_lock(&key, Duration::from_secs(5)).await.unwrap();
+        let mut lock = rl
+            .mutex(&key)
+            .try_acquire(Duration::from_secs(5))
+            .await
+            .unwrap();
         // The acquire returned at quorum; the other's attempt must not take
         // the third node before this one's SET lands there.
         assert!(
@@ -275,7 +296,7 @@ async fn a_cluster_of_two_redis_7_and_one_valkey_9_locks_extends_and_releases() 
                 == 3)
         );
         assert!(matches!(
-            other.try_lock(&key, Duration::from_secs(5)).await,
+            other.mutex(&key).try_acquire(Duration::from_secs(5)).await,
             Err(redlock_core::Error::Busy { .. })
         ));
         rl.extend(&mut lock, Duration::from_secs(30)).await.unwrap();
@@ -295,7 +316,11 @@ async fn a_cluster_of_two_redis_7_and_one_valkey_9_locks_extends_and_releases() 
             released.report()
         );
         assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key(&key) == 0));
-        let lock = other.try_lock(&key, Duration::from_secs(5)).await.unwrap();
+        let lock = other
+            .mutex(&key)
+            .try_acquire(Duration::from_secs(5))
+            .await
+            .unwrap();
         other.unlock(lock).await.unwrap();
     }
     // The last release was decided at quorum: node 2's may land later.
@@ -327,7 +352,8 @@ async fn a_node_back_as_another_server_is_asked_again() {
         assert_eq!(seen[2], expected, "node 2 after its restart: {seen:?}");
         // Every node takes, extends and releases the lock, node 2 included.
         let mut lock = rl
-            .try_lock("nat-back", Duration::from_secs(5))
+            .mutex("nat-back")
+            .try_acquire(Duration::from_secs(5))
             .await
             .unwrap();
         rl.extend(&mut lock, Duration::from_secs(20)).await.unwrap();

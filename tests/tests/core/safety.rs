@@ -52,7 +52,8 @@ async fn check_every_subset(n: usize) {
     // Connect and load the scripts, so every later call is one ordered EVALSHA.
     rl.check_nodes().await.unwrap();
     let lock = rl
-        .try_lock("warm-up", Duration::from_secs(5))
+        .mutex("warm-up")
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     rl.unlock(lock).await.unwrap();
@@ -70,7 +71,7 @@ async fn check_every_subset(n: usize) {
         }
         let free = n - busy.len();
         let case = format!("N={n}, busy nodes {busy:?}");
-        match rl.try_lock(&key, Duration::from_secs(10)).await {
+        match rl.mutex(&key).try_acquire(Duration::from_secs(10)).await {
             Ok(lock) => {
                 assert!(free >= quorum, "{case}: locked with only {free} free nodes");
                 successes += 1;
@@ -154,7 +155,11 @@ async fn concurrent_clients_never_overlap() {
             let (counter, sections, policy) =
                 (Arc::clone(&counter), Arc::clone(&sections), policy.clone());
             tokio::spawn(async move {
-                let lock = match rl.lock_with("mutex", Duration::from_secs(5), &policy).await {
+                let lock = match rl
+                    .mutex("mutex")
+                    .acquire_with(Duration::from_secs(5), &policy)
+                    .await
+                {
                     Ok(lock) => lock,
                     Err(e) => return Err(e),
                 };

@@ -12,13 +12,13 @@ async fn lock_busy_extend_unlock() {
     // A TTL the node timeout fits in.
     let ttl = timing::PATIENT_NODE_TIMEOUT * 2;
     let asked = Instant::now();
-    let mut lock = a.try_lock("smoke", ttl).await.unwrap();
+    let mut lock = a.mutex("smoke").try_acquire(ttl).await.unwrap();
     // Acquire returns at quorum; the third SET lands a moment later.
     assert!(cluster.wait_until(
         timing::settled(),
         |c| c.count_holding("smoke", lock.token()) == 3
     ));
-    let err = b.try_lock("smoke", ttl).await.unwrap_err();
+    let err = b.mutex("smoke").try_acquire(ttl).await.unwrap_err();
     match &err {
         Error::Busy { retry_after, .. } => {
             let ra = retry_after.expect("busy nodes report their pttl");
@@ -38,7 +38,7 @@ async fn lock_busy_extend_unlock() {
     redlock_tests::util::assert_released(&a.unlock(lock).await.unwrap(), 3);
     // Decided at quorum: the last node may finish in the background.
     assert_eq!(cluster.settled_count("smoke", 0).await, 0);
-    let lock = b.try_lock("smoke", ttl).await.unwrap();
+    let lock = b.mutex("smoke").try_acquire(ttl).await.unwrap();
     drop(lock);
     assert_eq!(cluster.settled_count("smoke", 0).await, 0);
 }

@@ -43,11 +43,13 @@ async fn lock_cycle(rl: &Redlock, key: &str) {
     let infos = rl.check_nodes().await.expect("check the TLS nodes");
     assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
     let lock = rl
-        .try_lock(key, Duration::from_secs(10))
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("TLS nodes must grant the lock: {e}"));
     let busy = rl
-        .try_lock(key, Duration::from_secs(10))
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .expect_err("the lock is held");
     assert!(matches!(busy, Error::Busy { .. }), "{busy:?}");
@@ -60,7 +62,11 @@ async fn lock_cycle(rl: &Redlock, key: &str) {
     let released = rl.unlock(lock).await.unwrap();
     redlock_tests::util::assert_released(&released, 3);
     // The released key is free again at once on the nodes that confirmed it.
-    let again = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let again = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
     rl.unlock(again).await.unwrap();
 }
 
@@ -130,7 +136,8 @@ async fn tls_node_with_an_unknown_ca_is_a_connect_error() {
         .build()
         .unwrap();
     let err = rl
-        .try_lock("tls-unknown-ca", Duration::from_secs(10))
+        .mutex("tls-unknown-ca")
+        .try_acquire(Duration::from_secs(10))
         .await
         .expect_err("the server's CA is not trusted");
     let report = err.report().unwrap_or_else(|| panic!("{err:?}"));

@@ -30,7 +30,8 @@ async fn a_handle_kept_after_the_release_does_not_say_held() {
     let cluster = Cluster::start(3);
     let rl = redlock(cluster.urls(), PATIENT_NODE_TIMEOUT);
     let guard = rl
-        .lock_guard("view-kept", &LockOptions::new(ms(10_000)))
+        .mutex("view-kept")
+        .guard(&LockOptions::new(ms(10_000)))
         .await
         .unwrap();
     let kept = guard.handle();
@@ -40,7 +41,8 @@ async fn a_handle_kept_after_the_release_does_not_say_held() {
 
     let other = redlock(cluster.urls(), PATIENT_NODE_TIMEOUT);
     let theirs = other
-        .try_lock("view-kept", ms(10_000))
+        .mutex("view-kept")
+        .try_acquire(ms(10_000))
         .await
         .expect("the resource is free after the release");
     assert!(
@@ -60,7 +62,8 @@ async fn a_handle_kept_after_the_guard_is_dropped_does_not_say_held() {
     let cluster = Cluster::start(3);
     let rl = redlock(cluster.urls(), PATIENT_NODE_TIMEOUT);
     let guard = rl
-        .lock_guard("view-dropped", &LockOptions::new(ms(10_000)))
+        .mutex("view-dropped")
+        .guard(&LockOptions::new(ms(10_000)))
         .await
         .unwrap();
     let kept = guard.handle();
@@ -78,7 +81,8 @@ async fn a_loss_before_the_release_is_not_reported_as_a_release() {
     let ttl = ms(300);
     let rl = redlock(cluster.urls(), timing::patient_node_timeout_for(ttl));
     let guard = rl
-        .lock_guard("view-lost-first", &LockOptions::new(ttl))
+        .mutex("view-lost-first")
+        .guard(&LockOptions::new(ttl))
         .await
         .unwrap();
     let kept = guard.handle();
@@ -117,14 +121,15 @@ async fn a_shortening_renewal_lowers_the_holders_validity_before_it_is_sent() {
     // The extend script is loaded on every node first: a first `EVALSHA`
     // answers `NOSCRIPT`, and with its reply held the `EVAL` would never go.
     let mut warm = rl
-        .try_lock("view-shortening-warm", ms(4_000))
+        .mutex("view-shortening-warm")
+        .try_acquire(ms(4_000))
         .await
         .unwrap();
     rl.extend(&mut warm, ms(4_000)).await.unwrap();
     rl.unlock(warm).await.unwrap();
     let key = "view-shortening";
     let options = LockOptions::new(ms(4_000)).max_hold(ms(3_300));
-    let guard = rl.lock_guard(key, &options).await.unwrap();
+    let guard = rl.mutex(key).guard(&options).await.unwrap();
     let acquired = Instant::now();
     let handle = guard.handle();
     // Every node's connection is up and has the key before replies are held.
@@ -191,7 +196,7 @@ async fn a_loss_margin_that_cannot_hold_is_refused_before_any_node_is_asked() {
     };
     let before = sets(&cluster);
     let options = LockOptions::new(ms(300)).loss_margin(ms(300));
-    let result = rl.lock_guard("view-margin", &options).await;
+    let result = rl.mutex("view-margin").guard(&options).await;
     assert!(
         matches!(result, Err(Error::InvalidConfig(_))),
         "{:?}",
@@ -202,7 +207,7 @@ async fn a_loss_margin_that_cannot_hold_is_refused_before_any_node_is_asked() {
         0,
         "SETs were sent for a lock the guard could never hold"
     );
-    let result = rl.with_lock("view-margin", &options, |_| async {}).await;
+    let result = rl.mutex("view-margin").run(&options, |_| async {}).await;
     assert!(matches!(result, Err(Error::InvalidConfig(_))));
     assert_eq!(sets(&cluster) - before, 0);
 }
@@ -228,7 +233,7 @@ async fn a_late_shorter_extend_caps_what_a_later_longer_one_reports() {
         PATIENT_NODE_TIMEOUT,
     );
     let key = "view-late-short";
-    let mut lock = rl.try_lock(key, ms(10_000)).await.unwrap();
+    let mut lock = rl.mutex(key).try_acquire(ms(10_000)).await.unwrap();
     // Loads the extend script on every node (a held `EVALSHA` that answered
     // `NOSCRIPT` later would never land). It is decided at quorum: wait until
     // it landed on every node, or the held straggler could land last.

@@ -179,7 +179,7 @@ async fn lock_tokens_are_seen_on_the_wire() {
         .await
         .unwrap();
     let rl = redlock_for(&[proxy.url()]);
-    let lock = rl.try_lock("seen", ms(500)).await.unwrap();
+    let lock = rl.mutex("seen").try_acquire(ms(500)).await.unwrap();
     let token = lock.token().to_owned();
     lock.unlock().await.unwrap();
     let sightings: Vec<u64> = log

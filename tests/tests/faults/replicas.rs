@@ -90,14 +90,15 @@ async fn with_replica_acks_the_promoted_replica_keeps_the_lock() {
     s.node3_away();
     let a = s
         .handle(true)
-        .try_lock("failover", TTL)
+        .mutex("failover")
+        .try_acquire(TTL)
         .await
         .expect("A takes the lock on nodes 1 and 2");
     // `WAIT` answered: the replica has the key before the failover.
     assert_eq!(s.group.replica().get(a.key()).as_deref(), Some(a.token()));
     s.group.failover().await;
     s.node3_back();
-    let b = s.handle(true).try_lock("failover", TTL).await;
+    let b = s.handle(true).mutex("failover").try_acquire(TTL).await;
     assert!(
         matches!(b, Err(Error::Busy { .. } | Error::NoQuorum { .. })),
         "B must be refused while A holds the lock: {b:?}"
@@ -116,7 +117,7 @@ async fn with_replica_acks_a_write_the_replica_missed_does_not_count() {
     let s = Setup::start().await;
     s.node3_away();
     s.group.stall();
-    let a = s.handle(true).try_lock("failover", TTL).await;
+    let a = s.handle(true).mutex("failover").try_acquire(TTL).await;
     let Some(report) = a.as_ref().err().and_then(Error::report) else {
         panic!("A must not get the lock with node 1's write unacked: {a:?}");
     };
@@ -140,7 +141,7 @@ async fn with_replica_acks_a_write_the_replica_missed_does_not_count() {
     s.group.failover().await;
     s.node3_back();
     // No one holds it: B takes it, and B is the only holder.
-    let b = s.handle(true).try_lock("failover", TTL).await;
+    let b = s.handle(true).mutex("failover").try_acquire(TTL).await;
     assert!(b.is_ok(), "B takes the free lock: {b:?}");
 }
 
@@ -152,7 +153,8 @@ async fn without_replica_acks_a_failover_hands_the_lock_out_twice() {
     s.group.stall();
     let a = s
         .handle(false)
-        .try_lock("failover", TTL)
+        .mutex("failover")
+        .try_acquire(TTL)
         .await
         .expect("A takes the lock on nodes 1 and 2");
     s.group.failover().await;
@@ -162,7 +164,7 @@ async fn without_replica_acks_a_failover_hands_the_lock_out_twice() {
         "the promoted replica never got A's key"
     );
     s.node3_back();
-    let b = s.handle(false).try_lock("failover", TTL).await;
+    let b = s.handle(false).mutex("failover").try_acquire(TTL).await;
     let b = b.expect("negative control: B takes the lock on nodes 1 and 3");
     assert_eq!(s.group.replica().get(b.key()).as_deref(), Some(b.token()));
     assert_eq!(s.node2.get(a.key()).as_deref(), Some(a.token()));

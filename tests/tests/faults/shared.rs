@@ -95,8 +95,8 @@ async fn client(
         let hold = if rng.random_bool(0.3) {
             let options = LockOptions::new(TTL).retry(retry());
             let guard = match work {
-                Work::Permit => rl.permit_guard(SEM, PERMITS, &options).await,
-                Work::Rw => rl.rw_guard(RW, access, &options).await,
+                Work::Permit => rl.semaphore(SEM, PERMITS).unwrap().guard(&options).await,
+                Work::Rw => rl.rw_lock(RW, access).guard(&options).await,
             };
             let Ok(guard) = guard else {
                 tokio::time::sleep(rand_dur(&mut rng, ms(30))).await;
@@ -122,8 +122,13 @@ async fn client(
             (start, end)
         } else {
             let lock = match work {
-                Work::Permit => rl.permit_with(SEM, PERMITS, TTL, &retry()).await,
-                Work::Rw => rl.rw_lock_with(RW, access, TTL, &retry()).await,
+                Work::Permit => {
+                    rl.semaphore(SEM, PERMITS)
+                        .unwrap()
+                        .acquire_with(TTL, &retry())
+                        .await
+                }
+                Work::Rw => rl.rw_lock(RW, access).acquire_with(TTL, &retry()).await,
             };
             let Ok(lock) = lock else {
                 tokio::time::sleep(rand_dur(&mut rng, ms(30))).await;

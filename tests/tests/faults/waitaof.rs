@@ -70,7 +70,8 @@ async fn with_waitaof_the_lock_counts_once_its_write_is_fsynced() {
     let others = others("waitaof");
     let monitor = aof.monitor();
     let lock = handle(&aof, &others)
-        .try_lock("waitaof", TTL)
+        .mutex("waitaof")
+        .try_acquire(TTL)
         .await
         .expect("the lock on nodes 1 and 2");
     assert_eq!(aof.get(lock.key()).as_deref(), Some(lock.token()));
@@ -100,7 +101,10 @@ async fn with_waitaof_the_lock_counts_once_its_write_is_fsynced() {
     // not count, and the lock is not taken.
     let no_aof = RedisNode::start_binary(&valkey, &[], &[]);
     let others = self::others("waitaof-off");
-    let refused = handle(&no_aof, &others).try_lock("waitaof-off", TTL).await;
+    let refused = handle(&no_aof, &others)
+        .mutex("waitaof-off")
+        .try_acquire(TTL)
+        .await;
     let error = first_error(&refused);
     assert!(
         matches!(&error, Some(NodeError::Server { message, .. }) if message.contains("appendonly")),
@@ -123,7 +127,10 @@ async fn a_server_without_waitaof_fails_the_node_saying_so() {
         return;
     }
     let others = others("no-waitaof");
-    let result = handle(&old, &others).try_lock("no-waitaof", TTL).await;
+    let result = handle(&old, &others)
+        .mutex("no-waitaof")
+        .try_acquire(TTL)
+        .await;
     let error = first_error(&result);
     assert!(
         matches!(error, Some(NodeError::NoWaitAof(_))),

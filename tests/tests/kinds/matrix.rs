@@ -60,11 +60,14 @@ struct Section {
     enter: Instant,
     exit: Instant,
     exclusive: bool,
-    tokens: Vec<(String, u64)>,
+    tokens: Tokens,
 }
 
+/// Fencing tokens, per resource.
+type Tokens = Vec<(String, u64)>;
+
 /// A holder's fencing tokens, per resource.
-fn tokens(handle: &redlock_core::LockHandle) -> Vec<(String, u64)> {
+fn tokens(handle: &redlock_core::LockHandle) -> Tokens {
     handle
         .fencing_tokens()
         .into_iter()
@@ -130,7 +133,7 @@ async fn hold(
     log: &Arc<Mutex<Vec<Section>>>,
 ) {
     let exclusive = matches!(p.kind(), Kind::Mutex | Kind::Write);
-    let record = |enter: Instant, tokens: Vec<(String, u64)>| {
+    let record = |enter: Instant, tokens: Tokens| {
         log.lock().unwrap().push(Section {
             enter,
             exit: Instant::now(),
@@ -154,7 +157,7 @@ async fn hold(
         Ending::Cancel => {
             // The work is dropped half way: its section ends no sooner than
             // the timeout, and the lock is released after that.
-            let entered: Arc<Mutex<Option<(Instant, Vec<(String, u64)>)>>> = Arc::default();
+            let entered: Arc<Mutex<Option<(Instant, Tokens)>>> = Arc::default();
             let seen = Arc::clone(&entered);
             let work = p.run(options, move |handle| async move {
                 *seen.lock().unwrap() = Some((Instant::now(), tokens(&handle)));

@@ -116,10 +116,8 @@ async fn a_late_acquire_answer_after_a_kept_end_does_not_keep_the_handle_alive()
     // node 2 still on the way.
     cluster.node(2).pause();
     let guard = redlock
-        .lock_guard(
-            "late",
-            &redlock_core::LockOptions::new(Duration::from_secs(30)),
-        )
+        .mutex("late")
+        .guard(&redlock_core::LockOptions::new(Duration::from_secs(30)))
         .await
         .unwrap();
     let ended = guard.release_at_least(AT_LEAST).await;
@@ -171,10 +169,8 @@ async fn a_late_node_whose_keep_came_back_keeps_its_key_to_the_minimum() {
     const LATE: Duration = Duration::from_millis(400);
     proxy.delay(Direction::Reply, LATE, Duration::ZERO);
     let guard = redlock
-        .lock_guard(
-            "slow",
-            &redlock_core::LockOptions::new(Duration::from_secs(30)),
-        )
+        .mutex("slow")
+        .guard(&redlock_core::LockOptions::new(Duration::from_secs(30)))
         .await
         .unwrap();
     let ended = guard.release_at_least(AT_LEAST).await;

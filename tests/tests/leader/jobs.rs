@@ -109,7 +109,8 @@ async fn an_early_end_keeps_the_key_for_the_rest_of_the_minimum() {
     let redlock = cluster.patient_redlock();
     let key = redlock.key_for("at-least");
     let guard = redlock
-        .lock_guard("at-least", &LockOptions::new(Duration::from_secs(10)))
+        .mutex("at-least")
+        .guard(&LockOptions::new(Duration::from_secs(10)))
         .await
         .unwrap();
     let called = Instant::now();
@@ -149,7 +150,11 @@ async fn an_early_end_keeps_the_key_for_the_rest_of_the_minimum() {
     // Busy until the minimum has passed, then free without a release: a lock
     // taken now must have been taken (before it returned) after the minimum.
     let asked = Instant::now();
-    match redlock.try_lock("at-least", Duration::from_secs(5)).await {
+    match redlock
+        .mutex("at-least")
+        .try_acquire(Duration::from_secs(5))
+        .await
+    {
         Err(redlock_core::Error::Busy { .. }) => {}
         Err(e) => panic!("{e}"),
         Ok(lock) => {
@@ -180,7 +185,8 @@ async fn an_early_end_keeps_the_key_for_the_rest_of_the_minimum() {
 
     // Past the minimum, the end is a release.
     let guard = redlock
-        .lock_guard("at-least", &LockOptions::new(Duration::from_secs(10)))
+        .mutex("at-least")
+        .guard(&LockOptions::new(Duration::from_secs(10)))
         .await
         .unwrap();
     let ended = guard.release_at_least(Duration::ZERO).await.unwrap();

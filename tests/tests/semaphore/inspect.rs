@@ -20,8 +20,18 @@ async fn inspecting_permits_shows_each_slot_and_counts_the_held() {
     let seen = rl.inspect_permits("insp:sem", 3).await.unwrap();
     assert!(counted(0, 3)(&seen.verdict), "{seen:?}");
     let asked = std::time::Instant::now();
-    let a = rl.try_permit("insp:sem", 3, ttl).await.unwrap();
-    let b = rl.try_permit("insp:sem", 3, ttl).await.unwrap();
+    let a = rl
+        .semaphore("insp:sem", 3)
+        .unwrap()
+        .try_acquire(ttl)
+        .await
+        .unwrap();
+    let b = rl
+        .semaphore("insp:sem", 3)
+        .unwrap()
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     // An acquire returns at quorum: wait for the third node's `SET`.
     let began = std::time::Instant::now();
     let seen = loop {
@@ -93,11 +103,13 @@ async fn inspecting_a_rw_lock_shows_readers_a_waiting_writer_and_the_writer() {
     assert_eq!(seen.writer_waiting, 0);
 
     let r1 = rl
-        .try_rw_lock("insp:rw", Access::Shared, ttl)
+        .rw_lock("insp:rw", Access::Shared)
+        .try_acquire(ttl)
         .await
         .unwrap();
     let r2 = rl
-        .try_rw_lock("insp:rw", Access::Shared, ttl)
+        .rw_lock("insp:rw", Access::Shared)
+        .try_acquire(ttl)
         .await
         .unwrap();
     // A writer waiting on the readers leaves its intent on every node it
@@ -107,7 +119,8 @@ async fn inspecting_a_rw_lock_shows_readers_a_waiting_writer_and_the_writer() {
         let rl = rl.clone();
         async move {
             let retry = redlock_core::RetryPolicy::deadline(Duration::from_secs(20));
-            rl.rw_lock_with("insp:rw", Access::Exclusive, ttl, &retry)
+            rl.rw_lock("insp:rw", Access::Exclusive)
+                .acquire_with(ttl, &retry)
                 .await
         }
     });

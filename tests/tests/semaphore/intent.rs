@@ -29,7 +29,8 @@ async fn a_waiting_writers_intent_outlives_a_ttl_shorter_than_its_delay() {
     // the writer is never woken: it retries at its 1 s delay). Its TTL is
     // within the writer's wait, or the writer would not wait for it.
     let reader = rl
-        .try_rw_lock("doc", Access::Shared, Duration::from_secs(20))
+        .rw_lock("doc", Access::Shared)
+        .try_acquire(Duration::from_secs(20))
         .await
         .unwrap();
     let writer = {
@@ -38,7 +39,9 @@ async fn a_waiting_writers_intent_outlives_a_ttl_shorter_than_its_delay() {
             let retry = RetryPolicy::deadline(Duration::from_secs(30))
                 .with_delay(ms(1000))
                 .with_jitter(Duration::ZERO);
-            rl.rw_lock_with("doc", Access::Exclusive, TTL, &retry).await
+            rl.rw_lock("doc", Access::Exclusive)
+                .acquire_with(TTL, &retry)
+                .await
         })
     };
     // Its first refusal left the intent on a quorum.
@@ -51,7 +54,8 @@ async fn a_waiting_writers_intent_outlives_a_ttl_shorter_than_its_delay() {
     tokio::time::sleep(ms(300)).await;
     assert!(!writer.is_finished(), "the writer stopped waiting");
     if let Ok(share) = rl
-        .try_rw_lock("doc", Access::Shared, Duration::from_secs(5))
+        .rw_lock("doc", Access::Shared)
+        .try_acquire(Duration::from_secs(5))
         .await
     {
         panic!("a new reader passed the waiting writer: {share:?}");

@@ -64,18 +64,21 @@ async fn read_and_release_many(cluster: &Cluster, native: NativeCommands) {
         let resource = format!("reports/{i}");
         // Two readers together, released one after the other.
         let a = rl
-            .try_rw_lock(&resource, Access::Shared, ttl)
+            .rw_lock(&resource, Access::Shared)
+            .try_acquire(ttl)
             .await
             .unwrap();
         let b = rl
-            .try_rw_lock(&resource, Access::Shared, ttl)
+            .rw_lock(&resource, Access::Shared)
+            .try_acquire(ttl)
             .await
             .unwrap();
         rl.unlock(a).await.unwrap();
         rl.unlock(b).await.unwrap();
         // A guarded reader, released by its guard.
         let g = rl
-            .rw_guard(&resource, Access::Shared, &LockOptions::new(ms(5000)))
+            .rw_lock(&resource, Access::Shared)
+            .guard(&LockOptions::new(ms(5000)))
             .await
             .unwrap();
         g.release().await.unwrap();
@@ -107,7 +110,8 @@ async fn an_unreleased_reader_leaves_no_key_once_its_ttl_has_passed() {
         .unwrap();
     for i in 0..5 {
         let lock = rl
-            .try_rw_lock(&format!("dead-readers/{i}"), Access::Shared, ttl)
+            .rw_lock(format!("dead-readers/{i}"), Access::Shared)
+            .try_acquire(ttl)
             .await
             .unwrap();
         std::mem::forget(lock);
@@ -185,11 +189,10 @@ async fn renewed_readers_keep_writers_out(
         .map(|i| format!("renewed-readers/{readers}/{i}"))
         .collect();
     let options = LockOptions::new(ttl);
-    let guards = futures_util::future::try_join_all(
-        resources
-            .iter()
-            .map(|r| rl.rw_guard(r, Access::Shared, &options)),
-    )
+    let guards = futures_util::future::try_join_all(resources.iter().map(|r| {
+        let (read, options) = (rl.rw_lock(r, Access::Shared), &options);
+        async move { read.guard(options).await }
+    }))
     .await
     .unwrap();
     // The subject is time itself: three TTLs of the acquire's.
@@ -202,7 +205,11 @@ async fn renewed_readers_keep_writers_out(
             eprintln!("{resource}: reader lost its lease (load); not judged");
             continue;
         }
-        match rl.try_rw_lock(resource, Access::Exclusive, ms(5000)).await {
+        match rl
+            .rw_lock(resource, Access::Exclusive)
+            .try_acquire(ms(5000))
+            .await
+        {
             Err(redlock_core::Error::Busy { .. }) => {}
             other => panic!(
                 "{resource}: a writer while a renewed reader holds: {other:?}; nodes: {:?}",

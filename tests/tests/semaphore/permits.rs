@@ -24,7 +24,8 @@ async fn sixteen_clients_on_three_permits_never_make_four_holders() {
             tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let permit = rl
-                        .permit_with("exports", 3, Duration::from_secs(5), &policy)
+                        .semaphore("exports", 3)?
+                        .acquire_with(Duration::from_secs(5), &policy)
                         .await?;
                     let enter = Instant::now();
                     tokio::time::sleep(ms(15)).await;
@@ -76,20 +77,32 @@ async fn one_node_of_three_down_still_hands_out_every_permit_and_no_more() {
     let ttl = Duration::from_secs(10);
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(rl.try_permit("tenant:1", 3, ttl).await.unwrap());
+        held.push(
+            rl.semaphore("tenant:1", 3)
+                .unwrap()
+                .try_acquire(ttl)
+                .await
+                .unwrap(),
+        );
     }
     let keys: std::collections::BTreeSet<&str> = held.iter().map(|l| l.key()).collect();
     assert_eq!(keys.len(), 3, "three holders on distinct slots: {keys:?}");
     // Refused: busy, or (the decision can come before the third node's
     // answer, from one busy node and the dead one) no quorum, as the mutex
     // says in that case.
-    match rl.try_permit("tenant:1", 3, ttl).await {
+    match rl.semaphore("tenant:1", 3).unwrap().try_acquire(ttl).await {
         Err(Error::Busy { .. } | Error::NoQuorum { .. }) => {}
         other => panic!("a fourth permit: {other:?}"),
     }
     let first = held.remove(0);
     rl.unlock(first).await.unwrap();
-    held.push(rl.try_permit("tenant:1", 3, ttl).await.unwrap());
+    held.push(
+        rl.semaphore("tenant:1", 3)
+            .unwrap()
+            .try_acquire(ttl)
+            .await
+            .unwrap(),
+    );
     for lock in held {
         rl.unlock(lock).await.unwrap();
     }
@@ -109,7 +122,9 @@ async fn a_killed_holders_permit_is_free_at_its_expiry() {
         let rl = dead;
         for _ in 0..2 {
             let guard = rl
-                .permit_guard("jobs", 2, &LockOptions::new(ttl))
+                .semaphore("jobs", 2)
+                .unwrap()
+                .guard(&LockOptions::new(ttl))
                 .await
                 .unwrap();
             std::mem::forget(guard);
@@ -123,8 +138,13 @@ async fn a_killed_holders_permit_is_free_at_its_expiry() {
         .with_delay(ms(20))
         .with_jitter(ms(20));
     // Busy while the keys live (a loaded machine may already be past them).
-    let permit = match rl.try_permit("jobs", 2, ttl).await {
-        Err(Error::Busy { .. }) => rl.permit_with("jobs", 2, ttl, &policy).await.unwrap(),
+    let permit = match rl.semaphore("jobs", 2).unwrap().try_acquire(ttl).await {
+        Err(Error::Busy { .. }) => rl
+            .semaphore("jobs", 2)
+            .unwrap()
+            .acquire_with(ttl, &policy)
+            .await
+            .unwrap(),
         Err(e) => panic!("{e}"),
         Ok(permit) => permit,
     };
@@ -141,26 +161,32 @@ async fn permits_out_of_range_are_refused_before_any_node_is_asked() {
     let cluster = Cluster::start(1);
     let rl = redlock(&cluster);
     for n in [0, redlock_core::MAX_PERMITS + 1] {
-        let e = rl.try_permit("x", n, Duration::from_secs(5)).await;
+        let e = rl.semaphore("x", n);
         assert!(matches!(e, Err(Error::InvalidConfig(_))), "{n}: {e:?}");
     }
     assert!(cluster.node(0).keys().is_empty());
     // Duration::MAX is an input like any other: refused as a TTL, no panic.
-    let e = rl.try_permit("x", 2, Duration::MAX).await;
+    let e = rl
+        .semaphore("x", 2)
+        .unwrap()
+        .try_acquire(Duration::MAX)
+        .await;
     assert!(matches!(e, Err(Error::InvalidTtl { .. })), "{e:?}");
     let policy = RetryPolicy::deadline(Duration::MAX).with_delay(Duration::MAX);
     let held = rl
-        .permit_with("x", 1, Duration::from_secs(5), &policy)
+        .semaphore("x", 1)
+        .unwrap()
+        .acquire_with(Duration::from_secs(5), &policy)
         .await
         .unwrap();
     assert!(matches!(
-        rl.permit_with(
-            "x",
-            1,
-            Duration::from_secs(5),
-            &RetryPolicy::attempts(2).with_delay(Duration::MAX)
-        )
-        .await,
+        rl.semaphore("x", 1)
+            .unwrap()
+            .acquire_with(
+                Duration::from_secs(5),
+                &RetryPolicy::attempts(2).with_delay(Duration::MAX)
+            )
+            .await,
         Err(Error::Busy { .. })
     ));
     rl.unlock(held).await.unwrap();

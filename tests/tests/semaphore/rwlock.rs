@@ -33,7 +33,8 @@ async fn readers_overlap_each_other_and_never_a_writer() {
             tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let lock = rl
-                        .rw_lock_with("reports/7", access, Duration::from_secs(5), &policy)
+                        .rw_lock("reports/7", access)
+                        .acquire_with(Duration::from_secs(5), &policy)
                         .await?;
                     let enter = Instant::now();
                     tokio::time::sleep(ms(20)).await;
@@ -114,7 +115,8 @@ async fn a_writer_is_served_while_readers_keep_arriving() {
                 let (rl, holding) = (rl.clone(), Arc::clone(&holding));
                 tasks.push(tokio::spawn(async move {
                     match rl
-                        .try_rw_lock("reports/9", Access::Shared, Duration::from_secs(5))
+                        .rw_lock("reports/9", Access::Shared)
+                        .try_acquire(Duration::from_secs(5))
                         .await
                     {
                         Ok(lock) => {
@@ -151,12 +153,8 @@ async fn a_writer_is_served_while_readers_keep_arriving() {
         .with_delay(ms(10))
         .with_jitter(ms(10));
     let writer = rl
-        .rw_lock_with(
-            "reports/9",
-            Access::Exclusive,
-            Duration::from_secs(5),
-            &policy,
-        )
+        .rw_lock("reports/9", Access::Exclusive)
+        .acquire_with(Duration::from_secs(5), &policy)
         .await
         .expect("the writer was starved");
     let served = begin.elapsed();
@@ -186,7 +184,8 @@ async fn a_dead_readers_share_is_free_at_its_expiry() {
     on_a_runtime_that_dies(move || async move {
         let rl = dead;
         let guard = rl
-            .rw_guard("reports/3", Access::Shared, &LockOptions::new(ttl))
+            .rw_lock("reports/3", Access::Shared)
+            .guard(&LockOptions::new(ttl))
             .await
             .unwrap();
         std::mem::forget(guard);
@@ -194,7 +193,8 @@ async fn a_dead_readers_share_is_free_at_its_expiry() {
     let rl = redlock(&cluster);
     // Another reader shares it meanwhile.
     let other = rl
-        .try_rw_lock("reports/3", Access::Shared, ttl)
+        .rw_lock("reports/3", Access::Shared)
+        .try_acquire(ttl)
         .await
         .unwrap();
     rl.unlock(other).await.unwrap();
@@ -205,7 +205,8 @@ async fn a_dead_readers_share_is_free_at_its_expiry() {
         .with_delay(ms(20))
         .with_jitter(ms(20));
     let writer = rl
-        .rw_lock_with("reports/3", Access::Exclusive, ttl, &policy)
+        .rw_lock("reports/3", Access::Exclusive)
+        .acquire_with(ttl, &policy)
         .await
         .unwrap();
     let waited = started.elapsed();
@@ -226,21 +227,37 @@ async fn one_node_of_three_down_still_reads_and_writes() {
     let ttl = Duration::from_secs(10);
     // A refusal with a node down is busy, or no quorum when the refusing
     // node and the dead one answer first (the mutex's rule).
-    let a = rl.try_rw_lock("r", Access::Shared, ttl).await.unwrap();
-    let b = rl.try_rw_lock("r", Access::Shared, ttl).await.unwrap();
+    let a = rl
+        .rw_lock("r", Access::Shared)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
+    let b = rl
+        .rw_lock("r", Access::Shared)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     assert!(matches!(
-        rl.try_rw_lock("r", Access::Exclusive, ttl).await,
+        rl.rw_lock("r", Access::Exclusive).try_acquire(ttl).await,
         Err(Error::Busy { .. } | Error::NoQuorum { .. })
     ));
     rl.unlock(a).await.unwrap();
     rl.unlock(b).await.unwrap();
-    let w = rl.try_rw_lock("r", Access::Exclusive, ttl).await.unwrap();
+    let w = rl
+        .rw_lock("r", Access::Exclusive)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     assert!(matches!(
-        rl.try_rw_lock("r", Access::Shared, ttl).await,
+        rl.rw_lock("r", Access::Shared).try_acquire(ttl).await,
         Err(Error::Busy { .. } | Error::NoQuorum { .. })
     ));
     rl.unlock(w).await.unwrap();
     // The writer's intent went with it: readers are admitted at once.
-    let c = rl.try_rw_lock("r", Access::Shared, ttl).await.unwrap();
+    let c = rl
+        .rw_lock("r", Access::Shared)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     rl.unlock(c).await.unwrap();
 }

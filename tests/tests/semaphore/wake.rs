@@ -113,8 +113,18 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
         let holder = holder.clone();
         async move {
             vec![
-                holder.try_permit(key, 2, ttl).await.unwrap(),
-                holder.try_permit(key, 2, ttl).await.unwrap(),
+                holder
+                    .semaphore(key, 2)
+                    .unwrap()
+                    .try_acquire(ttl)
+                    .await
+                    .unwrap(),
+                holder
+                    .semaphore(key, 2)
+                    .unwrap()
+                    .try_acquire(ttl)
+                    .await
+                    .unwrap(),
             ]
         }
     };
@@ -124,7 +134,8 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
     let _kept = held.pop();
     let woken = served_after(&cluster, &holder, held, async move {
         waiter
-            .permit_with("wake:permits", 2, ttl, &slow_poll())
+            .semaphore("wake:permits", 2)?
+            .acquire_with(ttl, &slow_poll())
             .await
     })
     .await;
@@ -147,7 +158,10 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
         .with_delay(poll)
         .with_jitter(Duration::ZERO);
     let polled = served_after(&cluster, &holder, held, async move {
-        polling.permit_with("wake:polled", 2, ttl, &retry).await
+        polling
+            .semaphore("wake:polled", 2)?
+            .acquire_with(ttl, &retry)
+            .await
     })
     .await;
     println!(
@@ -173,18 +187,21 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
 
     let readers = vec![
         holder
-            .try_rw_lock("wake:rw", Access::Shared, ttl)
+            .rw_lock("wake:rw", Access::Shared)
+            .try_acquire(ttl)
             .await
             .unwrap(),
         holder
-            .try_rw_lock("wake:rw", Access::Shared, ttl)
+            .rw_lock("wake:rw", Access::Shared)
+            .try_acquire(ttl)
             .await
             .unwrap(),
     ];
     let writer = handle(&cluster, true);
     let w = writer.clone();
     let woken = served_after(&cluster, &holder, readers, async move {
-        w.rw_lock_with("wake:rw", Access::Exclusive, ttl, &slow_poll())
+        w.rw_lock("wake:rw", Access::Exclusive)
+            .acquire_with(ttl, &slow_poll())
             .await
     })
     .await;
@@ -199,12 +216,14 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     );
 
     let held = holder
-        .try_rw_lock("wake:rw2", Access::Exclusive, ttl)
+        .rw_lock("wake:rw2", Access::Exclusive)
+        .try_acquire(ttl)
         .await
         .unwrap();
     let woken = served_after(&cluster, &holder, vec![held], async move {
         writer
-            .rw_lock_with("wake:rw2", Access::Shared, ttl, &slow_poll())
+            .rw_lock("wake:rw2", Access::Shared)
+            .acquire_with(ttl, &slow_poll())
             .await
     })
     .await;
@@ -221,7 +240,8 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     // The control: a reader polling every 1.5 s waits for its poll.
     let polling = handle(&cluster, false);
     let held = holder
-        .try_rw_lock("wake:rw3", Access::Exclusive, ttl)
+        .rw_lock("wake:rw3", Access::Exclusive)
+        .try_acquire(ttl)
         .await
         .unwrap();
     let poll = ms(1500);
@@ -230,7 +250,8 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
         .with_jitter(Duration::ZERO);
     let polled = served_after(&cluster, &holder, vec![held], async move {
         polling
-            .rw_lock_with("wake:rw3", Access::Shared, ttl, &retry)
+            .rw_lock("wake:rw3", Access::Shared)
+            .acquire_with(ttl, &retry)
             .await
     })
     .await;

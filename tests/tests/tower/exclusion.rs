@@ -84,7 +84,8 @@ async fn fail_fast_admits_one_request_per_path_and_rejects_the_rest_with_409() {
     // fail-fast requests can then split the nodes so that none wins (a cold
     // start split vote; wait mode retries through it).
     let warm = redlock
-        .try_lock("warm-up", Duration::from_secs(5))
+        .mutex("warm-up")
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     redlock.unlock(warm).await.unwrap();

@@ -113,7 +113,8 @@ async fn optional_held_is_none_for_a_fail_open_request() {
 /// Takes the layer's key for `/job` (`redlock:/job`) first.
 async fn take_job_key(redlock: &Redlock) -> redlock_core::Lock {
     redlock
-        .try_lock("redlock:/job", Duration::from_secs(5))
+        .mutex("redlock:/job")
+        .try_acquire(Duration::from_secs(5))
         .await
         .expect("the test takes the key first")
 }

@@ -28,7 +28,8 @@ async fn inside(State(s): State<Arc<Inside>>) -> &'static str {
 
 async fn warm(redlock: &redlock_core::Redlock) {
     let lock = redlock
-        .try_lock("warm-up", Duration::from_secs(5))
+        .mutex("warm-up")
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     redlock.unlock(lock).await.unwrap();

@@ -21,7 +21,7 @@ pub(super) async fn fenced(setup: &Setup) -> Result<(), BoxError> {
     for i in 0..300 {
         for (rl, name) in [(&plain, "plain"), (&fenced, "fenced")] {
             let l = rl
-                .mutex(&format!("bench:fwarm:{name}:{i}"))
+                .mutex(format!("bench:fwarm:{name}:{i}"))
                 .try_acquire(TTL)
                 .await?;
             rl.unlock(l).await?;

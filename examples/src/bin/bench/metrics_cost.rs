@@ -62,7 +62,7 @@ pub(crate) async fn metrics_cost(setup: &Setup) -> Result<(), BoxError> {
     let (blocks, per_block) = if setup.quick { (4, 250) } else { (10, 600) };
     for i in 0..300 {
         let l = lib
-            .mutex(&format!("bench:mwarm:{i}"))
+            .mutex(format!("bench:mwarm:{i}"))
             .try_acquire(TTL)
             .await?;
         lib.unlock(l).await?;
@@ -79,7 +79,7 @@ pub(crate) async fn metrics_cost(setup: &Setup) -> Result<(), BoxError> {
                 n += 1;
                 let start = Instant::now();
                 let l = lib
-                    .mutex(&format!("bench:metrics:{n}"))
+                    .mutex(format!("bench:metrics:{n}"))
                     .try_acquire(TTL)
                     .await?;
                 lib.unlock(l).await?;

@@ -16,7 +16,7 @@ pub(super) async fn sequential(setup: &Setup) -> Result<(), BoxError> {
     // Warm-up both paths (connections, script caches).
     for i in 0..300 {
         let l = lib
-            .mutex(&format!("bench:warm:{i}"))
+            .mutex(format!("bench:warm:{i}"))
             .try_acquire(TTL)
             .await?;
         lib.unlock(l).await?;

@@ -43,12 +43,12 @@ pub(super) async fn shared(setup: &Setup) -> Result<(), BoxError> {
     let (blocks, per_block) = if setup.quick { (2, 100) } else { (10, 400) };
     for i in 0..200 {
         let l = rl
-            .mutex(&format!("bench:swarm:{i}"))
+            .mutex(format!("bench:swarm:{i}"))
             .try_acquire(TTL)
             .await?;
         rl.unlock(l).await?;
         let p = rl
-            .semaphore(&format!("bench:swarm:p:{i}"), PERMITS)?
+            .semaphore(format!("bench:swarm:p:{i}"), PERMITS)?
             .try_acquire(TTL)
             .await?;
         rl.unlock(p).await?;

@@ -119,7 +119,7 @@ async fn one_process(urls: &[String], wake: bool, secs: f64) -> Result<Local, Bo
     let rl = handle(urls, wake)?;
     let key = format!("bench:wait:local:{wake}");
     // Connections and scripts first, as a running service has them.
-    let warm = rl.mutex(&format!("{key}:warm")).try_acquire(TTL).await?;
+    let warm = rl.mutex(format!("{key}:warm")).try_acquire(TTL).await?;
     rl.unlock(warm).await?;
     let sets_before = set_calls(urls).await?;
     let start = Instant::now();
@@ -165,7 +165,7 @@ pub(super) async fn child(args: &[String]) -> Result<(), BoxError> {
     };
     let rl = handle(urls, wake == "true")?;
     let warm = rl
-        .mutex(&format!("{key}:warm:{}", std::process::id()))
+        .mutex(format!("{key}:warm:{}", std::process::id()))
         .try_acquire(TTL)
         .await?;
     rl.unlock(warm).await?;

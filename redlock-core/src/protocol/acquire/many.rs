@@ -10,7 +10,7 @@
 //! quorums share a node, and on that node the shared key holds one token.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::future::join_all;
 use tracing::Instrument;
@@ -66,100 +66,6 @@ impl Redlock {
 }
 
 impl Redlock {
-    /// One attempt to lock several resources together (no retry): one token
-    /// for all of them, held on a node only if that node set every key.
-    ///
-    /// The resources are deduplicated and ordered by key; a set of one is an
-    /// ordinary [`Redlock::try_lock`]. The [`Lock`] extends, releases and
-    /// guards all of them as one ([`Lock::resources`]); with fencing on, it
-    /// carries one token per resource ([`Lock::fencing_tokens`]).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_core::Redlock;
-    ///
-    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-    /// // {account:7, account:9} and {account:9, account:7} are the same lock.
-    /// let lock = redlock
-    ///     .try_lock_many(["account:9", "account:7"], Duration::from_secs(5))
-    ///     .await?;
-    /// assert_eq!(lock.resources(), ["account:7", "account:9"]);
-    /// redlock.unlock(lock).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`Redlock::try_lock`]: [`Error::Busy`] when any of the resources is
-    /// held elsewhere on too many nodes; and [`Error::NoResources`],
-    /// [`Error::EmptyResource`] or [`Error::TooManyResources`] (more than
-    /// [`MAX_RESOURCES`](crate::MAX_RESOURCES)) for the set.
-    pub async fn try_lock_many<I, R>(&self, resources: I, ttl: Duration) -> Result<Lock, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        self.lock_many_with(resources, ttl, &RetryPolicy::no_retry())
-            .await
-    }
-
-    /// Locks several resources together, retrying per the handle's retry
-    /// policy (see [`Redlock::try_lock_many`]).
-    ///
-    /// # Errors
-    /// See [`Redlock::try_lock_many`] and [`Redlock::lock`].
-    pub async fn lock_many<I, R>(&self, resources: I, ttl: Duration) -> Result<Lock, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        self.lock_many_with(resources, ttl, &self.inner.settings.retry)
-            .await
-    }
-
-    /// Locks several resources together, retrying per `retry` (see
-    /// [`Redlock::try_lock_many`]). A waiter is woken by the release of any
-    /// of the resources (with wake-ups on), or by the retry delay; waiters
-    /// on sets do not join the per-process queue of one key.
-    ///
-    /// # Errors
-    /// See [`Redlock::try_lock_many`] and [`Redlock::lock`].
-    pub async fn lock_many_with<I, R>(
-        &self,
-        resources: I,
-        ttl: Duration,
-        retry: &RetryPolicy,
-    ) -> Result<Lock, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        self.lock_many_with_retained(resources, Ttl::new(ttl, None), retry)
-            .await
-    }
-
-    /// [`Redlock::lock_many_with`], with the expiry a fence gives
-    /// per-request resources' Durable counters (see [`Ttl`]).
-    pub(crate) async fn lock_many_with_retained<I, R>(
-        &self,
-        resources: I,
-        ttl: Ttl,
-        retry: &RetryPolicy,
-    ) -> Result<Lock, Error>
-    where
-        I: IntoIterator<Item = R>,
-        R: AsRef<str>,
-    {
-        let many = match self.resources(resources)? {
-            Resources::One(resource) => {
-                return self
-                    .lock_with_retained(&resource, ttl.key, retry, ttl.retained)
-                    .await;
-            }
-            Resources::Many(many) => many,
-        };
-        self.lock_set(&many, ttl, retry).await
-    }
-
     /// The retrying acquire of a checked set (see
     /// [`Redlock::lock_many_with_retained`]), counted in the metrics.
     pub(crate) async fn lock_set(

@@ -42,40 +42,9 @@ impl Ttl {
 }
 
 impl Redlock {
-    /// One attempt to take the lock (no retry).
-    ///
-    /// # Errors
-    /// [`Error::Busy`] when another holder has it, [`Error::NoQuorum`] when too
-    /// many nodes failed, [`Error::NoValidity`] when the quorum came too late, or
-    /// an input error.
-    pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_with(resource, ttl, &RetryPolicy::no_retry())
-            .await
-    }
-
-    /// Takes the lock, retrying failed attempts per the handle's retry policy.
-    ///
-    /// # Errors
-    /// The last attempt's error once the policy gives up; see [`Redlock::try_lock`].
-    pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_with(resource, ttl, &self.inner.settings.retry)
-            .await
-    }
-
-    /// Takes the lock, retrying failed attempts per `retry`.
-    ///
-    /// # Errors
-    /// See [`Redlock::lock`].
-    pub async fn lock_with(
-        &self,
-        resource: &str,
-        ttl: Duration,
-        retry: &RetryPolicy,
-    ) -> Result<Lock, Error> {
-        self.lock_with_retained(resource, ttl, retry, None).await
-    }
-
-    /// [`Redlock::lock_with`]; `retained` is the expiry a fence gives a
+    /// The mutex's retrying acquire, counted in the metrics
+    /// ([`Primitive::acquire_with`](crate::Primitive::acquire_with));
+    /// `retained` is the expiry a fence gives a
     /// per-request resource's Durable counter (`None`: a named resource,
     /// see `LockOptions::fence_retention`).
     pub(crate) async fn lock_with_retained(
@@ -99,7 +68,7 @@ impl Redlock {
         result
     }
 
-    /// [`Redlock::lock_with`] without its metrics: the checks, then attempts
+    /// [`Redlock::lock_with_retained`] without its metrics: the checks, then attempts
     /// until one wins or the policy gives up.
     async fn lock_with_retries(
         &self,

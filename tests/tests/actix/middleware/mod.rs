@@ -136,7 +136,8 @@ async fn wait_mode_is_woken_by_the_release_before_its_fallback_poll() {
     let (server, state) = critical_server(&cluster, middleware);
     let holder = cluster.patient_redlock();
     let lock = holder
-        .try_lock("redlock:/accounts/7/settle", Duration::from_secs(5))
+        .mutex("redlock:/accounts/7/settle")
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     let release = async {

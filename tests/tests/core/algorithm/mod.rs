@@ -54,7 +54,7 @@ async fn ready(cluster: &Cluster, node_timeout: Duration) -> Redlock {
 /// taken again (at most 5 times).
 async fn held_everywhere(cluster: &Cluster, redlock: &Redlock, key: &str, ttl: Duration) -> Lock {
     for _ in 0..5 {
-        let lock = redlock.try_lock(key, ttl).await.unwrap();
+        let lock = redlock.mutex(key).try_acquire(ttl).await.unwrap();
         let token = lock.token().to_owned();
         if cluster.wait_until(timing::settled(), |c| {
             c.count_holding(key, &token) == c.len()

@@ -296,7 +296,7 @@ pub(super) async fn extend_after_validity_ran_out_is_expired() {
     let ttl = Duration::from_secs(1);
     let rl = ready(&cluster, timing::patient_node_timeout_for(ttl)).await;
     let key = "extend-expired";
-    let mut lock = rl.try_lock(key, ttl).await.unwrap();
+    let mut lock = rl.mutex(key).try_acquire(ttl).await.unwrap();
     // Part of the scenario: the TTL passes, on the holder and on the nodes.
     tokio::time::sleep(ttl * 2).await;
     assert!(!lock.is_valid());
@@ -322,7 +322,7 @@ pub(super) async fn busy_tells_when_to_retry() {
     let ttl = node_timeout * 5;
     let asked = Instant::now();
     let held = held_everywhere(&cluster, &a, key, ttl).await;
-    let err = b.try_lock(key, ttl).await.unwrap_err();
+    let err = b.mutex(key).try_acquire(ttl).await.unwrap_err();
     match &err {
         Error::Busy {
             retry_after: Some(d),
@@ -358,7 +358,7 @@ pub(super) async fn busy_retry_after_is_the_earliest_expiry_that_frees_a_quorum(
         let set = Instant::now();
         cluster.node(0).cmd(&["SET", &key, "other", "PX", "2000"]);
         cluster.node(1).cmd(&["SET", &key, "other", "PX", "8000"]);
-        let err = match rl.try_lock(&key, Duration::from_secs(10)).await {
+        let err = match rl.mutex(&key).try_acquire(Duration::from_secs(10)).await {
             Err(err) => err,
             Ok(lock) => {
                 // Only once node 0's holder key expired (a stalled machine).

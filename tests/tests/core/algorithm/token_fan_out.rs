@@ -40,7 +40,8 @@ pub(super) async fn every_retry_attempt_uses_a_fresh_token() {
         .with_delay(ms(20))
         .with_jitter(Duration::ZERO);
     let err = rl
-        .lock_with(key, Duration::from_secs(5), &policy)
+        .mutex(key)
+        .acquire_with(Duration::from_secs(5), &policy)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
@@ -79,7 +80,7 @@ pub(super) async fn acquire_returns_at_quorum_and_late_sets_join_the_lock() {
     cluster.node(3).pause();
     cluster.node(4).pause();
     let t0 = Instant::now();
-    let result = rl.try_lock(key, Duration::from_secs(60)).await;
+    let result = rl.mutex(key).try_acquire(Duration::from_secs(60)).await;
     let took = t0.elapsed();
     cluster.node(3).resume();
     cluster.node(4).resume();
@@ -111,7 +112,11 @@ pub(super) async fn late_answers_on_a_fresh_handle_still_join_the_lock() {
         // The subject is late answers, not a slow node: every call answered.
         let rl = cluster.patient_redlock();
         let key = format!("fresh-handle:{round}");
-        let lock = rl.try_lock(&key, Duration::from_secs(30)).await.unwrap();
+        let lock = rl
+            .mutex(&key)
+            .try_acquire(Duration::from_secs(30))
+            .await
+            .unwrap();
         let token = lock.token().to_owned();
         assert!(
             cluster.wait_until(timing::settled(), |c| c.count_holding(&key, &token) == 3),
@@ -181,8 +186,8 @@ pub(super) async fn a_set_overtaken_by_its_release_is_released_again() {
             format!("overtaken:{round}:b"),
         );
         cluster.node(4).pause();
-        let a = rl.try_lock(&first, ttl).await.unwrap();
-        let b = rl.try_lock(&second, ttl).await.unwrap();
+        let a = rl.mutex(&first).try_acquire(ttl).await.unwrap();
+        let b = rl.mutex(&second).try_acquire(ttl).await.unwrap();
         let release = tokio::spawn({
             let rl = rl.clone();
             async move { rl.unlock(b).await }
@@ -223,7 +228,7 @@ pub(super) async fn busy_with_a_paused_node(
     }
     cluster.node(4).pause();
     let t0 = Instant::now();
-    let result = rl.try_lock(key, Duration::from_secs(10)).await;
+    let result = rl.mutex(key).try_acquire(Duration::from_secs(10)).await;
     let took = t0.elapsed();
     cluster.node(4).resume();
     let err = result.unwrap_err();

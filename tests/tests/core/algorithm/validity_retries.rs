@@ -15,7 +15,7 @@ pub(super) async fn validity_subtracts_drift_and_elapsed_time() {
     let rl = ready(&cluster, PATIENT_NODE_TIMEOUT).await;
     let ttl = Duration::from_secs(10);
     let asked = Instant::now();
-    let lock = rl.try_lock("validity", ttl).await.unwrap();
+    let lock = rl.mutex("validity").try_acquire(ttl).await.unwrap();
     let call = asked.elapsed();
     let remaining = lock.remaining();
     let drift = ttl.mul_f64(0.01) + ms(2);
@@ -48,7 +48,7 @@ pub(super) async fn no_validity_left_fails_and_releases_every_key() {
     warm_up(&cluster, &rl).await;
     let key = "no-validity";
     let monitor = cluster.node(0).monitor();
-    let err = rl.try_lock(key, ttl).await.unwrap_err();
+    let err = rl.mutex(key).try_acquire(ttl).await.unwrap_err();
     assert!(
         matches!(&err, Error::NoValidity { ttl: t, .. } if *t == ttl),
         "{err:?}"
@@ -99,7 +99,8 @@ pub(super) async fn retry_attempts_are_counted_and_spaced() {
             .with_jitter(Duration::ZERO);
         let t0 = Instant::now();
         let err = rl
-            .lock_with(&key, Duration::from_secs(5), &policy)
+            .mutex(&key)
+            .acquire_with(Duration::from_secs(5), &policy)
             .await
             .unwrap_err();
         let took = t0.elapsed();
@@ -132,11 +133,8 @@ pub(super) async fn retry_deadline_bounds_the_total_time() {
     let held = held_everywhere(&cluster, &holder, key, Duration::from_secs(10)).await;
     let t0 = Instant::now();
     let err = rl
-        .lock_with(
-            key,
-            Duration::from_secs(5),
-            &RetryPolicy::deadline(deadline),
-        )
+        .mutex(key)
+        .acquire_with(Duration::from_secs(5), &RetryPolicy::deadline(deadline))
         .await
         .unwrap_err();
     let took = t0.elapsed();

@@ -49,7 +49,8 @@ async fn quorum_survives(urls: Vec<String>, healthy: [&RedisNode; 2], key: &str)
     // pending at quorum whatever the node timeout.
     let rl = build(urls, PATIENT_NODE_TIMEOUT);
     let lock = rl
-        .try_lock(key, Duration::from_secs(10))
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("one faulty node of three must not fail the lock: {e}"));
     let token = lock.token().to_owned();
@@ -79,7 +80,8 @@ async fn quorum_survives(urls: Vec<String>, healthy: [&RedisNode; 2], key: &str)
 async fn single_node_fault(url: String, key: &str, node_timeout: Duration) -> (Error, NodeError) {
     let rl = build(vec![url], node_timeout);
     let err = rl
-        .try_lock(key, Duration::from_secs(10))
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .expect_err("a faulty single node cannot grant the lock");
     let report = err

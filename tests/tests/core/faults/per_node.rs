@@ -34,20 +34,29 @@ pub(super) async fn connection_reset_is_an_io_error() {
     // next handle waits until the key is gone from every node.
     for rl in [&three, &one] {
         let lock = rl
-            .try_lock("use-once", Duration::from_secs(5))
+            .mutex("use-once")
+            .try_acquire(Duration::from_secs(5))
             .await
             .unwrap();
         rl.unlock(lock).await.unwrap();
         assert!(cluster.wait_until(timing::settled(), |c| c.count_with_key("use-once") == 0));
     }
     cluster.node(2).kill();
-    let lock = three.try_lock(key, Duration::from_secs(5)).await.unwrap();
+    let lock = three
+        .mutex(key)
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(
         cluster.wait_until(timing::settled(), |c| c.count_holding(key, lock.token())
             == 2)
     );
     drop(lock);
-    let err = one.try_lock(key, Duration::from_secs(5)).await.unwrap_err();
+    let err = one
+        .mutex(key)
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap_err();
     let report = err.report().unwrap_or_else(|| panic!("{err:?}"));
     let errors: Vec<&NodeError> = report.errors().map(|(_, e)| e).collect();
     assert_eq!(errors.len(), 1, "{err}");
@@ -98,7 +107,11 @@ pub(super) async fn unlock_leaves_a_foreign_typed_value_alone_without_error() {
     cluster.node(2).cmd(&["HSET", key, "field", "value"]);
     cluster.node(2).cmd(&["PEXPIRE", key, "5000"]);
     let rl = build(cluster.urls(), PATIENT_NODE_TIMEOUT);
-    let lock = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
     let token = lock.token().to_owned();
     assert!(cluster.wait_until(timing::settled(), |c| {
         c.node(0).get(key).as_deref() == Some(token.as_str())
@@ -130,7 +143,8 @@ pub(super) async fn missing_eval_is_noscript() {
     // and the EVAL fallback does not exist.
     let rl = build(vec![c.url()], PATIENT_NODE_TIMEOUT);
     let err = match rl
-        .try_lock("fault-noscript-1", Duration::from_secs(10))
+        .mutex("fault-noscript-1")
+        .try_acquire(Duration::from_secs(10))
         .await
     {
         Err(e) => e,
@@ -289,7 +303,8 @@ pub(super) async fn node_timeout_above_500ms_is_honoured() {
     let rl = build(vec![node.url()], node_timeout);
     // Connect and load the scripts first.
     let lock = rl
-        .try_lock("warm-up", Duration::from_secs(30))
+        .mutex("warm-up")
+        .try_acquire(Duration::from_secs(30))
         .await
         .unwrap();
     rl.unlock(lock).await.unwrap();
@@ -302,7 +317,10 @@ pub(super) async fn node_timeout_above_500ms_is_honoured() {
         })
     };
     let t0 = Instant::now();
-    let result = rl.try_lock("slow-node", Duration::from_secs(30)).await;
+    let result = rl
+        .mutex("slow-node")
+        .try_acquire(Duration::from_secs(30))
+        .await;
     let took = t0.elapsed();
     resumer.join().unwrap();
     let lock = result.unwrap_or_else(|e| {

@@ -33,7 +33,8 @@ pub(super) async fn acquired_through_latency(one_way: Duration) -> (bool, usize)
     let mut outcomes = Vec::new();
     for i in 0..20 {
         let acquired = match rl
-            .try_lock(&format!("rtt-{i}"), Duration::from_secs(2))
+            .mutex(format!("rtt-{i}"))
+            .try_acquire(Duration::from_secs(2))
             .await
         {
             Ok(lock) => {
@@ -100,7 +101,8 @@ pub(super) async fn concurrent_callers_on_a_cold_node_open_one_connection() {
             tokio::spawn(async move {
                 barrier.wait().await;
                 let lock = rl
-                    .try_lock(&format!("cold-{i}"), Duration::from_secs(5))
+                    .mutex(format!("cold-{i}"))
+                    .try_acquire(Duration::from_secs(5))
                     .await
                     .unwrap();
                 rl.unlock(lock).await.unwrap();
@@ -130,7 +132,8 @@ pub(super) async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
     let proxy = FaultProxy::start(0, node.port(), None).await.unwrap();
     let rl = build(vec![proxy.url()], ms(400));
     let lock = rl
-        .try_lock("warm-up", Duration::from_secs(5))
+        .mutex("warm-up")
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     rl.unlock(lock).await.unwrap();
@@ -139,12 +142,12 @@ pub(super) async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
     proxy.blackhole();
     let x = {
         let rl = rl.clone();
-        tokio::spawn(async move { rl.try_lock("late-x", Duration::from_secs(5)).await })
+        tokio::spawn(async move { rl.mutex("late-x").try_acquire(Duration::from_secs(5)).await })
     };
     tokio::time::sleep(ms(200)).await;
     let y = {
         let rl = rl.clone();
-        tokio::spawn(async move { rl.try_lock("late-y", Duration::from_secs(5)).await })
+        tokio::spawn(async move { rl.mutex("late-y").try_acquire(Duration::from_secs(5)).await })
     };
     tokio::time::sleep(ms(50)).await;
     // New connections pass; connection 1 lost bytes, so it stays dead (no reset).
@@ -166,7 +169,11 @@ pub(super) async fn a_late_failure_on_an_old_connection_keeps_the_new_one() {
         "{y}"
     );
     tokio::time::sleep(ms(100)).await;
-    let lock = rl.try_lock("after", Duration::from_secs(5)).await.unwrap();
+    let lock = rl
+        .mutex("after")
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap();
     rl.unlock(lock).await.unwrap();
     assert_eq!(
         proxy.stats().accepted,
@@ -195,7 +202,11 @@ pub(super) async fn a_late_set_behind_a_cold_handshake_is_not_left_by_the_releas
         let key = format!("cold-{round}");
         proxy.hold(Direction::Reply);
         let rl = build(urls.clone(), ms(3000));
-        let lock = rl.try_lock(&key, Duration::from_secs(60)).await.unwrap();
+        let lock = rl
+            .mutex(&key)
+            .try_acquire(Duration::from_secs(60))
+            .await
+            .unwrap();
         rl.unlock(lock).await.unwrap();
         proxy.flush();
         // Both calls reach node 2 once the handshake is through; a key that

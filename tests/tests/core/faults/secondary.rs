@@ -49,7 +49,8 @@ pub(super) async fn acquire_judges_by_set_when_pttl_and_type_are_refused() {
     let rl = build(urls, redlock_tests::timing::PATIENT_NODE_TIMEOUT);
     let key = "acl-no-pttl";
     let lock = rl
-        .try_lock(key, Duration::from_secs(10))
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("SET said OK on every node: {e}"));
     let token = lock.token().to_owned();
@@ -59,7 +60,8 @@ pub(super) async fn acquire_judges_by_set_when_pttl_and_type_are_refused() {
     ));
 
     let err = rl
-        .try_lock(key, Duration::from_secs(10))
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
         .await
         .expect_err("the key is held");
     let shown = [

@@ -18,7 +18,11 @@ pub(super) async fn two_of_five_nodes_down_still_locks() {
     cluster.node(3).kill();
     cluster.node(4).kill();
     let key = "down-2-of-5";
-    let lock = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let lock = rl
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
     assert!(
         cluster.wait_until(timing::settled(), |c| c.count_holding(key, lock.token())
             == 3)
@@ -51,7 +55,8 @@ pub(super) async fn three_of_five_nodes_down_is_no_quorum() {
         .with_jitter(Duration::ZERO);
     let t0 = Instant::now();
     let err = rl
-        .lock_with(key, Duration::from_secs(10), &policy)
+        .mutex(key)
+        .acquire_with(Duration::from_secs(10), &policy)
         .await
         .unwrap_err();
     let took = t0.elapsed();
@@ -91,7 +96,8 @@ pub(super) async fn one_paused_node_does_not_slow_the_acquire() {
     let node_timeout = timing::liveness(timing::PATIENT_NODE_TIMEOUT);
     let rl = build(cluster.urls(), node_timeout);
     let lock = rl
-        .try_lock("warm-up", Duration::from_secs(60))
+        .mutex("warm-up")
+        .try_acquire(Duration::from_secs(60))
         .await
         .unwrap();
     rl.unlock(lock).await.unwrap();
@@ -99,7 +105,7 @@ pub(super) async fn one_paused_node_does_not_slow_the_acquire() {
     let key = "paused-1-of-5";
     let ttl = Duration::from_secs(60);
     let t0 = Instant::now();
-    let result = rl.try_lock(key, ttl).await;
+    let result = rl.mutex(key).try_acquire(ttl).await;
     let took = t0.elapsed();
     let lock = result.unwrap();
     // Waiting for the paused node would take its node timeout.

@@ -44,7 +44,9 @@ pub(super) async fn opposite_orders_never_deadlock_nor_overlap() {
         tasks.push(tokio::spawn(async move {
             for done in 0..ITERATIONS {
                 let lock = rl
-                    .lock_many_with(&set, TTL, &retry)
+                    .mutex_many(&set)
+                    .unwrap()
+                    .acquire_with(TTL, &retry)
                     .await
                     .unwrap_or_else(|e| panic!("client {client} ({set:?}), iteration {done}: {e}"));
                 let held = lock.resources();
@@ -86,7 +88,9 @@ pub(super) async fn a_node_holding_one_key_for_another_does_not_count() {
     cluster.node(0).cmd(&["SET", "fa", FOREIGN, "PX", "30000"]);
     cluster.node(1).cmd(&["SET", "fb", FOREIGN, "PX", "30000"]);
     let err = rl
-        .try_lock_many(["fa", "fb"], Duration::from_secs(10))
+        .mutex_many(["fa", "fb"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
@@ -94,7 +98,11 @@ pub(super) async fn a_node_holding_one_key_for_another_does_not_count() {
     eventually_only_foreign(&cluster, &[(0, "fa"), (1, "fb")], &["fa", "fb"]).unwrap();
     // Each key alone is free on a quorum.
     for key in ["fa", "fb"] {
-        let lock = rl.try_lock(key, Duration::from_secs(10)).await.unwrap();
+        let lock = rl
+            .mutex(key)
+            .try_acquire(Duration::from_secs(10))
+            .await
+            .unwrap();
         rl.unlock(lock).await.unwrap();
     }
 }
@@ -128,7 +136,12 @@ pub(super) async fn check_every_spread(n: usize) {
         }
         let free = n - foreign.len();
         let what = format!("N={n}, foreign {foreign:?}");
-        match rl.try_lock_many([&a, &b], Duration::from_secs(10)).await {
+        match rl
+            .mutex_many([&a, &b])
+            .unwrap()
+            .try_acquire(Duration::from_secs(10))
+            .await
+        {
             Ok(lock) => {
                 assert!(free >= quorum, "{what}: locked with {free} free nodes");
                 successes += 1;
@@ -182,7 +195,9 @@ pub(super) async fn a_partial_acquire_is_released_everywhere() {
     }
     let monitors: Vec<_> = [3, 4].iter().map(|&i| cluster.node(i).monitor()).collect();
     let err = rl
-        .try_lock_many(["pa", "pb"], Duration::from_secs(10))
+        .mutex_many(["pa", "pb"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(10))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
@@ -214,7 +229,12 @@ pub(super) async fn extend_fails_when_one_key_was_stolen_on_a_quorum() {
     let cluster = Cluster::start(3);
     let rl = cluster.patient_redlock();
     rl.check_nodes().await.unwrap();
-    let mut lock = rl.try_lock_many(["xa", "xb"], ms(5000)).await.unwrap();
+    let mut lock = rl
+        .mutex_many(["xa", "xb"])
+        .unwrap()
+        .try_acquire(ms(5000))
+        .await
+        .unwrap();
     assert!(
         cluster.wait_until(timing::settled(), |c| c.count_holding("xb", lock.token())
             == 3)

@@ -19,7 +19,9 @@ pub(super) async fn a_guard_renews_every_key() {
     let rl = redlock(&cluster, timing::patient_node_timeout_for(ttl));
     rl.check_nodes().await.unwrap();
     let guard = rl
-        .lock_guard_many(["ga", "gb"], &LockOptions::new(ttl))
+        .mutex_many(["ga", "gb"])
+        .unwrap()
+        .guard(&LockOptions::new(ttl))
         .await
         .unwrap();
     // Part of the scenario: three TTLs pass.
@@ -33,7 +35,9 @@ pub(super) async fn a_guard_renews_every_key() {
     guard.release().await.unwrap();
     eventually_only_foreign(&cluster, &[], &["ga", "gb"]).unwrap();
     let n = rl
-        .with_lock_many(["ga", "gb"], &LockOptions::new(ttl), |h| async move {
+        .mutex_many(["ga", "gb"])
+        .unwrap()
+        .run(&LockOptions::new(ttl), |h| async move {
             assert!(!h.is_lost());
             7
         })
@@ -56,7 +60,9 @@ pub(super) async fn fencing_gives_one_monotone_token_per_resource() {
         .unwrap();
     rl.check_nodes().await.unwrap();
     let first = rl
-        .try_lock_many(["fb", "fa"], Duration::from_secs(5))
+        .mutex_many(["fb", "fa"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     let t1: Vec<(String, u64)> = first
@@ -72,14 +78,20 @@ pub(super) async fn fencing_gives_one_monotone_token_per_resource() {
     // A alone three times: A's counter moves on, B's does not.
     let mut last_a = t1[0].1;
     for _ in 0..3 {
-        let lock = rl.try_lock("fa", Duration::from_secs(5)).await.unwrap();
+        let lock = rl
+            .mutex("fa")
+            .try_acquire(Duration::from_secs(5))
+            .await
+            .unwrap();
         let t = lock.fencing_token().unwrap().get();
         assert!(t > last_a, "fa: {t} after {last_a}");
         last_a = t;
         rl.unlock(lock).await.unwrap();
     }
     let second = rl
-        .try_lock_many(["fa", "fb"], Duration::from_secs(5))
+        .mutex_many(["fa", "fb"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     let t2: Vec<u64> = second
@@ -92,7 +104,9 @@ pub(super) async fn fencing_gives_one_monotone_token_per_resource() {
     rl.unlock(second).await.unwrap();
     // A guard's handle tells the code under the lock each resource's token.
     let guard = rl
-        .lock_guard_many(["fb", "fa"], &LockOptions::new(ms(2000)))
+        .mutex_many(["fb", "fa"])
+        .unwrap()
+        .guard(&LockOptions::new(ms(2000)))
         .await
         .unwrap();
     let h = guard.handle();
@@ -108,7 +122,7 @@ pub(super) async fn fencing_gives_one_monotone_token_per_resource() {
 
 /// The set is deduplicated and ordered by key; one distinct resource is an
 /// ordinary lock; an empty set, an empty name and more than `MAX_RESOURCES`
-/// are refused before any node is asked.
+/// are refused when the value is made, before any node is asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn dedup_order_and_the_limit() {
     let cluster = Cluster::start(3);
@@ -120,7 +134,9 @@ pub(super) async fn dedup_order_and_the_limit() {
         .unwrap();
     rl.check_nodes().await.unwrap();
     let lock = rl
-        .try_lock_many(["d2", "d1", "d2", "d3", "d1"], Duration::from_secs(5))
+        .mutex_many(["d2", "d1", "d2", "d3", "d1"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(lock.resources(), ["d1", "d2", "d3"]);
@@ -139,7 +155,9 @@ pub(super) async fn dedup_order_and_the_limit() {
     }));
 
     let one = rl
-        .try_lock_many(["solo", "solo"], Duration::from_secs(5))
+        .mutex_many(["solo", "solo"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(one.resources(), ["solo"]);
@@ -148,27 +166,23 @@ pub(super) async fn dedup_order_and_the_limit() {
 
     let at_limit: Vec<String> = (0..MAX_RESOURCES).map(|i| format!("lim:{i}")).collect();
     let lock = rl
-        .try_lock_many(&at_limit, Duration::from_secs(5))
+        .mutex_many(&at_limit)
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(lock.resources().len(), MAX_RESOURCES);
     rl.unlock(lock).await.unwrap();
     let past: Vec<String> = (0..=MAX_RESOURCES).map(|i| format!("lim:{i}")).collect();
-    let err = rl
-        .try_lock_many(&past, Duration::from_secs(5))
-        .await
-        .unwrap_err();
+    let err = rl.mutex_many(&past).unwrap_err();
     assert!(
         matches!(err, Error::TooManyResources { max } if max == MAX_RESOURCES),
         "{err:?}"
     );
     let none: [&str; 0] = [];
+    assert!(matches!(rl.mutex_many(none), Err(Error::NoResources)));
     assert!(matches!(
-        rl.try_lock_many(none, Duration::from_secs(5)).await,
-        Err(Error::NoResources)
-    ));
-    assert!(matches!(
-        rl.try_lock_many(["x", ""], Duration::from_secs(5)).await,
+        rl.mutex_many(["x", ""]),
         Err(Error::EmptyResource)
     ));
     // Nothing was sent for the refused sets.
@@ -190,9 +204,13 @@ pub(super) async fn guards_renewed_in_one_batch_keep_every_key_of_a_set() {
     let ttl = redlock_tests::timing::PATIENT_NODE_TIMEOUT * 2;
     let options = LockOptions::new(ttl);
     let names: Vec<String> = (0..4).map(|i| format!("bs{i}")).collect();
+    let set = rl.mutex_many(["bx", "by"]).unwrap();
     let (singles, set) = tokio::join!(
-        futures_util::future::join_all(names.iter().map(|name| rl.lock_guard(name, &options))),
-        rl.lock_guard_many(["bx", "by"], &options),
+        futures_util::future::join_all(names.iter().map(|name| {
+            let (single, options) = (rl.mutex(name), &options);
+            async move { single.guard(options).await }
+        })),
+        set.guard(&options),
     );
     let singles: Vec<_> = singles.into_iter().map(Result::unwrap).collect();
     let set = set.unwrap();

@@ -40,12 +40,22 @@ pub(super) async fn holder_waiter_and_slow_poll(
 pub(super) async fn release_wakes_the_waiters_of_every_key() {
     let cluster = Cluster::start(3);
     let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
-    let lock = holder.try_lock_many(["wa", "wb"], far()).await.unwrap();
+    let lock = holder
+        .mutex_many(["wa", "wb"])
+        .unwrap()
+        .try_acquire(far())
+        .await
+        .unwrap();
     let (w1, w2) = (waiter.clone(), waiter.clone());
     let (s1, s2) = (slow.clone(), slow.clone());
-    let one = tokio::spawn(async move { w1.lock_with("wa", Duration::from_secs(5), &s1).await });
+    let one = tokio::spawn(async move {
+        w1.mutex("wa")
+            .acquire_with(Duration::from_secs(5), &s1)
+            .await
+    });
     let set = tokio::spawn(async move {
-        w2.lock_many_with(["wc", "wb"], Duration::from_secs(5), &s2)
+        w2.mutex_many(["wc", "wb"])?
+            .acquire_with(Duration::from_secs(5), &s2)
             .await
     });
     // Both waiters subscribed (after their first failed attempt) on every node.
@@ -87,10 +97,11 @@ pub(super) async fn release_wakes_the_waiters_of_every_key() {
 pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     let cluster = Cluster::start(3);
     let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
-    let lock = holder.try_lock("fb", far()).await.unwrap();
+    let lock = holder.mutex("fb").try_acquire(far()).await.unwrap();
     let set = tokio::spawn(async move {
         waiter
-            .lock_many_with(["fc", "fb"], Duration::from_secs(5), &slow)
+            .mutex_many(["fc", "fb"])?
+            .acquire_with(Duration::from_secs(5), &slow)
             .await
             .map(|l| (l, waiter))
     });

@@ -25,12 +25,13 @@ pub(super) async fn a_release_in_another_database_wakes_no_waiter() {
         .unwrap();
     let key = "waiting:db";
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
-    let held = holder.try_lock(key, far()).await.unwrap();
+    let held = holder.mutex(key).try_acquire(far()).await.unwrap();
     held_everywhere(&cluster, key, held.token());
     let base = sets();
     let waiting = tokio::spawn(async move {
         let lock = waiter
-            .lock_with(key, Duration::from_secs(10), &never_polls())
+            .mutex(key)
+            .acquire_with(Duration::from_secs(10), &never_polls())
             .await;
         (Instant::now(), lock, waiter)
     });
@@ -41,7 +42,11 @@ pub(super) async fn a_release_in_another_database_wakes_no_waiter() {
         "the waiter never subscribed and tried again"
     );
     assert_eq!(sets(), base + 6, "more than two attempts before any news");
-    let other = db1.try_lock(key, Duration::from_secs(10)).await.unwrap();
+    let other = db1
+        .mutex(key)
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
     for url in cluster.urls() {
         let mut conn = redis::Client::open(format!("{url}/1"))
             .unwrap()
@@ -92,12 +97,13 @@ pub(super) async fn one_wait(
     waiter: &Redlock,
     key: &'static str,
 ) {
-    let held = holder.try_lock(key, far()).await.unwrap();
+    let held = holder.mutex(key).try_acquire(far()).await.unwrap();
     let waiting = {
         let waiter = waiter.clone();
         tokio::spawn(async move {
             waiter
-                .lock_with(key, Duration::from_secs(10), &never_polls())
+                .mutex(key)
+                .acquire_with(Duration::from_secs(10), &never_polls())
                 .await
         })
     };
@@ -182,7 +188,11 @@ pub(super) async fn a_silently_dead_subscription_is_replaced() {
     let holder = cluster.patient_redlock();
     let key = "waiting:dead-sub";
     let sets = || set_calls(&cluster, 0);
-    let held = holder.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let held = holder
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     let base = sets();
     // A poll beyond the whole scenario: no attempt of the waiter's comes from
     // it before `spawned + poll`, so one served sooner was woken.
@@ -195,7 +205,8 @@ pub(super) async fn a_silently_dead_subscription_is_replaced() {
         let waiter = waiter.clone();
         tokio::spawn(async move {
             let lock = waiter
-                .lock_with(key, Duration::from_secs(10), &policy)
+                .mutex(key)
+                .acquire_with(Duration::from_secs(10), &policy)
                 .await;
             (Instant::now(), lock)
         })
@@ -267,7 +278,11 @@ pub(super) async fn a_release_announces_itself_only_when_a_waiter_flagged_the_ke
 
     // Nobody waits: the key is deleted everywhere, and nothing published.
     let before = all_publishes(&cluster);
-    let lock = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = a
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     held_everywhere(&cluster, key, lock.token());
     a.unlock(lock).await.unwrap();
     assert!(
@@ -281,11 +296,12 @@ pub(super) async fn a_release_announces_itself_only_when_a_waiter_flagged_the_ke
     );
 
     // A waiter flags the key on every node before its attempt after subscribing.
-    let held = a.try_lock(key, far()).await.unwrap();
+    let held = a.mutex(key).try_acquire(far()).await.unwrap();
     held_everywhere(&cluster, key, held.token());
     let waiter = tokio::spawn(async move {
         let lock = b
-            .lock_with(key, Duration::from_secs(10), &never_polls())
+            .mutex(key)
+            .acquire_with(Duration::from_secs(10), &never_polls())
             .await;
         (Instant::now(), lock, b)
     });
@@ -353,7 +369,11 @@ pub(super) async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
     };
     let (a, b) = (handle(), handle());
     let key = "acl:k";
-    let lock = a.try_lock(key, Duration::from_secs(30)).await.unwrap();
+    let lock = a
+        .mutex(key)
+        .try_acquire(Duration::from_secs(30))
+        .await
+        .unwrap();
     held_everywhere(&cluster, key, lock.token());
     let released = a.unlock(lock).await.unwrap();
     assert!(released.deleted >= 2, "{}", released.report());
@@ -363,7 +383,9 @@ pub(super) async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
     );
     // A set's release, too.
     let set = a
-        .try_lock_many(["acl:a", "acl:b"], Duration::from_secs(30))
+        .mutex_many(["acl:a", "acl:b"])
+        .unwrap()
+        .try_acquire(Duration::from_secs(30))
         .await
         .unwrap();
     let released = a.unlock(set).await.unwrap();
@@ -374,11 +396,12 @@ pub(super) async fn a_user_refused_the_flag_key_still_releases_and_wakes() {
         "the set's release did not reach every node"
     );
 
-    let held = a.try_lock(key, far()).await.unwrap();
+    let held = a.mutex(key).try_acquire(far()).await.unwrap();
     held_everywhere(&cluster, key, held.token());
     let waiter = tokio::spawn(async move {
         let lock = b
-            .lock_with(key, Duration::from_secs(10), &never_polls())
+            .mutex(key)
+            .acquire_with(Duration::from_secs(10), &never_polls())
             .await;
         (Instant::now(), lock)
     });

@@ -26,14 +26,15 @@ pub(super) async fn local_waiters_are_served_first_come_first_served() {
     let poll = RetryPolicy::deadline(2 * far)
         .with_delay(far)
         .with_jitter(Duration::ZERO);
-    let first = rl.try_lock("waiting:fifo", far).await.unwrap();
+    let first = rl.mutex("waiting:fifo").try_acquire(far).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
         let (rl, order, poll) = (rl.clone(), Arc::clone(&order), poll.clone());
         tasks.push(spawn_queued(async move {
             let lock = rl
-                .lock_with("waiting:fifo", Duration::from_secs(10), &poll)
+                .mutex("waiting:fifo")
+                .acquire_with(Duration::from_secs(10), &poll)
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
@@ -63,12 +64,13 @@ pub(super) async fn waiters_that_give_up_do_not_block_the_next() {
     let rl = cluster.patient_redlock();
     // Held and polled far beyond the wake-up's bound: only the release can
     // serve the last waiter within it.
-    let holder = rl.try_lock("waiting:drop", far()).await.unwrap();
+    let holder = rl.mutex("waiting:drop").try_acquire(far()).await.unwrap();
     let head = {
         let rl = rl.clone();
         spawn_queued(async move {
             let _ = rl
-                .lock_with("waiting:drop", Duration::from_secs(10), &never_polls())
+                .mutex("waiting:drop")
+                .acquire_with(Duration::from_secs(10), &never_polls())
                 .await;
         })
     };
@@ -77,7 +79,8 @@ pub(super) async fn waiters_that_give_up_do_not_block_the_next() {
         spawn_queued(async move {
             tokio::time::timeout(
                 ms(200),
-                rl.lock_with("waiting:drop", Duration::from_secs(10), &never_polls()),
+                rl.mutex("waiting:drop")
+                    .acquire_with(Duration::from_secs(10), &never_polls()),
             )
             .await
             .is_err()
@@ -87,7 +90,8 @@ pub(super) async fn waiters_that_give_up_do_not_block_the_next() {
         let rl = rl.clone();
         spawn_queued(async move {
             let lock = rl
-                .lock_with("waiting:drop", Duration::from_secs(10), &never_polls())
+                .mutex("waiting:drop")
+                .acquire_with(Duration::from_secs(10), &never_polls())
                 .await;
             (Instant::now(), lock)
         })
@@ -119,13 +123,17 @@ pub(super) async fn a_node_killed_and_restarted_while_waiting() {
     let node_timeout = redlock_tests::timing::PATIENT_NODE_TIMEOUT;
     let ttl = Duration::from_secs(10);
     let asked = Instant::now();
-    let lock = holder.try_lock("waiting:restart", ttl).await.unwrap();
+    let lock = holder
+        .mutex("waiting:restart")
+        .try_acquire(ttl)
+        .await
+        .unwrap();
     let waiting = {
         let waiter = waiter.clone();
         tokio::spawn(async move {
             let lock = waiter
-                .lock_with(
-                    "waiting:restart",
+                .mutex("waiting:restart")
+                .acquire_with(
                     Duration::from_secs(10),
                     // The safety-net poll is far beyond every bound below,
                     // so each wake-up seen is a real one, on a loaded machine.
@@ -197,7 +205,8 @@ pub(super) async fn a_renewed_holder_keeps_its_local_waiters_queued_for_the_hand
     let key = "waiting:renewed";
     let ttl = ms(1000);
     let guard = rl
-        .lock_guard(key, &LockOptions::new(ttl).retry(slow_poll(ms(20_000))))
+        .mutex(key)
+        .guard(&LockOptions::new(ttl).retry(slow_poll(ms(20_000))))
         .await
         .unwrap();
     let handle = guard.handle();
@@ -209,7 +218,8 @@ pub(super) async fn a_renewed_holder_keeps_its_local_waiters_queued_for_the_hand
         let rl = rl.clone();
         tokio::spawn(async move {
             let lock = rl
-                .lock_with(key, Duration::from_secs(10), &slow_poll(ms(20_000)))
+                .mutex(key)
+                .acquire_with(Duration::from_secs(10), &slow_poll(ms(20_000)))
                 .await;
             (Instant::now(), lock)
         })

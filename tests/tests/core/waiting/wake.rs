@@ -32,11 +32,8 @@ pub(super) async fn most_clients_wait_and_none_overlap() {
             let mut conn = counter.get_multiplexed_async_connection().await.unwrap();
             for _ in 0..ROUNDS {
                 let lock = rl
-                    .lock_with(
-                        "waiting:counter",
-                        ms(10_000),
-                        &RetryPolicy::deadline(ms(30_000)),
-                    )
+                    .mutex("waiting:counter")
+                    .acquire_with(ms(10_000), &RetryPolicy::deadline(ms(30_000)))
                     .await
                     .unwrap();
                 assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
@@ -82,14 +79,15 @@ pub(super) async fn release_to_acquire(
     retry: RetryPolicy,
     hold: Duration,
 ) -> Duration {
-    let lock = holder.try_lock(key, far()).await.unwrap();
+    let lock = holder.mutex(key).try_acquire(far()).await.unwrap();
     let sets = || (0..3).map(|n| set_calls(cluster, n)).sum::<u64>();
     let base = sets();
     let waiting = {
         let (waiter, key) = (waiter.clone(), key.to_owned());
         tokio::spawn(async move {
             let lock = waiter
-                .lock_with(&key, Duration::from_secs(10), &retry)
+                .mutex(&key)
+                .acquire_with(Duration::from_secs(10), &retry)
                 .await;
             (Instant::now(), lock)
         })
@@ -165,12 +163,13 @@ pub(super) async fn a_clean_up_on_one_node_does_not_wake_the_waiters_of_a_held_l
     let (a, b) = (cluster.patient_redlock(), cluster.patient_redlock());
     let key = "waiting:cleanup";
     let sets = || (0..3).map(|n| set_calls(&cluster, n)).sum::<u64>();
-    let held = a.try_lock(key, far()).await.unwrap();
+    let held = a.mutex(key).try_acquire(far()).await.unwrap();
     held_everywhere(&cluster, key, held.token());
     let base = sets();
     let waiter = tokio::spawn(async move {
         let lock = b
-            .lock_with(key, Duration::from_secs(10), &never_polls())
+            .mutex(key)
+            .acquire_with(Duration::from_secs(10), &never_polls())
             .await;
         (Instant::now(), lock, b)
     });
@@ -217,7 +216,8 @@ pub(super) async fn expiry_and_silent_deletes_are_found_by_the_fallbacks() {
         node.cmd(&["SET", "waiting:expiry", "foreign", "PX", "700"]);
     }
     let lock = rl
-        .lock_with("waiting:expiry", Duration::from_secs(10), &never_polls())
+        .mutex("waiting:expiry")
+        .acquire_with(Duration::from_secs(10), &never_polls())
         .await
         .unwrap();
     let took = start.elapsed();
@@ -243,7 +243,8 @@ pub(super) async fn expiry_and_silent_deletes_are_found_by_the_fallbacks() {
         let rl = rl.clone();
         tokio::spawn(async move {
             let lock = rl
-                .lock_with("waiting:silent", Duration::from_secs(10), &retry)
+                .mutex("waiting:silent")
+                .acquire_with(Duration::from_secs(10), &retry)
                 .await;
             (Instant::now(), lock)
         })

@@ -49,7 +49,8 @@ pub(super) async fn backwards(
     eprintln!("{resource}: every node answered at check {checks}");
     rig.proxies[C].blackhole();
     let lock1 = rl
-        .try_lock(resource, TTL)
+        .mutex(resource)
+        .try_acquire(TTL)
         .await
         .expect("holder 1 locks on A and R while C is blackholed");
     let t1 = lock1.fencing_token().expect("a token");
@@ -70,7 +71,8 @@ pub(super) async fn backwards(
     let down = killed.elapsed();
     let retry = RetryPolicy::deadline(Duration::from_secs(2)).with_delay(Duration::from_millis(10));
     let lock2 = rl
-        .lock_with(resource, TTL, &retry)
+        .mutex(resource)
+        .acquire_with(TTL, &retry)
         .await
         .expect("holder 2 locks on R and C while A is blackholed");
     let t2 = lock2.fencing_token().expect("a token");

@@ -134,7 +134,7 @@ fn client(
             let mut round = 0usize;
             while Instant::now() < until && round < 400 {
                 round += 1;
-                let Ok(lock) = rl.lock_with(RESOURCE, TTL, &retry).await else {
+                let Ok(lock) = rl.mutex(RESOURCE).acquire_with(TTL, &retry).await else {
                     continue;
                 };
                 let Some(token) = lock.fencing_token() else {

@@ -34,7 +34,8 @@ pub(super) async fn negative_restart_without_delay(seed: u64) -> Vec<Event> {
     });
     let t0 = now_ns();
     let lock_a = a
-        .lock_with(res, ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
+        .mutex(res)
+        .acquire_with(ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
         .await
         .expect("A acquires on nodes 0 and 1");
     log.push(acquire_event("A", &lock_a, t0, now_ns()));
@@ -79,7 +80,8 @@ pub(super) async fn b_takes_over(
     let b = warmed_up_client(rig).await;
     let t0 = now_ns();
     let lock_b = b
-        .lock_with(res, ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
+        .mutex(res)
+        .acquire_with(ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
         .await
         .expect("B acquires on nodes 1 and 2");
     log.push(acquire_event("B", &lock_b, t0, now_ns()));
@@ -117,7 +119,8 @@ pub(super) async fn negative_early_expiry(seed: u64) -> Vec<Event> {
     });
     let t0 = now_ns();
     let lock_a = a
-        .lock_with(res, ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
+        .mutex(res)
+        .acquire_with(ttl, &RetryPolicy::attempts(10).with_delay(ms(20)))
         .await
         .expect("A acquires on nodes 0 and 1");
     log.push(acquire_event("A", &lock_a, t0, now_ns()));
@@ -199,7 +202,7 @@ pub(super) async fn holder_stall_pair(seed: u64, deadline_check: bool) -> Vec<Ev
                 let t0 = now_ns();
                 let done = Arc::clone(&a_done);
                 let r = rl
-                    .with_lock(res, &options, |h| async move {
+                    .mutex(res).run(&options, |h| async move {
                         let token = h.token().to_owned();
                         log.push(Event::Acquire {
                             client: "A".into(),
@@ -285,8 +288,8 @@ pub(super) async fn holder_stall_pair(seed: u64, deadline_check: bool) -> Vec<Ev
     let b = warmed_up_client(&rig).await;
     let t0 = now_ns();
     let lock_b = b
-        .lock_with(
-            res,
+        .mutex(res)
+        .acquire_with(
             ms(3000),
             &RetryPolicy::attempts(200)
                 .with_delay(ms(10))

@@ -49,7 +49,7 @@ pub(super) async fn ghost_keys(seed: u64) -> Vec<Event> {
         at: now_ns(),
         detail: "SIGSTOP while the client tries".into(),
     });
-    assert!(rl.try_lock("ghost-paused", ttl).await.is_err());
+    assert!(rl.mutex("ghost-paused").try_acquire(ttl).await.is_err());
     tokio::time::sleep(ms(150)).await; // the client's background release gives up too
     let set_after = now_ns();
     rig.node(2).resume();
@@ -59,7 +59,7 @@ pub(super) async fn ghost_keys(seed: u64) -> Vec<Event> {
     warm_up(&rl, 3).await;
     rig.proxy(2).hold(Direction::Request);
     fault("hold requests while the client tries");
-    assert!(rl.try_lock("ghost-held", ttl).await.is_err());
+    assert!(rl.mutex("ghost-held").try_acquire(ttl).await.is_err());
     tokio::time::sleep(ms(150)).await;
     let set_after = now_ns();
     rig.proxy(2).flush();
@@ -71,7 +71,7 @@ pub(super) async fn ghost_keys(seed: u64) -> Vec<Event> {
         .delay(Direction::Reply, ms(200), Duration::ZERO);
     fault("reply latency 200 ms while the client tries");
     let set_after = now_ns();
-    assert!(rl.try_lock("ghost-late-reply", ttl).await.is_err());
+    assert!(rl.mutex("ghost-late-reply").try_acquire(ttl).await.is_err());
     log.push(watch_ghost(&rig, 2, "ghost-late-reply", ttl, set_after, FOREIGN).await);
     rig.proxy(2).heal();
     log.snapshot()

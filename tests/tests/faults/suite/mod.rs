@@ -157,7 +157,7 @@ fn release_event(client: &str, lock: &redlock_core::Lock) -> Event {
 /// same timeout), making the next attempts busy.
 async fn warm_up(rl: &redlock_core::Redlock, n: usize) {
     for _ in 0..50 {
-        if let Ok(lock) = rl.try_lock("warm-up", ms(500)).await
+        if let Ok(lock) = rl.mutex("warm-up").try_acquire(ms(500)).await
             && lock
                 .unlock()
                 .await
