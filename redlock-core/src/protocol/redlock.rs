@@ -61,7 +61,7 @@ impl Inner {
 ///
 /// # async fn run() -> Result<(), redlock_core::Error> {
 /// let redlock = Redlock::from_urls(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
-/// let lock = redlock.lock("invoice:42", Duration::from_secs(5)).await?;
+/// let lock = redlock.mutex("invoice:42").acquire(Duration::from_secs(5)).await?;
 /// // ... at most one holder at a time runs here, for lock.remaining() ...
 /// redlock.unlock(lock).await?;
 /// # Ok(()) }
