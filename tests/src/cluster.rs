@@ -555,9 +555,17 @@ impl Cluster {
     }
 
     /// Waits until `f` holds, up to `timeout`; returns whether it did.
+    ///
+    /// It blocks its thread. On a worker of a multi-thread Tokio runtime it
+    /// does so in `block_in_place`, which hands the worker's queued tasks to
+    /// another thread first: a task the test spawned just before sits in its
+    /// worker's LIFO slot, which no other worker steals, and would not run
+    /// until the wait ended (a waiter that "never flagged its keys" in a
+    /// loaded run). On a current-thread runtime nothing else can run while it
+    /// blocks: poll with `util::eventually` there instead.
     pub fn wait_until(&self, timeout: Duration, mut f: impl FnMut(&Self) -> bool) -> bool {
         let end = Instant::now() + timeout;
-        loop {
+        let mut wait = || loop {
             if f(self) {
                 return true;
             }
@@ -565,6 +573,12 @@ impl Cluster {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(10));
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
         }
     }
 }

@@ -254,7 +254,7 @@ async fn a_late_shorter_extend_caps_what_a_later_longer_one_reports() {
         "the 4 s extend reached only node 0, yet it succeeded"
     );
     let other_runtime = rl.clone();
-    let lock = std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -265,10 +265,13 @@ async fn a_late_shorter_extend_caps_what_a_later_longer_one_reports() {
                 .await
                 .map(|()| lock)
         })
-    })
-    .join()
-    .unwrap()
-    .expect("the 20 s extend, on new connections, reaches every node");
+    });
+    // Its calls go through the proxies, whose tasks run on this runtime: the
+    // join blocks in place, so that they run on another worker meanwhile
+    // (a task in this worker's LIFO slot is stolen by no other).
+    let lock = tokio::task::block_in_place(|| thread.join())
+        .unwrap()
+        .expect("the 20 s extend, on new connections, reaches every node");
     for p in &proxies {
         p.flush();
     }

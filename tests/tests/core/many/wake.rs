@@ -110,7 +110,16 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
         cluster.wait_until(timing::settled(), |c| c.nodes().iter().all(|n| {
             n.pttl("{fb}:redlock-waiters") > 0 && n.pttl("{fc}:redlock-waiters") > 0
         })),
-        "the waiter never flagged its keys"
+        "the waiter never flagged its keys: PTTLs {:?}, waiter done: {}",
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| (
+                n.pttl("{fb}:redlock-waiters"),
+                n.pttl("{fc}:redlock-waiters")
+            ))
+            .collect::<Vec<_>>(),
+        set.is_finished()
     );
     let released = Instant::now();
     holder.unlock(lock).await.unwrap();
