@@ -1,115 +1,102 @@
 //! The Redlock distributed lock over [deadpool-redis] pools, one pool per
-//! independent Redis master.
-//!
-//! This crate implements the algorithm of the redis.io "Distributed Locks with
-//! Redis" page:
-//!
-//! 1. take the time on a monotonic clock ([`std::time::Instant`]);
-//! 2. send `SET key token NX PX ttl` to all N nodes at once, each call under a short
-//!    per-node timeout, with a fresh 128-bit token from the OS CSPRNG;
-//! 3. the attempt holds the lock iff at least `N/2 + 1` nodes said OK and the
-//!    validity `ttl − elapsed − (ttl·drift_factor + 2 ms)` is positive;
-//! 4. a failed attempt is released wherever it may have landed, then retried after a
-//!    random delay;
-//! 5. release is a compare-and-delete Lua script on every node, never a bare `DEL`.
-//!
-//! On top of that: compare-and-pexpire extension that counts only with a quorum
-//! inside the current validity, a [`LockGuard`] that renews the lock while work runs
-//! and says when it is lost, and [`crate::Primitive::run`], which drops the work if the
-//! lock is lost. Opt-in fencing tokens ([`RedlockBuilder::fencing`]) let the
-//! protected resource refuse late writes (see [Safety](#safety) and [`fence`]).
+//! independent Redis master: a mutex, permits and read/write locks as values
+//! with one set of verbs, an auto-extending guard that says when the lock is
+//! lost, elections, jobs run once per tick, opt-in fencing tokens, and
+//! (feature `http`) the framework-free per-request lock that `redlock-tower`
+//! and `redlock-actix` share.
 //!
 //! # Example
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use redlock_core::{LockOptions, Redlock};
+//! use redlock_core::{LockOptions, Redlock, RetryPolicy};
 //!
 //! # async fn run() -> Result<(), redlock_core::Error> {
-//! let redlock = Redlock::from_urls([
-//!     "redis://10.0.0.1:6379",
-//!     "redis://10.0.0.2:6379",
-//!     "redis://10.0.0.3:6379",
-//! ])?;
+//! // One URL (or deadpool-redis pool) per *independent* master.
+//! let redlock = Redlock::builder()
+//!     .urls(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+//!     .node_timeout(Duration::from_millis(50))            // per node, per call
+//!     .retry(RetryPolicy::deadline(Duration::from_secs(2)))
+//!     .build()?;
 //!
-//! // One attempt, manual release.
-//! let lock = redlock.mutex("invoice:42").try_acquire(Duration::from_secs(5)).await?;
+//! // Manual: one attempt, then release (dropping a Lock also releases, in the background).
+//! let mut lock = redlock.mutex("invoice:42").try_acquire(Duration::from_secs(5)).await?;
 //! println!("held for another {:?}", lock.remaining());
+//! redlock.extend(&mut lock, Duration::from_secs(5)).await?;
 //! redlock.unlock(lock).await?;
 //!
-//! // Held with auto-extension while the work runs; the work is dropped if the
-//! // lock is lost.
-//! redlock
+//! // Held while the work runs: renewed automatically; the work is dropped and
+//! // Error::Lost returned if the lock is lost.
+//! let n = redlock
 //!     .mutex("tenant:7")
 //!     .run(&LockOptions::new(Duration::from_secs(2)), |lock| async move {
-//!         // long work here
-//!         lock.remaining()
+//!         // lock.remaining(), lock.is_lost(), lock.lost().await
+//!         42
 //!     })
 //!     .await?;
 //! # Ok(()) }
 //! ```
 //!
-//! # Safety
+//! Build the handle once at start-up and share it: it is one `Arc`
+//! ([`Redlock::from_urls`] takes the URLs alone).
 //!
-//! **What Redlock guarantees.** While its assumptions hold, at most one client
-//! at a time holds a lock on a resource *within the validity it was told*
-//! ([`Lock::remaining`], [`Lock::valid_until`]). The assumptions: the nodes are
-//! independent masters (no replication between them, no two on one server); a
-//! node that restarts either stays down longer than the largest TTL in use or
-//! persists every write before answering (`appendonly yes`, `appendfsync
-//! always`); and the clocks of clients and nodes run at nearly the same rate
-//! (the drift allowance, 1 % of the TTL plus 2 ms by default). The lock says
-//! nothing about what happens after its validity: a key can expire while its
-//! holder still works.
+//! # Primitives
 //!
-//! **What the holder is told.** A [`LockHandle`] answers from the local
-//! monotonic clock at each call, against the last validity the nodes confirmed
-//! less a loss margin (default: the node timeout, see
-//! [`LockOptions::loss_margin`]). It does not wait for the renewal task: a
-//! holder whose thread blocked past its validity is told `is_lost() == true`
-//! the moment it looks, and [`crate::Primitive::run`] and the web adapters never
-//! poll the work again once the deadline has passed. A renewal task that dies
-//! (a panic, its runtime shut down) fires the loss too. What no client-side
-//! check can do: a holder that checks, is then paused (GC, `SIGSTOP`, swap, a
-//! slow network) past its validity, and only then writes, writes late.
+//! Every primitive is a value of one type, [`Primitive`], with the same verbs:
+//! [`try_acquire`](Primitive::try_acquire) (one attempt),
+//! [`acquire`](Primitive::acquire) (retries or waits per the handle's policy),
+//! [`acquire_with`](Primitive::acquire_with), [`guard`](Primitive::guard)
+//! (auto-extended) and [`run`](Primitive::run).
 //!
-//! **What fencing adds.** With [`RedlockBuilder::fencing`], every lock carries
-//! a [`FencingToken`] larger than the token of every earlier holder of the
-//! resource, and the protected resource can refuse a write whose token is
-//! smaller than one it already accepted ([`fence`]). That turns the late write
-//! above into a refused one, *if the resource checks*; a resource that does
-//! not check gains nothing. Tokens cost one more round trip per acquire (a
-//! fence phase decided at quorum). They are monotone because a later holder's
-//! acquire quorum meets the earlier holder's fence quorum on a node that
-//! remembers the earlier counter, which needs one of:
+//! | made by | holds |
+//! |---|---|
+//! | [`redlock.mutex(r)`](Redlock::mutex) | one holder |
+//! | [`redlock.mutex_many([r1, r2])?`](Redlock::mutex_many) | one holder of every resource, all or none |
+//! | [`redlock.semaphore(r, n)?`](Redlock::semaphore) | at most `n` holders |
+//! | [`redlock.rw_lock(r, Access::Shared)`](Redlock::rw_lock) / `Access::Exclusive` | readers together, a writer alone |
 //!
-//! - [`FencingMode::Durable`]: every node persists its counters before
-//!   answering (`appendonly yes`, `appendfsync always`);
-//! - [`FencingMode::Hybrid`]: tokens also take the nodes' clocks (`TIME`, in
-//!   µs); a node that restarts without its data must stay down longer than the
-//!   clock skew between the nodes, and no node's wall clock may step backwards
-//!   (a backward NTP step or a manual clock change can hand out a smaller
-//!   token after a restart). The model check also shows that the rule needs
-//!   the node's clock to advance between the `TIME` read of an acquire and
-//!   its fence; that fence comes one round trip later, so at least 1 µs
-//!   passes in practice, but it is an assumption.
+//! Elections are values too: [`redlock.election(name)?`](Redlock::election),
+//! then [`campaign_with(&options)`](Election::campaign_with).
 //!
-//! A delayed restart alone does not make [`FencingMode::Durable`] safe on
-//! nodes without persistence: the model check finds duplicate tokens there
-//! even when the restarted node stays down past every TTL, because the
-//! counters, unlike lock keys, must outlive every holder.
+//! # Errors
 //!
-//! [`Redlock::check_nodes`] reads each node's persistence and says whether the
-//! chosen mode is sound there ([`FencingCheck`]), and its eviction policy
-//! ([`EvictionCheck`]: only `noeviction` keeps lock keys and counters). The
-//! counters are keys, one per fenced resource (the byte `0xFF`, `fence:`, then
-//! the lock key: no UTF-8 key collides with them); deleting one, or a
-//! `FLUSHALL`, is a restart without data for that node. [`FencingMode::Durable`]
-//! counters never expire; [`FencingMode::Hybrid`] ones expire once idle for
-//! [`RedlockBuilder::fence_counter_ttl`] (a day by default, an hour at least),
-//! which the mode's clock rule makes as safe as a restart after the skew. Tokens order holders; they do not
-//! make a holder's validity longer, and they do not protect a resource from a
-//! client that writes without a lock.
+//! Errors are typed ([`Error`]): `Busy { retry_after }` when another holder
+//! has the lock (the holder's remaining PTTL, read from the nodes that refused in one
+//! more round trip),
+//! `NoQuorum` with a per-node [`Report`] (`Connect`, `Io`, `Timeout`, `WrongType`,
+//! `ReadOnly`, `OutOfMemory`, `Auth`, `Loading`, `ScriptBusy`, …), and input errors
+//! (`EmptyResource`, `InvalidTtl`, `NodeTimeoutTooLong`, `NoNodes`, `DuplicateNode`,
+//! `InvalidUrl`). Passwords never appear in errors, `Debug` output or logs.
+//!
+//! # Guide
+//!
+//! The [`guide`] has a chapter per topic:
+//!
+//! | chapter | what it covers |
+//! |---|---|
+//! | [requests](guide::requests) | the tower layer's and actix middleware's defaults, hold cap and Redis keys |
+//! | [waiting](guide::waiting) | waiting for a busy lock, woken by the release |
+//! | [several resources](guide::several_resources) | several resources under one lock, all or none |
+//! | [permits and shared locks](guide::permits_and_shared_locks) | semaphores and read/write locks |
+//! | [leader](guide::leader) | one leader among replicas: elections, terms, observers |
+//! | [jobs](guide::jobs) | a job run once per tick across replicas |
+//! | [idempotency](guide::idempotency) | idempotent requests and webhooks |
+//! | [gRPC](guide::grpc) | tonic services behind the tower layer |
+//! | [servers, replicas and clusters](guide::servers) | which servers, replica acks, Redis Cluster nodes |
+//! | [TLS](guide::tls) | `rediss://` nodes (feature `tls`) |
+//! | [operating](guide::operating) | metrics, inspection, the `redlock` command |
+//! | [the algorithm](guide::algorithm) | the steps, and where each lives in the source |
+//! | [safety](guide::safety) | what is guaranteed, under which assumptions, and fencing |
+//! | [the fault suite](guide::fault_suite) | the fault-injection tests |
+//! | [benchmarks](guide::benchmarks) | how it is measured, and where the figures are |
+//!
+//! # Features
+//!
+//! - `tls`: `rediss://` URLs through rustls ([TLS](guide::tls));
+//! - `http`: `redlock_core::request`, the per-request lock the adapters share;
+//! - `idempotency`: `redlock_core::idempotency`, the idempotency layers' flow and store;
+//! - `metrics`: lock metrics through the `metrics` facade ([`metrics`]);
+//! - `cli`: the `redlock` command ([operating](guide::operating)).
 //!
 //! [deadpool-redis]: https://docs.rs/deadpool-redis
 
@@ -289,3 +276,67 @@ pub use url::redact_url;
 
 /// The deadpool-redis crate this one is built on, for building pools.
 pub use deadpool_redis;
+
+/// The guide: a chapter per topic, each a module with no items of its own.
+/// The [crate's front page](crate#guide) lists them with what each covers.
+/// The chapters are the markdown files of `redlock-core/docs/guide/` in the
+/// repository, which the README links.
+pub mod guide {
+    #[doc = include_str!("../docs/guide/requests.md")]
+    pub mod requests {}
+
+    #[doc = include_str!("../docs/guide/waiting.md")]
+    pub mod waiting {}
+
+    #[doc = include_str!("../docs/guide/several-resources.md")]
+    pub mod several_resources {}
+
+    #[doc = include_str!("../docs/guide/permits-and-shared-locks.md")]
+    pub mod permits_and_shared_locks {}
+
+    #[doc = include_str!("../docs/guide/leader.md")]
+    pub mod leader {}
+
+    #[doc = include_str!("../docs/guide/jobs.md")]
+    pub mod jobs {}
+
+    // Its code and links need the `idempotency` feature (on on docs.rs).
+    #[cfg_attr(
+        feature = "idempotency",
+        doc = include_str!("../docs/guide/idempotency.md")
+    )]
+    #[cfg_attr(
+        not(feature = "idempotency"),
+        doc = "Idempotent requests and webhooks: this chapter is built with the `idempotency` feature."
+    )]
+    pub mod idempotency {}
+
+    #[doc = include_str!("../docs/guide/grpc.md")]
+    pub mod grpc {}
+
+    #[doc = include_str!("../docs/guide/servers.md")]
+    pub mod servers {}
+
+    // Its code needs the `tls` feature (on on docs.rs).
+    #[cfg_attr(feature = "tls", doc = include_str!("../docs/guide/tls.md"))]
+    #[cfg_attr(
+        not(feature = "tls"),
+        doc = "TLS: `rediss://` nodes. This chapter is built with the `tls` feature."
+    )]
+    pub mod tls {}
+
+    #[doc = include_str!("../docs/guide/operating.md")]
+    pub mod operating {}
+
+    #[doc = include_str!("../docs/guide/algorithm.md")]
+    pub mod algorithm {}
+
+    #[doc = include_str!("../docs/guide/safety.md")]
+    pub mod safety {}
+
+    #[doc = include_str!("../docs/guide/fault-suite.md")]
+    pub mod fault_suite {}
+
+    #[doc = include_str!("../docs/guide/benchmarks.md")]
+    pub mod benchmarks {}
+}
