@@ -99,6 +99,26 @@ pub enum Error {
         /// Every node's outcome in the last attempt.
         report: Report,
     },
+    /// A semaphore was asked for with another number of permits than the
+    /// one its holders use, which the nodes keep while any permit of it is
+    /// held ([`Redlock::semaphore`](crate::Redlock::semaphore)): two
+    /// configurations of one resource would otherwise admit as many holders
+    /// as the larger allows, silently. Not retried: give every client of the
+    /// resource the same count (or wait until the other's permits are gone).
+    #[error(
+        "permits of {resource:?}: asked with {asked}, but the nodes keep {found} for it \
+         (every client of one semaphore must use the same count): {report}"
+    )]
+    PermitsMismatch {
+        /// The resource asked for.
+        resource: Arc<str>,
+        /// The count this call gave.
+        asked: u32,
+        /// The count a node keeps for the resource.
+        found: String,
+        /// Every node's outcome in the attempt.
+        report: Report,
+    },
     /// Too many nodes failed for a quorum: the backend is unavailable.
     #[error("no quorum for {resource:?}: {ok} of {quorum} needed nodes answered ok: {report}")]
     NoQuorum {
@@ -210,6 +230,7 @@ impl Error {
             | Error::NoQuorum { report, .. }
             | Error::NoFenceQuorum { report, .. }
             | Error::NotHeld { report, .. }
+            | Error::PermitsMismatch { report, .. }
             | Error::ReleaseIncomplete { report, .. } => Some(report),
             _ => None,
         }

@@ -97,6 +97,24 @@ pub(crate) fn is_reader_key(key: &str) -> bool {
             .is_some_and(|rest| rest.starts_with(READER_INFIX))
 }
 
+/// What a permit slot's key is named by: its resource's tag, this, and the
+/// slot (`semaphore/`).
+pub(crate) const PERMIT_INFIX: &str = permit_infix!();
+
+/// What a semaphore's permit count is named by: its tag, then this.
+pub(crate) const PERMITS_SUFFIX: &str = permits_suffix!();
+
+/// Whether `key` is a permit slot's key: its tag followed by
+/// [`PERMIT_INFIX`]. Its extend also keeps the semaphore's count alive,
+/// which only the scripts do, never a native command.
+pub(crate) fn is_permit_key(key: &str) -> bool {
+    key.starts_with('{')
+        && key
+            .find('}')
+            .and_then(|end| key.get(end + 1..))
+            .is_some_and(|rest| rest.starts_with(PERMIT_INFIX))
+}
+
 /// The waiters flag of `key` (see [`WAITERS_SUFFIX`]).
 pub(crate) fn waiters_flag(key: &str) -> String {
     derived(key, WAITERS_SUFFIX)

@@ -138,10 +138,28 @@ macro_rules! readers_suffix {
     };
 }
 
-/// Lua functions for the scripts that set a read share's expiry (the read
-/// acquire, the reader's extends): `index_of(k)`, the readers index of a
-/// reader key `k` (`nil` for any other key), and `list_reader(idx, k, ms)`,
-/// which lists `k` in `idx` and keeps `idx` alive at least `ms` from now.
+/// What follows a permit slot's key's tag (`semaphore::permit_key`), as a
+/// literal for the extend scripts. As long as [`reader_infix`]'s text.
+macro_rules! permit_infix {
+    () => {
+        ":redlock-permit:"
+    };
+}
+
+/// The suffix of a semaphore's permit count (`semaphore::count_key`), as a
+/// literal for the extend scripts.
+macro_rules! permits_suffix {
+    () => {
+        ":redlock-permits"
+    };
+}
+
+/// Lua functions for the scripts that set a read share's or a permit's
+/// expiry (the acquires, the extends): `index_of(k)`, the readers index of a
+/// reader key `k` (`nil` for any other key), `list_reader(idx, k, ms)`,
+/// which lists `k` in `idx` and keeps `idx` alive at least `ms` from now,
+/// and `keep_companion(k, ms)`, which does that for a reader key and keeps a
+/// permit slot's count (`semaphore/`) alive at least `ms` for a slot key.
 /// So the index outlives every reader it lists (each reader's expiry is set
 /// in the same script, on the same clock), and a writer that finds no index
 /// finds no live reader; once the last reader's key is gone the index
@@ -172,6 +190,30 @@ local function list_reader(idx, k, ms)
   redis.call('SADD', idx, k)
   if p ~= -1 and p < tonumber(ms) then
     redis.call('PEXPIRE', idx, ms)
+  end
+end
+local function keep_count(c, ms)
+  local p = redis.call('PTTL', c)
+  if p >= 0 and p < tonumber(ms) then
+    redis.call('PEXPIRE', c, ms)
+  end
+end
+local function keep_companion(k, ms)
+  local idx = index_of(k)
+  if idx then
+    list_reader(idx, k, ms)
+    return
+  end
+  if string.byte(k) ~= 123 then return end
+  local t = string.match(k, '^{[^}]*}')
+  if t and string.sub(k, #t + 1, #t + "#,
+            reader_infix_len!(),
+            r#") == '"#,
+            permit_infix!(),
+            r#"' then
+    keep_count(t .. '"#,
+            permits_suffix!(),
+            r#"', ms)
   end
 end
 "#

@@ -250,6 +250,7 @@ pub(crate) fn error_kind(e: &NodeError) -> &'static str {
         NodeError::Protocol(_) => "protocol",
         NodeError::ReplicaAcks { .. } => "replica_acks",
         NodeError::NoWaitAof(_) => "no_waitaof",
+        NodeError::PermitsMismatch { .. } => "permits_mismatch",
     }
 }
 

@@ -31,6 +31,16 @@ pub enum NodeError {
         /// The `PTTL` seen at the key: `-1` for no expiry, `-2` when unknown.
         pttl_ms: i64,
     },
+    /// A semaphore's permit was asked for with another number of permits
+    /// than the one the node keeps for it, which a client still holding a
+    /// permit of it gave ([`Redlock::semaphore`](crate::Redlock::semaphore)):
+    /// every client of one resource must use the same count. Nothing was
+    /// taken on the node.
+    #[error("the semaphore's count here is {found}, another than the one asked for")]
+    PermitsMismatch {
+        /// The count the node keeps.
+        found: String,
+    },
     /// The script cache did not have the script even after the `EVAL` fallback.
     #[error("NOSCRIPT: {0}")]
     NoScript(String),

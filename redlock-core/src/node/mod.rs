@@ -14,6 +14,7 @@ mod many;
 mod native;
 mod parse;
 mod per_slot;
+mod permit_scripts;
 #[cfg(feature = "idempotency")]
 mod record;
 mod release_scripts;

@@ -80,6 +80,11 @@ pub(crate) fn parse_acquire_many(v: Value) -> Result<AcquireReply, NodeError> {
                 [_, Value::Int(p), Value::SimpleString(t)] => (*p, t.as_str().into()),
                 other => return Err(NodeError::Protocol(format!("acquire refusal {other:?}"))),
             };
+            if let Some(theirs) = ty.strip_prefix("redlock-permits:") {
+                return Err(NodeError::PermitsMismatch {
+                    found: theirs.to_owned(),
+                });
+            }
             match &*ty {
                 "string" => Ok(AcquireReply::Busy { pttl_ms }),
                 other => Err(NodeError::WrongType {

@@ -18,18 +18,19 @@ end
 return 0
 "#;
 
-/// A read share's extend (`rwlock/`): [`EXTEND_LUA`], and the reader's
-/// index kept alive as long as the reader (`reader_index_lua`), so that a
-/// writer still finds a reader whose key outlived the expiry its acquire
-/// gave the index. Never replaced by a native `SET … IFEQ`, which could not
-/// touch the index (`native.rs` replaces [`EXTEND`] only).
+/// A read share's or a permit's extend (`rwlock/`, `semaphore/`):
+/// [`EXTEND_LUA`], and the reader's index or the permit count kept alive as
+/// long as the key (`reader_index_lua`), so that a writer still finds a
+/// reader whose key outlived the expiry its acquire gave the index, and a
+/// client with another count is refused while a permit is held. Never
+/// replaced by a native `SET … IFEQ`, which could not touch them
+/// (`native.rs` replaces [`EXTEND`] only).
 const EXTEND_READER_LUA: &str = concat!(
     reader_index_lua!(),
     r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local r = redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local idx = index_of(KEYS[1])
-  if idx then list_reader(idx, KEYS[1], ARGV[2]) end
+  keep_companion(KEYS[1], ARGV[2])
   return r
 end
 return 0
@@ -40,7 +41,8 @@ return 0
 /// `KEYS[i]` held with token `ARGV[2i-1]` to `ARGV[2i]` ms, one flag per key.
 /// The `GET` is a `pcall`: a key holding a foreign non-string value is "not
 /// held" for that lock alone instead of failing the whole batch on the node.
-/// A read share's key also keeps its index alive, as [`EXTEND_READER_LUA`].
+/// A read share's or a permit's key also keeps its index or count alive, as
+/// [`EXTEND_READER_LUA`].
 const EXTEND_BATCH_LUA: &str = concat!(
     reader_index_lua!(),
     r#"
@@ -48,8 +50,7 @@ local out = {}
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[2 * i - 1] then
     out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    local idx = index_of(KEYS[i])
-    if idx then list_reader(idx, KEYS[i], ARGV[2 * i]) end
+    keep_companion(KEYS[i], ARGV[2 * i])
   else
     out[i] = 0
   end

@@ -179,12 +179,17 @@ impl Redlock {
     ) -> Extended {
         let _enter = span.enter();
         let call = Arc::new(match &lock.many {
-            // A reader's extend also keeps its index alive (`rwlock/`).
-            None if crate::keys::is_reader_key(&lock.key) => Call::script(
-                &EXTEND_READER,
-                Arc::clone(&lock.key),
-                vec![lock.token.to_string(), ttl.as_millis().to_string()],
-            ),
+            // A reader's or a permit's extend also keeps its index or count
+            // alive (`rwlock/`, `semaphore/`).
+            None if crate::keys::is_reader_key(&lock.key)
+                || crate::keys::is_permit_key(&lock.key) =>
+            {
+                Call::script(
+                    &EXTEND_READER,
+                    Arc::clone(&lock.key),
+                    vec![lock.token.to_string(), ttl.as_millis().to_string()],
+                )
+            }
             None => Call::script(
                 &EXTEND,
                 Arc::clone(&lock.key),

@@ -82,8 +82,6 @@ impl Names {
     }
 }
 
-impl Redlock {}
-
 /// A side of a read/write lock, as the shared wrappers take it
 /// (`primitive`).
 impl Acquire for Access {

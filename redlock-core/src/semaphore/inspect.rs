@@ -6,7 +6,7 @@ use futures_util::future::join_all;
 
 use super::{check_permits, permit_key};
 use crate::error::Error;
-use crate::inspect::{Inspection, Verdict};
+use crate::inspect::{Inspection, NodeView, Verdict};
 use crate::protocol::redlock::Redlock;
 
 /// What [`Redlock::inspect_permits`] found.
@@ -26,6 +26,10 @@ pub struct PermitsInspection {
     pub slots: Vec<Inspection>,
     /// How many slots are held, free or unclear.
     pub verdict: PermitsVerdict,
+    /// The count each node keeps for the semaphore while a permit of it is
+    /// held (`None`: none), which every client of it must use
+    /// ([`Error::PermitsMismatch`]).
+    pub counts: Vec<NodeView<Option<String>>>,
 }
 
 /// How many of a semaphore's permits are in use, by the slots' verdicts.
@@ -70,6 +74,9 @@ impl Redlock {
         let slots =
             join_all((0..permits).map(|slot| self.inspect_key(resource, permit_key(&key, slot))))
                 .await;
+        let mut get = redis::cmd("GET");
+        get.arg(crate::slots::derived(&key, crate::keys::PERMITS_SUFFIX));
+        let counts = self.read_nodes(&get, read_count).await;
         let mut verdict = PermitsVerdict {
             held: 0,
             free: 0,
@@ -89,6 +96,16 @@ impl Redlock {
             quorum: self.inner.quorum,
             slots,
             verdict,
+            counts,
         })
+    }
+}
+
+/// A node's `GET` of the count: the count, or `None` for no key.
+fn read_count(v: redis::Value) -> Option<Option<String>> {
+    match v {
+        redis::Value::Nil => Some(None),
+        redis::Value::BulkString(b) => Some(Some(String::from_utf8_lossy(&b).into_owned())),
+        _ => None,
     }
 }

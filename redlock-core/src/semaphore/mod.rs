@@ -23,11 +23,14 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use crate::acquire_kind::Acquire;
-use crate::error::Error;
+use crate::error::{Error, NodeError, NodeStatus};
+use crate::fencing::fence_key;
 use crate::metrics::Of;
-use crate::protocol::acquire::Ttl;
+use crate::node::Call;
+use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Redlock;
+use crate::protocol::steps::new_token;
 use crate::settings::RetryPolicy;
 
 mod inspect;
@@ -43,8 +46,6 @@ pub const MAX_PERMITS: u32 = 64;
 pub(crate) fn permit_key(key: &str, slot: u32) -> String {
     crate::slots::derived(key, &format!(":redlock-permit:{slot}"))
 }
-
-impl Redlock {}
 
 /// A semaphore of this many permits, as the shared wrappers take it
 /// (`primitive`).
@@ -88,9 +89,12 @@ impl Redlock {
     }
 
     /// One attempt: the slots in turn from a random one, each a whole mutex
-    /// attempt (a subscribed waiter's sets the resource's waiters flag for
-    /// `flag` first, in the same round trip), until one is held. Fails with
-    /// the soonest `Busy` if any slot was busy, else with the last error.
+    /// attempt by the permit script (which checks and keeps the semaphore's
+    /// count first, and for a subscribed waiter sets the resource's waiters
+    /// flag for `flag`, in the same step), until one is held. Fails with
+    /// the soonest `Busy` if any slot was busy, else with the last error;
+    /// with [`Error::PermitsMismatch`] at once if a node keeps another
+    /// count.
     async fn permit_attempt(
         &self,
         resource: &Arc<str>,
@@ -107,10 +111,20 @@ impl Redlock {
             let slot = (first + i) % permits;
             let slot_key: Arc<str> = permit_key(key, slot).into();
             match self
-                .attempt_flagged(resource, &slot_key, ttl, attempt, flag)
+                .slot_attempt(resource, &slot_key, permits, ttl, attempt, flag)
                 .await
             {
                 Ok(lock) => return Ok(lock),
+                Err(e) if mismatch(&e).is_some() => {
+                    let found = mismatch(&e).unwrap_or_default();
+                    let report = e.report().cloned().unwrap_or_default();
+                    return Err(Error::PermitsMismatch {
+                        resource: Arc::clone(resource),
+                        asked: permits,
+                        found,
+                        report,
+                    });
+                }
                 Err(e) if !e.is_retryable() => return Err(e),
                 Err(e @ Error::Busy { .. }) => busy = Some(sooner(busy, e)),
                 Err(e) => last = Some(e),
@@ -121,6 +135,51 @@ impl Redlock {
             (None, None) => Err(Error::InvalidConfig("no permit slot".into())),
         }
     }
+}
+
+impl Redlock {
+    /// One slot's attempt: the permit script on every node, then the
+    /// mutex's steps on the slot's key ([`Redlock::attempt_scripted`]).
+    async fn slot_attempt(
+        &self,
+        resource: &Arc<str>,
+        slot_key: &Arc<str>,
+        permits: u32,
+        ttl: Ttl,
+        attempt: u32,
+        flag: Option<Duration>,
+    ) -> Result<Lock, Error> {
+        let token = new_token()?;
+        let count = crate::slots::derived(slot_key, crate::keys::PERMITS_SUFFIX);
+        let flag_key = crate::keys::waiters_flag(slot_key);
+        let flag_ms = flag.map_or(0, |f| {
+            u64::try_from(f.as_millis()).unwrap_or(u64::MAX).max(1)
+        });
+        let fence = self.inner.settings.fencing.map(|_| fence_key(slot_key));
+        let call = Call::permit_acquire(
+            slot_key,
+            &count,
+            (&token, ttl.key.as_millis()),
+            permits,
+            (&flag_key, flag_ms),
+            fence.as_deref(),
+        );
+        let target = Scripted {
+            key: Arc::clone(slot_key),
+            fenced: true,
+        };
+        self.attempt_scripted(resource, target, token, ttl, call, attempt)
+            .await
+    }
+}
+
+/// The count a node keeps for the semaphore, when `e` says one refused the
+/// attempt for another.
+fn mismatch(e: &Error) -> Option<String> {
+    e.report()?.nodes.iter().find_map(|n| match &n.status {
+        NodeStatus::Failed(NodeError::PermitsMismatch { found }) => Some(found.clone()),
+        _ => None,
+    })
 }
 
 /// `permits` within 1 to [`MAX_PERMITS`].

@@ -119,8 +119,37 @@ fn status_with_permits_and_rw_shows_slots_readers_and_the_verdict() {
         !table.contains(permit.token()),
         "the token is never shown: {table}"
     );
+    // The count the holder's semaphore keeps on the nodes (issue 47 item 8),
+    // and a warning when it is not the one asked about. The count is
+    // written at quorum: every node has it once its answer has come.
+    let counted = |table: &str| table.matches("=2").count() == 3;
+    let end = Instant::now() + timing::settled();
+    let mut table = status(&["report", "--permits", "2"]);
+    while !counted(&table) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        table = status(&["report", "--permits", "2"]);
+    }
+    assert!(
+        table.contains("count kept by the nodes:") && counted(&table),
+        "{table}"
+    );
+    assert!(!table.contains("WARNING"), "{table}");
+    let other = status(&["report", "--permits", "3"]);
+    assert!(
+        other.contains("WARNING: the holders use another count than --permits 3"),
+        "{other}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&status(&["report", "--permits", "2", "--json"])).unwrap();
+    assert_eq!(v["counts"].as_array().map(Vec::len), Some(3), "{v}");
+    assert!(
+        v["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["count"] == "2"),
+        "{v}"
+    );
     assert_eq!(v["verdict"]["held"], 1);
     assert_eq!(v["verdict"]["free"], 1);
     let slots = v["slots"].as_array().unwrap();

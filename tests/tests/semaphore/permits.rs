@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Error, LockOptions, RetryPolicy};
+use redlock_core::{Error, LockOptions, Redlock, RetryPolicy};
 use redlock_tests::{Cluster, timing};
 
 use super::{Section, most_at_once, ms, on_a_runtime_that_dies, redlock};
@@ -190,4 +190,69 @@ async fn permits_out_of_range_are_refused_before_any_node_is_asked() {
         Err(Error::Busy { .. })
     ));
     rl.unlock(held).await.unwrap();
+}
+
+/// Issue 47, item 8: the count is part of the resource on the nodes. A
+/// client with `permits(3)` beside holders with `permits(2)` (a rolling
+/// deploy, `redlock run --permits 3` next to the application) used to be
+/// admitted as a third holder, silently. It is refused with a typed error
+/// that names both counts, and takes nothing; the holders' renewals keep the
+/// count as long as they hold (several TTLs here); once every permit is gone
+/// and the count has expired, the new count holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_count_beside_held_permits_is_refused_with_a_typed_error() {
+    let cluster = Cluster::start(3);
+    let ttl = Duration::from_millis(1500);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(timing::patient_node_timeout_for(ttl))
+        .build()
+        .unwrap();
+    let two = rl.semaphore("exports", 2).unwrap();
+    let options = LockOptions::new(ttl);
+    let (a, b) = (
+        two.guard(&options).await.unwrap(),
+        two.guard(&options).await.unwrap(),
+    );
+    let three = rl.semaphore("exports", 3).unwrap();
+    let refused = three.try_acquire(ttl).await;
+    match &refused {
+        Err(Error::PermitsMismatch { asked, found, .. }) => {
+            assert_eq!((*asked, found.as_str()), (3, "2"));
+        }
+        other => panic!("a third holder beside permits(2): {other:?}"),
+    }
+    // Nothing was taken: the third slot is free on every node.
+    assert!(
+        cluster
+            .nodes()
+            .iter()
+            .all(|n| n.get("{exports}:redlock-permit:2").is_none()),
+        "a slot was taken by the refused client"
+    );
+    // Past several TTLs (the subject is time: renewals keep the count).
+    tokio::time::sleep(ttl * 3).await;
+    if !a.is_lost() && !b.is_lost() {
+        let again = three
+            .acquire_with(ttl, &RetryPolicy::attempts(3).with_delay(ms(50)))
+            .await;
+        assert!(
+            matches!(again, Err(Error::PermitsMismatch { .. })),
+            "after renewals: {again:?}"
+        );
+    }
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    // The count expires with the last permit's TTL; then 3 it is.
+    let end = Instant::now() + timing::liveness(ttl);
+    let lock = loop {
+        match three.try_acquire(ttl).await {
+            Ok(lock) => break lock,
+            Err(Error::PermitsMismatch { .. }) if Instant::now() < end => {
+                tokio::time::sleep(ms(100)).await;
+            }
+            other => panic!("the count of the released permits stayed: {other:?}"),
+        }
+    };
+    rl.unlock(lock).await.unwrap();
 }

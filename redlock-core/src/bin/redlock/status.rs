@@ -159,6 +159,17 @@ fn table(seen: &Inspection) -> String {
     out
 }
 
+/// Each node's count, for `--json`.
+fn counts_json(seen: &PermitsInspection) -> Vec<serde_json::Value> {
+    seen.counts
+        .iter()
+        .map(|n| match &n.state {
+            Ok(c) => json!({"node": &*n.node, "count": c}),
+            Err(e) => json!({"node": &*n.node, "error": e.to_string()}),
+        })
+        .collect()
+}
+
 /// `--permits N`: the count, then each slot as a mutex's status.
 fn permits_out(seen: &PermitsInspection, json: bool) -> String {
     let v = &seen.verdict;
@@ -170,6 +181,7 @@ fn permits_out(seen: &PermitsInspection, json: bool) -> String {
             "permits": seen.permits,
             "quorum": seen.quorum,
             "verdict": {"held": v.held, "free": v.free, "unclear": v.unclear},
+            "counts": counts_json(seen),
             "slots": slots,
         });
         return format!("{out}\n");
@@ -184,6 +196,26 @@ fn permits_out(seen: &PermitsInspection, json: bool) -> String {
         v.free,
         v.unclear
     );
+    let counts: Vec<String> = seen
+        .counts
+        .iter()
+        .map(|n| match &n.state {
+            Ok(Some(c)) => format!("{}={c}", n.node),
+            Ok(None) => format!("{}=-", n.node),
+            Err(e) => format!("{}=? ({e})", n.node),
+        })
+        .collect();
+    out.push_str(&format!("count kept by the nodes: {}\n", counts.join("  ")));
+    let asked = seen.permits.to_string();
+    if seen
+        .counts
+        .iter()
+        .any(|n| matches!(&n.state, Ok(Some(c)) if *c != asked))
+    {
+        out.push_str(&format!(
+            "WARNING: the holders use another count than --permits {asked}\n"
+        ));
+    }
     for (slot, s) in seen.slots.iter().enumerate() {
         out.push_str(&format!("\nslot {slot}  "));
         out.push_str(&table(s));
