@@ -221,7 +221,8 @@ end
     };
 }
 
-// The floor plan: each group uses only the groups above it (README, "How
+// The floor plan: each group uses only the groups above it (the guide's
+// algorithm chapter, `docs/guide/algorithm.md`, "How
 // the algorithm is implemented"; `module-cycles` checks it in `.ci/run`).
 
 // 1. Values: errors and per-node reports, fencing modes and tokens, key

@@ -7,7 +7,8 @@
 //! this client's last write, and on a multiplexed connection that write is
 //! this call's or a later one's, never an earlier one's. It blocks the
 //! connection while it waits (Redis runs one client's commands in order), so
-//! every call on the node waits behind it: the README's "Replica acks" says
+//! every call on the node waits behind it: the guide's servers chapter
+//! (`docs/guide/servers.md`, "Replicas and failover") says
 //! what that costs.
 
 use std::time::{Duration, Instant};
