@@ -109,15 +109,15 @@ return 0
     };
 }
 
-/// The release of a failed attempt's keys, which took fewer nodes than a
-/// quorum (`Attempt::release_failed`): compare-and-delete (a read share also
-/// leaves its index), announcing nothing and leaving the waiters flag. Such
-/// a key never held the lock, so nobody waits for it to go: a waiter it
-/// refused waits for the holder that refused the attempt, or for its own
-/// poll. Announced, it woke waiters of the resource to try again at once,
-/// the attempt's own waiter too (issue 48, item 3: a permit waiter's
-/// clean-up of one slot woke it as a release on another slot's busy node,
-/// and it spun); and a `DEL` of the flag took other waiters' flags away.
+/// The release of a permit slot's failed attempt, which took fewer nodes
+/// than a quorum (`Attempt::release_failed`): compare-and-delete (a read
+/// share also leaves its index), announcing nothing and leaving the waiters
+/// flag. Such a key never held the slot: a waiter it refused waits for the
+/// holder that refused the attempt, or for its own poll. Announced, it woke
+/// the resource's waiters to try again at once, the attempt's own waiter
+/// too (issue 48, item 3: a permit waiter's clean-up of one slot woke it as
+/// a release on another slot's busy node, and it spun); and a `DEL` of the
+/// flag took other waiters' flags away.
 pub(crate) const RELEASE_QUIET_LUA: &str = concat!(
     reader_index_lua!(),
     r#"

@@ -308,14 +308,33 @@ async fn fault_suite() {
     verdicts.push(save_and_check(&dir, "holder-stall-pair", &h));
     let h = ghost_keys(seed).await;
     verdicts.push(save_and_check(&dir, "ghost-keys", &h));
-    let h = randomized_in_process(seed, in_process).await;
-    verdicts.push(save_and_check(&dir, "in-process", &h));
-    // The multi-key clients' acquisitions: one `Acquire` per key of a set.
-    summary.multi_key_acquisitions = h
-        .iter()
-        .filter(|e| matches!(e, Event::Acquire { client, .. } if client.starts_with('k')))
-        .count() as u64
-        / 2;
+    // The in-process soak runs until its coverage is there (the multi-key
+    // clients took a set), for at most three rounds of its length: on a
+    // loaded machine the single-key clients win every race of one round
+    // (acquired=0 in a loaded run with two busy processes beside it). Each
+    // round's history is checked like the first.
+    let mut h = Vec::new();
+    for round in 0..3u64 {
+        let name = if round == 0 {
+            "in-process".to_owned()
+        } else {
+            format!("in-process-{round}")
+        };
+        let this = randomized_in_process(seed.wrapping_add(round), in_process).await;
+        verdicts.push(save_and_check(&dir, &name, &this));
+        // The multi-key clients' acquisitions: one `Acquire` per key of a set.
+        summary.multi_key_acquisitions += this
+            .iter()
+            .filter(|e| matches!(e, Event::Acquire { client, .. } if client.starts_with('k')))
+            .count() as u64
+            / 2;
+        if round == 0 {
+            h = this;
+        }
+        if summary.multi_key_acquisitions >= 1 {
+            break;
+        }
+    }
     let (tried, caught) = stale_validity_mutations_caught(&h);
     println!("  stale-validity mutations of the in-process history caught: {caught}/{tried}");
     assert!(
