@@ -173,12 +173,8 @@ pub(crate) async fn run(nodes: &[String], node_timeout: Duration, args: Args) ->
         options = options.max_hold(max_hold);
     }
     let kind = args.permits.map_or(Kind::Mutex, Kind::Permits);
-    let mut acquire = Box::pin(async {
-        redlock
-            .primitive([&args.key], kind)?
-            .guard(&options)
-            .await
-    });
+    let mut acquire =
+        Box::pin(async { redlock.primitive([&args.key], kind)?.guard(&options).await });
     let acquired = loop {
         tokio::select! {
             acquired = &mut acquire => break acquired,
