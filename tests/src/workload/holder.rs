@@ -102,7 +102,7 @@ pub fn spawn_holder_thread(
         .expect("spawn a holder thread")
 }
 
-/// Runs a holder-view client until `cfg.until`: [`Redlock::with_lock`] with
+/// Runs a holder-view client until `cfg.until`: [`Primitive::run`](redlock_core::Primitive::run) with
 /// auto-extension, and inside the work 1–3 steps of read; async work; (maybe a
 /// thread stall); `is_lost()` check; (maybe a thread stall); unchecked write.
 /// Call it on a current-thread runtime ([`spawn_holder_thread`]).
