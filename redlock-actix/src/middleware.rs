@@ -199,7 +199,7 @@ impl RedlockMiddleware {
     /// `/transfers/{from}/{to}`): each decoded value is a key (`from,to=<value>`,
     /// one family for all of them), and the request
     /// holds all of them as one lock
-    /// ([`redlock_core::Redlock::mutex_many`](redlock_core::redlock_core::Redlock::mutex_many)), so two
+    /// ([`redlock_core::Redlock::mutex_many`](redlock_core::Redlock::mutex_many)), so two
     /// requests over the same pair in either order exclude each other and
     /// never deadlock. A request missing any of them has no key. Wrap the
     /// scope or resource that declares them, as for

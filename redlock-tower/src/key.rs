@@ -55,7 +55,7 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
     fn extract(&self, req: &mut Parts) -> Option<String>;
 
     /// The keys of this request, locked together as one lock (see
-    /// [`redlock_core::Redlock::mutex_many`](redlock_core::redlock_core::Redlock::mutex_many)). What the
+    /// [`redlock_core::Redlock::mutex_many`](redlock_core::Redlock::mutex_many)). What the
     /// layer calls; by default the one key of [`extract`](Self::extract).
     /// Extractors that find several keys (e.g. `ByPathParams`) override it.
     fn extract_keys(&self, req: &mut Parts) -> Option<RequestKey> {
