@@ -214,13 +214,14 @@ pub(super) async fn a_set_overtaken_by_its_release_is_released_again() {
 }
 
 /// Nodes 0–2 hold `key` for someone else and node 4 is paused: a `try_lock` is
-/// decided "busy" by the first answers. Returns how long it took and how many
-/// nodes were still pending at the decision, once node 4, resumed, has had its
-/// late `SET` (if it ran) released in the background.
+/// decided "busy" by the first answers. Returns how long it took and whether
+/// the paused node was still pending at the decision (node 3 may be too: a
+/// quorum of busy answers decides, not every answer), once node 4, resumed,
+/// has had its late `SET` (if it ran) released in the background.
 pub(super) async fn busy_with_a_paused_node(
     node_timeout: Duration,
     key: &str,
-) -> (Duration, usize) {
+) -> (Duration, PausedPending) {
     let cluster = Cluster::start(5);
     let rl = ready(&cluster, node_timeout).await;
     for i in 0..3 {
@@ -233,7 +234,9 @@ pub(super) async fn busy_with_a_paused_node(
     cluster.node(4).resume();
     let err = result.unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    let pending = err.report().map_or(0, |r| r.pending_count());
+    let pending = err
+        .report()
+        .is_some_and(|r| matches!(r.nodes[4].status, redlock_core::NodeStatus::Pending));
     // Node 3 stored the token and is released with the failure's release
     // round, node 4 (late) in the background: wait for both, as the release
     // of node 3 may still be on its way when node 4's has landed (seen on
@@ -250,13 +253,16 @@ pub(super) async fn busy_with_a_paused_node(
     (took, pending)
 }
 
+/// Whether the paused node (4) was pending when a failure was decided.
+type PausedPending = bool;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn failed_attempt_returns_early_and_late_set_is_released() {
     let (took, pending) = busy_with_a_paused_node(Duration::from_secs(2), "fan-out-busy").await;
     // Decided without the paused node: it was still pending then (had the
     // failure waited for it, it would have timed out).
-    assert_eq!(
-        pending, 1,
+    assert!(
+        pending,
         "a decided failure waited for the paused node: {took:?}"
     );
 }
@@ -269,8 +275,8 @@ pub(super) async fn failed_attempt_does_not_wait_for_unanswered_nodes() {
     let (took, pending) = busy_with_a_paused_node(ms(450), "fan-out-busy-pending").await;
     // The paused node was still pending at the decision: the failure did not
     // wait for its timeout (nor for redis-rs's 500 ms cap).
-    assert_eq!(
-        pending, 1,
+    assert!(
+        pending,
         "Busy was decided by 3 fast answers, yet try_lock waited for the paused node: \
          {took:?} (node_timeout 450 ms)"
     );
