@@ -150,20 +150,24 @@ async fn a_request_lock_s_counter_expires_after_the_policy_s_retention() {
         held.release().await;
     }
     let fenced = Instant::now();
-    // Fenced at quorum: node 0's counter may land a moment later (polled).
-    let mut read = counter_of(cluster.node(0), "redlock:/orders/0");
-    redlock_tests::util::eventually(timing::settled(), || {
-        read = counter_of(cluster.node(0), "redlock:/orders/0");
-        read.0.is_some()
-    })
-    .await;
-    let (value, pttl) = read;
-    assert!(value.is_some(), "no counter on node 0");
+    // The last key was fenced at a quorum a moment ago (the third node's
+    // counter may be late or lost), far less than its retention: a quorum
+    // holds its counter, each within the bound. An earlier key's counter may
+    // already be gone on a loaded machine, so the last one is read.
     let bound = counter_bound(keep);
-    assert!(
-        pttl > 0 && pttl <= bound.as_millis() as i64,
-        "PTTL {pttl} ms, the bound {bound:?}"
-    );
+    let read: Vec<_> = cluster
+        .nodes()
+        .iter()
+        .map(|n| counter_of(n, "redlock:/orders/9"))
+        .collect();
+    let held = read.iter().filter(|(v, _)| v.is_some()).count();
+    assert!(held >= 2, "the last key's counter on {held} nodes: {read:?}");
+    for &(value, pttl) in &read {
+        assert!(
+            value.is_none() || (pttl > 0 && pttl <= bound.as_millis() as i64),
+            "PTTL {pttl} ms, the bound {bound:?}: {read:?}"
+        );
+    }
     every_counter_expires_within(&cluster, bound);
     no_counter_left_by(&cluster, fenced + timing::liveness(bound), "request locks").await;
 }
