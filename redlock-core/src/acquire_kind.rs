@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::metrics::{self, Gauged, Of};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::settings::RetryPolicy;
 
 /// A primitive's retrying acquire: attempts until one wins or `retry` gives
@@ -28,7 +28,7 @@ pub(crate) trait Acquire {
     /// `fence_retention`, see `LockOptions::retained_counter_ttl`).
     fn acquire(
         &self,
-        redlock: &Redlock,
+        redlock: &Core,
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
@@ -36,7 +36,7 @@ pub(crate) trait Acquire {
     ) -> impl Future<Output = Result<Lock, Error>> + Send;
 }
 
-impl Redlock {
+impl Core {
     /// `*_with`: `what`'s retrying acquire of `resource`, counted as the
     /// mutex's acquire counts its calls, and in `what`'s gauges: a waiter
     /// while it may retry, a holder from its success until the lock is

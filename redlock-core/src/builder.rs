@@ -10,7 +10,8 @@ use deadpool_redis::Pool;
 use crate::error::Error;
 use crate::fencing::FencingMode;
 use crate::node_spec::NodeSpec;
-use crate::protocol::redlock::{Inner, Redlock};
+use crate::protocol::redlock::{Core, Inner};
+use crate::redlock::Redlock;
 use crate::settings::{RetryPolicy, Settings};
 use crate::sources::{NodeSource, open_nodes};
 
@@ -205,7 +206,10 @@ impl RedlockBuilder {
                 "an even number of Redlock nodes tolerates no more failures than one node fewer"
             );
         }
-        Ok(Redlock::from_inner(Inner::new(nodes, self.settings)))
+        Ok(Redlock::from_core(Core::from_inner(Inner::new(
+            nodes,
+            self.settings,
+        ))))
     }
 
     /// Adds a `rediss://` node that trusts the given certificates instead of the
@@ -368,6 +372,7 @@ impl RedlockBuilder {
     }
 }
 
+/// Construction.
 impl Redlock {
     /// A handle over these pools, one per independent Redis master, with the
     /// default settings. Use [`Redlock::builder`] for the rest.

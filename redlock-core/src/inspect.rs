@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, NodeError};
 use crate::fencing::fence_key;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::release::Released;
 
 /// One node's view of a lock key, read in one script so the parts agree.
@@ -59,7 +59,7 @@ pub struct KeyState {
 
 /// One node's answer to an inspection: of a lock key by default, of a
 /// read/write lock's keys ([`RwState`](crate::RwState)) for
-/// [`Redlock::inspect_rw`].
+/// [`Redlock::inspect_rw`](crate::Redlock::inspect_rw).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct NodeView<S = KeyState> {
@@ -99,7 +99,7 @@ pub enum Verdict {
     },
 }
 
-/// What [`Redlock::inspect`] found.
+/// What [`Redlock::inspect`](crate::Redlock::inspect) found.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Inspection {
@@ -115,22 +115,9 @@ pub struct Inspection {
     pub verdict: Verdict,
 }
 
-impl Redlock {
-    /// Reads, on every node at once, what it holds for `resource`: whether the
-    /// key exists, the holder's [`token_fingerprint`], the PTTL and the fencing
-    /// counter, and judges them ([`Verdict`]). Takes no lock and changes
-    /// nothing; each node is bounded by the node timeout (at least 500 ms).
-    ///
-    /// ```no_run
-    /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
-    /// let seen = redlock.inspect("tenant:7").await?;
-    /// println!("{:?}", seen.verdict);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::EmptyResource`].
-    pub async fn inspect(&self, resource: &str) -> Result<Inspection, Error> {
+impl Core {
+    /// [`Redlock::inspect`].
+    pub(crate) async fn inspect(&self, resource: &str) -> Result<Inspection, Error> {
         self.check_resource(resource)?;
         Ok(self.inspect_key(resource, self.key_for(resource)).await)
     }
@@ -175,30 +162,23 @@ impl Redlock {
         .await
     }
 
-    /// Compare-and-delete of the key `handle` held (a mutex's, a permit's
-    /// slot, a read share's) with its token, on every node, waiting for each
-    /// node's answer or its timeout: the second pass of a holder that must
-    /// not leave a key behind when it exits (the `redlock` command), after
-    /// its guard's release returned at quorum. For a lock on one resource;
-    /// deletes nothing that holds another token.
-    ///
-    /// # Errors
-    /// [`Error::ReleaseIncomplete`] when too many nodes failed to confirm.
-    pub async fn release_everywhere(&self, handle: &crate::LockHandle) -> Result<Released, Error> {
+    /// [`Redlock::release_everywhere`].
+    pub(crate) async fn release_everywhere(
+        &self,
+        handle: &crate::LockHandle,
+    ) -> Result<Released, Error> {
         let key = crate::keys::Keys::One(handle.key().into());
         let token: Arc<str> = handle.token().into();
         self.release_everywhere_key(handle.resource(), &key, &token)
             .await
     }
 
-    /// The operator's escape hatch: compare-and-delete of `resource`'s key on
-    /// every node, for the holder whose token is `token` (a process that died
-    /// holding a long lock, say). Deletes nothing that holds another token.
-    ///
-    /// # Errors
-    /// [`Error::EmptyResource`]; [`Error::ReleaseIncomplete`] when too many
-    /// nodes failed to confirm.
-    pub async fn release_token(&self, resource: &str, token: &str) -> Result<Released, Error> {
+    /// [`Redlock::release_token`].
+    pub(crate) async fn release_token(
+        &self,
+        resource: &str,
+        token: &str,
+    ) -> Result<Released, Error> {
         self.check_resource(resource)?;
         let key = crate::keys::Keys::One(self.key_for(resource).into());
         let token: Arc<str> = token.into();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::guard::{LockHandle, run_guarded_at_least};
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
 /// Options of a scheduled job ([`Redlock::run_job`]).
@@ -93,67 +93,33 @@ impl JobOptions {
     }
 }
 
-impl Redlock {
-    /// Runs the future `f` makes under the job's lock, if this replica takes
-    /// it: `Ok(Some(output))`; `Ok(None)` when another replica holds it (it
-    /// runs this tick, or ran it less than the minimum hold ago).
-    ///
-    /// The lock is renewed while the job runs (up to
-    /// [`JobOptions::at_most`], when the job is dropped and
-    /// [`Error::Lost`] returned, as by [`crate::Primitive::run`]). When the job
-    /// ends, the key is kept until [`JobOptions::at_least`] after the start
-    /// ([`LockGuard::release_at_least`](crate::LockGuard::release_at_least)),
-    /// and so it is when the job panics or this call's future is dropped
-    /// (a `tokio::time::timeout`, a `select!`): the keep is sent in the
-    /// background, as a dropped guard's release is.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_core::{JobOptions, Redlock};
-    ///
-    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
-    /// // Every replica runs this each minute; timers may be a few seconds apart.
-    /// let job = JobOptions::new(Duration::from_secs(30))
-    ///     .at_least(Duration::from_secs(20))
-    ///     .at_most(Duration::from_secs(10 * 60));
-    /// match redlock.run_job("cleanup", &job, |_lock| async { 42 }).await? {
-    ///     Some(n) => println!("ran this tick: {n}"),
-    ///     None => println!("another replica has this tick"),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] when [`JobOptions::at_most`] is shorter than
-    /// [`JobOptions::at_least`]; an acquire error other than [`Error::Busy`]
-    /// (see [`crate::Primitive::guard`]); [`Error::Lost`].
-    pub async fn run_job<F, Fut, T>(
-        &self,
-        job: &str,
-        options: &JobOptions,
-        f: F,
-    ) -> Result<Option<T>, Error>
-    where
-        F: FnOnce(LockHandle) -> Fut,
-        Fut: Future<Output = T>,
+/// [`Redlock::run_job`].
+pub(crate) async fn run_job<F, Fut, T>(
+    redlock: &Redlock,
+    job: &str,
+    options: &JobOptions,
+    f: F,
+) -> Result<Option<T>, Error>
+where
+    F: FnOnce(LockHandle) -> Fut,
+    Fut: Future<Output = T>,
+{
+    if let Some(cap) = options.at_most
+        && cap < options.at_least
     {
-        if let Some(cap) = options.at_most
-            && cap < options.at_least
-        {
-            return Err(Error::InvalidConfig(format!(
-                "a job's at_most ({cap:?}) is shorter than its at_least ({:?})",
-                options.at_least
-            )));
-        }
-        let guard = match self.mutex(job).guard(&options.lock_options()).await {
-            Ok(guard) => guard,
-            Err(Error::Busy { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        run_guarded_at_least(guard, options.at_least, f)
-            .await
-            .map(Some)
+        return Err(Error::InvalidConfig(format!(
+            "a job's at_most ({cap:?}) is shorter than its at_least ({:?})",
+            options.at_least
+        )));
     }
+    let guard = match redlock.mutex(job).guard(&options.lock_options()).await {
+        Ok(guard) => guard,
+        Err(Error::Busy { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    run_guarded_at_least(guard, options.at_least, f)
+        .await
+        .map(Some)
 }
 
 #[cfg(test)]

@@ -258,12 +258,15 @@ mod protocol;
 // 4. Holding (guard, handle, renewal schedule) and waiting (retry by
 // wake-up); above them, a leader (campaign, observe), jobs run once per
 // tick, permits (`semaphore`) and shared locks (`rwlock`) with the wrappers
-// they share (`primitive`).
+// they share (`primitive`); the public handle (`redlock`: the protocol
+// state and the renewal schedule), whose primitives' constructors live in
+// `primitive` and whose construction lives in `builder`.
 mod acquire_kind;
 mod guard;
 mod job;
 mod leader;
 mod primitive;
+mod redlock;
 mod rwlock;
 mod semaphore;
 mod wait;
@@ -297,8 +300,9 @@ pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;
 pub use primitive::{Kind, Primitive};
 pub use protocol::lock::Lock;
-pub use protocol::redlock::{NodeInfo, Redlock};
+pub use protocol::redlock::NodeInfo;
 pub use protocol::release::Released;
+pub use redlock::Redlock;
 pub use rwlock::{Access, RwInspection, RwState, RwVerdict};
 pub use semaphore::{MAX_PERMITS, PermitsInspection, PermitsVerdict};
 pub use settings::{LockOptions, RetryPolicy};

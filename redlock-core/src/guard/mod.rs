@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::release::Released;
 use crate::settings::LockOptions;
 pub(crate) use at_least::run_guarded_at_least;
@@ -24,7 +24,7 @@ use handle::Shared;
 pub use handle::{LockHandle, LostFuture};
 pub use keep::Ended;
 use renew::{LostOnExit, Renewal};
-use schedule::Schedule;
+pub(crate) use schedule::Schedule;
 use schedule::{Handback, Ticket};
 
 mod at_least;
@@ -84,12 +84,17 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    /// Starts auto-extension of `lock` with `options`.
+    /// Starts auto-extension of `lock` with `options` on `schedule` (its
+    /// handle's, see [`Redlock::guard`](crate::Redlock::guard)).
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a Tokio runtime (the renewal task needs
     /// one), or [`Error::InvalidConfig`] when the loss margin is not shorter than the TTL.
-    pub fn new(lock: Lock, options: &LockOptions) -> Result<Self, Error> {
+    pub(crate) fn new(
+        schedule: &Schedule,
+        lock: Lock,
+        options: &LockOptions,
+    ) -> Result<Self, Error> {
         let rt = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::NoRuntime("a LockGuard's renewal task"))?;
         let redlock = lock.redlock().clone();
@@ -127,15 +132,7 @@ impl LockGuard {
             armed: true,
         };
         let renewal = Renewal::new(lock, Arc::clone(&shared), options, exit);
-        // The handle's schedule, made by the first guard. Only this layer
-        // fills the slot, so the type always matches; were it not to, the
-        // renewal would be dropped here and tell its holder "lost".
-        let schedule = redlock
-            .inner
-            .renewals
-            .get_or_init(|| Box::new(Schedule::default()))
-            .downcast_ref::<Schedule>();
-        let ticket = schedule.and_then(|s| s.add(&rt, renewal));
+        let ticket = schedule.add(&rt, renewal);
         Ok(Self {
             handle: LockHandle { shared, keep: None },
             ticket,
@@ -174,7 +171,7 @@ impl LockGuard {
     }
 
     /// Stops renewal, waits for a renewal in flight, then releases (decided at
-    /// quorum, see [`Redlock::unlock`]).
+    /// quorum, see [`Redlock::unlock`](crate::Redlock::unlock)).
     ///
     /// # Errors
     /// [`Error::ReleaseIncomplete`] when the release could not be confirmed on a
@@ -208,7 +205,7 @@ impl Drop for LockGuard {
     }
 }
 
-impl Redlock {
+impl Core {
     /// The loss margin a guard taken with `options` uses: the options' own, or
     /// the handle's.
     ///

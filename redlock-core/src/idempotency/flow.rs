@@ -34,7 +34,7 @@ use super::record::{Outcome, Record};
 use super::redis_store::RedisStore;
 use super::rejection::IdempotencyRejection;
 use super::store::IdempotencyStore;
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 use crate::request::{self, MissingKeyPolicy, RequestLock};
 
 /// The header a replayed response carries.

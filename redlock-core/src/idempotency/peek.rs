@@ -36,10 +36,13 @@ impl RedisStore {
             &[record_key.as_bytes(), lock_key.as_bytes()],
             &[],
         ));
-        let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
-        let mut pending = self.redlock.fan_out_boxed(&call, parse_peek, 0..n);
+        let (n, q) = (
+            self.redlock.core.inner.nodes.len(),
+            self.redlock.core.inner.quorum,
+        );
+        let mut pending = self.redlock.core.fan_out_boxed(&call, parse_peek, 0..n);
         let by_record = quorum_decided(q, n, Peek::record);
-        let answers = self.redlock.settle(&mut pending, by_record).await;
+        let answers = self.redlock.core.settle(&mut pending, by_record).await;
         let vouched = vouched(&answers, q, Peek::record);
         let peeked = Peeked {
             lock_key,
@@ -69,7 +72,7 @@ impl RedisStore {
         peeked: Peeked,
         holder: &LockHandle,
     ) -> Option<Option<Found>> {
-        let q = self.redlock.inner.quorum;
+        let q = self.redlock.core.inner.quorum;
         if peeked.lock_key != holder.key() {
             return None;
         }
@@ -78,7 +81,7 @@ impl RedisStore {
             mut pending,
             ..
         } = peeked;
-        let rest = self.redlock.settle(&mut pending, |_| false).await;
+        let rest = self.redlock.core.settle(&mut pending, |_| false).await;
         for (slot, late) in answers.iter_mut().zip(rest) {
             if slot.is_none() {
                 *slot = late;

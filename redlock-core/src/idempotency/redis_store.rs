@@ -47,7 +47,7 @@ use crate::error::{NodeError, NodeStatus};
 use crate::guard::LockHandle;
 use crate::node::{Call, RECORD_GENERATION, RECORD_GET, RECORD_PUT, parse_flag};
 use crate::protocol::fan_out::Settled;
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 
 /// The least a generation counter lives (`RedisStore::generation`).
 const GENERATION_TTL_FLOOR: Duration = Duration::from_secs(3600);
@@ -168,7 +168,10 @@ impl RedisStore {
         key: &LookupKey,
         holder: &LockHandle,
     ) -> Result<u64, StoreError> {
-        let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
+        let (n, q) = (
+            self.redlock.core.inner.nodes.len(),
+            self.redlock.core.inner.quorum,
+        );
         let generation_key = self.generation_key(key);
         let ttl_ms = self.generation_ttl_ms();
         let step = |floor: u64, nodes: Vec<usize>| {
@@ -183,6 +186,7 @@ impl RedisStore {
                 ],
             ));
             self.redlock
+                .core
                 .fan_out(&call, parse_generation, nodes.into_iter())
         };
         // Heard until a quorum agrees on the largest value, or every node
@@ -191,6 +195,7 @@ impl RedisStore {
         let mut values: Vec<u64> = Vec::new();
         let settled = self
             .redlock
+            .core
             .settle(&mut pending, |s| {
                 if let Ok(Some(v)) = s.result {
                     values.push(v);
@@ -226,6 +231,7 @@ impl RedisStore {
         let mut raised = at_g.len();
         let settled = self
             .redlock
+            .core
             .settle(&mut pending, |s| {
                 if matches!(s.result, Ok(Some(v)) if v >= g) {
                     raised += 1;
@@ -244,14 +250,14 @@ impl RedisStore {
     /// Why a generation could not be taken: the lock is not the holder's on
     /// enough nodes, or too few answered.
     fn generation_refused(&self, settled: &[Option<Settled<Option<u64>>>]) -> StoreError {
-        let q = self.redlock.inner.quorum;
-        let n = self.redlock.inner.nodes.len();
+        let q = self.redlock.core.inner.quorum;
+        let n = self.redlock.core.inner.nodes.len();
         let not_held = settled
             .iter()
             .flatten()
             .filter(|s| matches!(s.result, Ok(None)))
             .count();
-        let report = self.redlock.report(settled, |v| {
+        let report = self.redlock.core.report(settled, |v| {
             if v.is_some() {
                 NodeStatus::Ok
             } else {
@@ -274,10 +280,10 @@ impl RedisStore {
     ) -> Vec<Option<Settled<Option<Vec<u8>>>>> {
         let record_key = self.record_key(key);
         let call = Arc::new(Call::keys(&RECORD_GET, &[record_key.as_bytes()], &[]));
-        let n = self.redlock.inner.nodes.len();
-        let mut pending = self.redlock.fan_out(&call, parse_bytes, 0..n);
+        let n = self.redlock.core.inner.nodes.len();
+        let mut pending = self.redlock.core.fan_out(&call, parse_bytes, 0..n);
         // Unanswered reads are dropped: a read has nothing to finish.
-        self.redlock.settle(&mut pending, decided).await
+        self.redlock.core.settle(&mut pending, decided).await
     }
 }
 
@@ -322,13 +328,13 @@ impl IdempotencyStore for RedisStore {
                 .read(
                     key,
                     quorum_decided(
-                        self.redlock.inner.quorum,
-                        self.redlock.inner.nodes.len(),
+                        self.redlock.core.inner.quorum,
+                        self.redlock.core.inner.nodes.len(),
                         whole,
                     ),
                 )
                 .await;
-            Ok(vouched(&settled, self.redlock.inner.quorum, whole))
+            Ok(vouched(&settled, self.redlock.core.inner.quorum, whole))
         })
     }
 
@@ -338,7 +344,7 @@ impl IdempotencyStore for RedisStore {
         _holder: &'a LockHandle,
     ) -> StoreFuture<'a, Option<Found>> {
         Box::pin(async move {
-            let q = self.redlock.inner.quorum;
+            let q = self.redlock.core.inner.quorum;
             let settled = self.read(key, |_| false).await;
             let answered = settled
                 .iter()
@@ -346,7 +352,7 @@ impl IdempotencyStore for RedisStore {
                 .filter(|s| s.result.is_ok())
                 .count();
             if answered < q {
-                let report = self.redlock.report(&settled, |v| {
+                let report = self.redlock.core.report(&settled, |v| {
                     if v.is_some() {
                         NodeStatus::Ok
                     } else {
@@ -383,11 +389,15 @@ impl IdempotencyStore for RedisStore {
                     ttl_ms.as_bytes(),
                 ],
             ));
-            let (n, q) = (self.redlock.inner.nodes.len(), self.redlock.inner.quorum);
+            let (n, q) = (
+                self.redlock.core.inner.nodes.len(),
+                self.redlock.core.inner.quorum,
+            );
             let (mut ok, mut not_ok, mut not_held) = (0, 0, 0);
-            let mut pending = self.redlock.fan_out(&call, parse_flag, 0..n);
+            let mut pending = self.redlock.core.fan_out(&call, parse_flag, 0..n);
             let settled = self
                 .redlock
+                .core
                 .settle(&mut pending, |s| {
                     match s.result {
                         Ok(true) => ok += 1,
@@ -415,7 +425,7 @@ impl IdempotencyStore for RedisStore {
                     Ok(())
                 };
             }
-            let report = self.redlock.report(&settled, |&b| {
+            let report = self.redlock.core.report(&settled, |&b| {
                 if b {
                     NodeStatus::Ok
                 } else {

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fencing::FencingToken;
 use crate::guard::LockHandle;
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 
 /// Writes the info (`KEYS[2]` := `ARGV[2]` for `ARGV[3]` ms) only while the
 /// lock key (`KEYS[1]`) holds the leader's token `ARGV[1]`: a leader whose key
@@ -97,6 +97,7 @@ pub(super) async fn keep_written(
     loop {
         let written = futures_util::future::join_all(
             redlock
+                .core
                 .inner
                 .nodes
                 .iter()

@@ -25,13 +25,14 @@ use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::guard::{LockGuard, LockHandle, LostFuture};
 use crate::inspect::token_fingerprint;
-use crate::protocol::redlock::Redlock;
 use crate::protocol::release::Released;
+use crate::redlock::Redlock;
 use crate::settings::{LockOptions, RetryPolicy};
 
 mod info;
 mod observe;
 
+pub(crate) use observe::DEFAULT_EVERY;
 pub use observe::{Leader, Observer};
 
 /// How long one round of waiting lasts before the campaign starts another
@@ -158,26 +159,18 @@ pub struct Election {
     name: Arc<str>,
 }
 
-impl Redlock {
-    /// The election `name`. Made only on a handle with fencing: a leader's
-    /// term is its lock's fencing token, so that a deposed leader's late
-    /// writes can be refused.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] when the handle has no fencing
-    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing));
-    /// [`Error::EmptyResource`] (or another input error) for the name.
-    pub fn election(&self, name: impl AsRef<str>) -> Result<Election, Error> {
-        let name = name.as_ref();
-        if self.inner.settings.fencing.is_none() {
+impl Election {
+    /// [`Redlock::election`].
+    pub(crate) fn new(redlock: &Redlock, name: &str) -> Result<Election, Error> {
+        if redlock.core.inner.settings.fencing.is_none() {
             return Err(Error::InvalidConfig(
                 "an election needs fencing (RedlockBuilder::fencing): the term is the fencing token"
                     .into(),
             ));
         }
-        self.check_resource(name)?;
+        redlock.core.check_resource(name)?;
         Ok(Election {
-            redlock: self.clone(),
+            redlock: redlock.clone(),
             name: name.into(),
         })
     }
@@ -229,7 +222,7 @@ impl Election {
     /// TTL; an acquire error a later attempt cannot fix (see
     /// [`Primitive::guard`](crate::Primitive::guard)).
     pub async fn campaign_with(&self, options: &CampaignOptions) -> Result<Leadership, Error> {
-        self.redlock.campaign_with(&self.name, options).await
+        campaign(&self.redlock, &self.name, options).await
     }
 
     /// Follows the election: see [`Redlock::observe`].
@@ -241,77 +234,64 @@ impl Election {
     }
 }
 
-impl Redlock {
-    async fn campaign_with(
-        &self,
-        name: &str,
-        options: &CampaignOptions,
-    ) -> Result<Leadership, Error> {
-        if self.inner.settings.fencing.is_none() {
-            return Err(Error::InvalidConfig(
-                "a campaign needs fencing (RedlockBuilder::fencing): the term is the fencing token"
-                    .into(),
-            ));
-        }
-        let ttl = options.ttl;
-        // The release message and the holder's expiry wake a follower; this
-        // poll is the safety net for a message lost on the way.
-        let poll = (ttl / 2).max(Duration::from_millis(10));
-        let lock = LockOptions::new(ttl).retry(
-            RetryPolicy::deadline(ROUND)
-                .with_delay(poll)
-                .with_jitter(poll / 2),
-        );
-        let guard = loop {
-            match self.mutex(name).guard(&lock).await {
-                Ok(guard) => break guard,
-                Err(e) if e.is_retryable() => {
-                    tracing::debug!(name, error = %e, "campaign: another round");
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let handle = guard.handle();
-        let Some(term) = handle.fencing_token() else {
-            // Not reached: a fenced handle's locks all carry a token.
-            return Err(Error::InvalidConfig("a campaign's lock has no term".into()));
-        };
-        let fingerprint = token_fingerprint(handle.token());
-        let stop = CancellationToken::new();
-        let record = info::Record {
-            term,
-            fingerprint: fingerprint.clone(),
-            id: options.id.clone(),
-        };
-        let rt = tokio::runtime::Handle::try_current()
-            .map_err(|_| Error::NoRuntime("a leadership's info task"))?;
-        rt.spawn(info::keep_written(
-            self.clone(),
-            Arc::from(handle.key()),
-            Arc::from(handle.token()),
-            record,
-            ttl,
-            handle.clone(),
-            stop.clone(),
+/// [`Election::campaign_with`] of the election `name` on `redlock`.
+async fn campaign(
+    redlock: &Redlock,
+    name: &str,
+    options: &CampaignOptions,
+) -> Result<Leadership, Error> {
+    if redlock.core.inner.settings.fencing.is_none() {
+        return Err(Error::InvalidConfig(
+            "a campaign needs fencing (RedlockBuilder::fencing): the term is the fencing token"
+                .into(),
         ));
-        Ok(Leadership {
-            guard,
-            term,
-            fingerprint,
-            id: options.id.clone(),
-            _info: stop.drop_guard(),
-        })
     }
-
-    /// Follows the election `name`: a stream of who leads, which yields the
-    /// state when it first knows it and then at every change (see
-    /// [`Observer`]).
-    ///
-    /// # Errors
-    /// [`Error::EmptyResource`], or [`Error::NoRuntime`] outside a Tokio
-    /// runtime (the observer runs a task).
-    pub fn observe(&self, name: &str) -> Result<Observer, Error> {
-        self.check_resource(name)?;
-        Observer::start(self.clone(), self.key_for(name), observe::DEFAULT_EVERY)
-    }
+    let ttl = options.ttl;
+    // The release message and the holder's expiry wake a follower; this
+    // poll is the safety net for a message lost on the way.
+    let poll = (ttl / 2).max(Duration::from_millis(10));
+    let lock = LockOptions::new(ttl).retry(
+        RetryPolicy::deadline(ROUND)
+            .with_delay(poll)
+            .with_jitter(poll / 2),
+    );
+    let guard = loop {
+        match redlock.mutex(name).guard(&lock).await {
+            Ok(guard) => break guard,
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(name, error = %e, "campaign: another round");
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let handle = guard.handle();
+    let Some(term) = handle.fencing_token() else {
+        // Not reached: a fenced handle's locks all carry a token.
+        return Err(Error::InvalidConfig("a campaign's lock has no term".into()));
+    };
+    let fingerprint = token_fingerprint(handle.token());
+    let stop = CancellationToken::new();
+    let record = info::Record {
+        term,
+        fingerprint: fingerprint.clone(),
+        id: options.id.clone(),
+    };
+    let rt = tokio::runtime::Handle::try_current()
+        .map_err(|_| Error::NoRuntime("a leadership's info task"))?;
+    rt.spawn(info::keep_written(
+        redlock.clone(),
+        Arc::from(handle.key()),
+        Arc::from(handle.token()),
+        record,
+        ttl,
+        handle.clone(),
+        stop.clone(),
+    ));
+    Ok(Leadership {
+        guard,
+        term,
+        fingerprint,
+        id: options.id.clone(),
+        _info: stop.drop_guard(),
+    })
 }

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::inspect::token_fingerprint;
 use crate::keys::waiters_flag;
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 use crate::wake::{Found, Subscription};
 
 /// One node's round: set the waiters flag (`KEYS[2]`, `ARGV[1]` ms, kept if
@@ -41,7 +41,7 @@ return {v, i}
 const QUICK: Duration = Duration::from_millis(5);
 
 /// The interval between reads of [`Redlock::observe`].
-pub(super) const DEFAULT_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_EVERY: Duration = Duration::from_secs(1);
 
 /// Who leads an election, as an observer saw it on a quorum of nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,15 +101,12 @@ impl futures_util::Stream for Observer {
     }
 }
 
-impl Redlock {
-    /// [`Redlock::observe`], reading the nodes every `every` (besides the
-    /// release messages) instead of every second.
-    ///
-    /// # Errors
-    /// See [`Redlock::observe`].
-    pub fn observe_every(&self, name: &str, every: Duration) -> Result<Observer, Error> {
-        self.check_resource(name)?;
-        Observer::start(self.clone(), self.key_for(name), every)
+impl Observer {
+    /// [`Redlock::observe_every`] (and [`Redlock::observe`], every
+    /// `DEFAULT_EVERY`).
+    pub(crate) fn new(redlock: &Redlock, name: &str, every: Duration) -> Result<Self, Error> {
+        redlock.core.check_resource(name)?;
+        Self::start(redlock.clone(), redlock.key_for(name), every)
     }
 }
 
@@ -127,7 +124,7 @@ enum Seen {
 /// message, the next read, or the stream's drop.
 async fn follow(redlock: Redlock, key: String, every: Duration, tx: mpsc::Sender<Option<Leader>>) {
     let every = every.max(QUICK);
-    let mut subscription = redlock.inner.waiting.subscribe(&key);
+    let mut subscription = redlock.core.inner.waiting.subscribe(&key);
     // The flag lives past the next read, so no release in between is silent.
     let flag_ms = every
         .saturating_mul(2)
@@ -191,6 +188,7 @@ async fn read(redlock: &Redlock, cmd: &redis::Cmd) -> Seen {
     let timeout = redlock.node_timeout();
     let answers: Vec<Option<(Option<String>, Option<Record>)>> = futures_util::future::join_all(
         redlock
+            .core
             .inner
             .nodes
             .iter()

@@ -24,10 +24,12 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle, run_guarded};
+use crate::job::JobOptions;
 use crate::keys::{Many, Resources};
+use crate::leader::{Election, Observer};
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 use crate::rwlock::Access;
 use crate::semaphore::{Permits, check_permits};
 use crate::settings::{LockOptions, RetryPolicy};
@@ -181,7 +183,7 @@ impl Redlock {
         if let Kind::Permits(n) = kind {
             check_permits(n)?;
         }
-        let target = match self.resources(resources)? {
+        let target = match self.core.resources(resources)? {
             Resources::One(resource) => Target::One(resource.into()),
             Resources::Many(many) if kind.takes_several_resources() => Target::Many(many),
             Resources::Many(many) => {
@@ -197,6 +199,87 @@ impl Redlock {
             target,
             kind,
         })
+    }
+}
+
+/// Leaders and jobs.
+impl Redlock {
+    /// The election `name`. Made only on a handle with fencing: a leader's
+    /// term is its lock's fencing token, so that a deposed leader's late
+    /// writes can be refused.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the handle has no fencing
+    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing));
+    /// [`Error::EmptyResource`] (or another input error) for the name.
+    pub fn election(&self, name: impl AsRef<str>) -> Result<Election, Error> {
+        Election::new(self, name.as_ref())
+    }
+
+    /// Follows the election `name`: a stream of who leads, which yields the
+    /// state when it first knows it and then at every change (see
+    /// [`Observer`]).
+    ///
+    /// # Errors
+    /// [`Error::EmptyResource`], or [`Error::NoRuntime`] outside a Tokio
+    /// runtime (the observer runs a task).
+    pub fn observe(&self, name: &str) -> Result<Observer, Error> {
+        Observer::new(self, name, crate::leader::DEFAULT_EVERY)
+    }
+
+    /// [`Redlock::observe`], reading the nodes every `every` (besides the
+    /// release messages) instead of every second.
+    ///
+    /// # Errors
+    /// See [`Redlock::observe`].
+    pub fn observe_every(&self, name: &str, every: Duration) -> Result<Observer, Error> {
+        Observer::new(self, name, every)
+    }
+
+    /// Runs the future `f` makes under the job's lock, if this replica takes
+    /// it: `Ok(Some(output))`; `Ok(None)` when another replica holds it (it
+    /// runs this tick, or ran it less than the minimum hold ago).
+    ///
+    /// The lock is renewed while the job runs (up to
+    /// [`JobOptions::at_most`], when the job is dropped and
+    /// [`Error::Lost`] returned, as by [`crate::Primitive::run`]). When the job
+    /// ends, the key is kept until [`JobOptions::at_least`] after the start
+    /// ([`LockGuard::release_at_least`](crate::LockGuard::release_at_least)),
+    /// and so it is when the job panics or this call's future is dropped
+    /// (a `tokio::time::timeout`, a `select!`): the keep is sent in the
+    /// background, as a dropped guard's release is.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_core::{JobOptions, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), redlock_core::Error> {
+    /// // Every replica runs this each minute; timers may be a few seconds apart.
+    /// let job = JobOptions::new(Duration::from_secs(30))
+    ///     .at_least(Duration::from_secs(20))
+    ///     .at_most(Duration::from_secs(10 * 60));
+    /// match redlock.run_job("cleanup", &job, |_lock| async { 42 }).await? {
+    ///     Some(n) => println!("ran this tick: {n}"),
+    ///     None => println!("another replica has this tick"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when [`JobOptions::at_most`] is shorter than
+    /// [`JobOptions::at_least`]; an acquire error other than [`Error::Busy`]
+    /// (see [`crate::Primitive::guard`]); [`Error::Lost`].
+    pub async fn run_job<F, Fut, T>(
+        &self,
+        job: &str,
+        options: &JobOptions,
+        f: F,
+    ) -> Result<Option<T>, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        crate::job::run_job(self, job, options, f).await
     }
 }
 
@@ -260,16 +343,16 @@ impl Primitive {
     pub async fn guard(&self, options: &LockOptions) -> Result<LockGuard, Error> {
         // Checked before any node is asked: a margin that can never hold
         // would otherwise cost every call a full acquire and release.
-        self.redlock.loss_margin_for(options)?;
+        self.redlock.core.loss_margin_for(options)?;
         let retry = options
             .retry
             .as_ref()
             .unwrap_or(self.redlock.retry_policy());
         // A Durable counter of a resource with a retention (a client-named
         // request key's) expires after it.
-        let retained = options.retained_counter_ttl(self.redlock.inner.settings.fencing);
+        let retained = options.retained_counter_ttl(self.redlock.core.inner.settings.fencing);
         let lock = self.acquire_lock(options.ttl, retry, retained).await?;
-        LockGuard::new(lock, options)
+        self.redlock.guard(lock, options)
     }
 
     /// Runs the future `f` makes while holding it, with auto-extension.
@@ -321,19 +404,25 @@ impl Primitive {
     ) -> Result<Lock, Error> {
         let rl = &self.redlock;
         match (&self.target, self.kind) {
-            (Target::One(r), Kind::Mutex) => rl.lock_with_retained(r, ttl, retry, retained).await,
+            (Target::One(r), Kind::Mutex) => {
+                rl.core.lock_with_retained(r, ttl, retry, retained).await
+            }
             (Target::Many(many), Kind::Mutex) => {
-                rl.lock_set(many, Ttl::new(ttl, retained), retry).await
+                rl.core.lock_set(many, Ttl::new(ttl, retained), retry).await
             }
             (Target::One(r), Kind::Permits(n)) => {
-                rl.acquire_with(&Permits(n), r, ttl, retry, retained).await
+                rl.core
+                    .acquire_with(&Permits(n), r, ttl, retry, retained)
+                    .await
             }
             (Target::One(r), Kind::Read) => {
-                rl.acquire_with(&Access::Shared, r, ttl, retry, retained)
+                rl.core
+                    .acquire_with(&Access::Shared, r, ttl, retry, retained)
                     .await
             }
             (Target::One(r), Kind::Write) => {
-                rl.acquire_with(&Access::Exclusive, r, ttl, retry, retained)
+                rl.core
+                    .acquire_with(&Access::Exclusive, r, ttl, retry, retained)
                     .await
             }
             // Not made by `Redlock::primitive`; refused, never downgraded.

@@ -13,7 +13,7 @@ use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::node::{Call, EXTEND, EXTEND_READER, parse_flag};
 use crate::protocol::fan_out::{Fan, Settled};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::{instant_after, validity};
 
 /// What one extend found once it was decided.
@@ -46,7 +46,7 @@ pub(crate) fn answered<T>(
     }
 }
 
-impl Redlock {
+impl Core {
     /// Spec step "extend": compare-and-pexpire to `ttl` on every node at once. It
     /// counts only if a quorum agrees before the current validity ends; the new
     /// validity is then `ttl - elapsed - drift` from the call's start.
@@ -56,7 +56,7 @@ impl Redlock {
     /// the key is gone from too many nodes, [`Error::NoQuorum`] when nodes failed,
     /// [`Error::ExtensionLimit`], or a TTL error (a zero TTL is refused before
     /// sending: `PEXPIRE 0` would delete the key).
-    pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+    pub(crate) async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         self.extend_before(lock, ttl, None).await.0
     }
 

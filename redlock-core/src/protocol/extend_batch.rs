@@ -19,7 +19,7 @@ use crate::node::{Call, EXTEND_BATCH, Shape};
 use crate::protocol::extend::{Extended, answered};
 use crate::protocol::fan_out::Settled;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::validity;
 
 /// At most this many keys go in one script call: a node runs a script alone,
@@ -58,7 +58,7 @@ fn parse_flags(v: Value) -> Result<Vec<bool>, NodeError> {
     }
 }
 
-impl Redlock {
+impl Core {
     /// Spec step "extend" for each `(lock, ttl, deadline)` of `batch` (at most [`BATCH`]),
     /// in one script call per node. Each lock is judged as by
     /// [`Redlock::extend`]: its TTL and extension limit are checked first, a

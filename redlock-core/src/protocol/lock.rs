@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::fencing::FencingToken;
 use crate::keys::{Keys, Many};
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::stragglers::Late;
 
 /// A held Redlock lock: the resource, this holder's token, and how long it is valid.
@@ -17,7 +17,7 @@ use crate::protocol::stragglers::Late;
 /// (when inside a Tokio runtime; otherwise the keys expire with their TTL).
 #[must_use = "dropping a Lock releases it in the background; use Redlock::unlock to know the outcome"]
 pub struct Lock {
-    pub(crate) redlock: Redlock,
+    pub(crate) redlock: Core,
     pub(crate) resource: Arc<str>,
     pub(crate) key: Arc<str>,
     pub(crate) token: Arc<str>,
@@ -238,7 +238,7 @@ impl Lock {
         }
     }
 
-    pub(crate) fn redlock(&self) -> &Redlock {
+    pub(crate) fn redlock(&self) -> &Core {
         &self.redlock
     }
 
@@ -254,10 +254,10 @@ impl Lock {
         &self.resource
     }
 
-    /// The same as [`Redlock::extend`] on this lock's handle.
+    /// The same as [`Redlock::extend`](crate::Redlock::extend) on this lock's handle.
     ///
     /// # Errors
-    /// See [`Redlock::extend`].
+    /// See [`Redlock::extend`](crate::Redlock::extend).
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let redlock = self.redlock.clone();
         redlock.extend(self, ttl).await

@@ -1,11 +1,11 @@
 //! The handle's state, at the base of the protocol layer: N independent
 //! masters, the quorum, the settings, and the input and node checks. Each
 //! Redlock step lives in a file of its own above it (`steps`, `fan_out`,
-//! `acquire`, `extend`, `release`, `stragglers`); the layers above (holding,
-//! waiting) keep their per-handle state in its slots without being named here.
+//! `acquire`, `extend`, `release`, `stragglers`), as methods of [`Core`]. The
+//! public handle (`crate::redlock`) sits above the holding layer and adds its
+//! renewal schedule, so no state here names a layer above.
 
-use std::any::Any;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
@@ -23,11 +23,6 @@ pub(crate) struct Inner {
     pub(crate) quorum: usize,
     pub(crate) settings: Settings,
     pub(crate) waiting: Waiting,
-    /// The auto-extension of this handle's guarded locks, batched: the
-    /// holding layer's `guard::Schedule`, made there on first use. This
-    /// layer sits below that one, so it keeps the schedule without naming
-    /// its type.
-    pub(crate) renewals: OnceLock<Box<dyn Any + Send + Sync>>,
     /// The task that drives calls still on their way after their operation
     /// was decided.
     pub(crate) background: crate::background::Background,
@@ -43,46 +38,21 @@ impl Inner {
             waiting: Waiting::new(&nodes, &settings),
             nodes,
             settings,
-            renewals: OnceLock::new(),
             background: crate::background::Background::default(),
         }
     }
 }
 
-/// A handle to N independent Redis masters that hands out Redlock locks.
-///
-/// Cheap to clone (one `Arc`), `Send + Sync`: build it once at start-up and share
-/// it. Every call talks to all nodes at once and returns as soon as the outcome is
-/// decided.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use redlock_core::Redlock;
-///
-/// # async fn run() -> Result<(), redlock_core::Error> {
-/// let redlock = Redlock::from_urls(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
-/// let lock = redlock.mutex("invoice:42").acquire(Duration::from_secs(5)).await?;
-/// // ... at most one holder at a time runs here, for lock.remaining() ...
-/// redlock.unlock(lock).await?;
-/// # Ok(()) }
-/// ```
+/// The handle's protocol state behind one `Arc`: what every Redlock step
+/// runs on. The public handle ([`Redlock`](crate::Redlock), `redlock.rs`)
+/// wraps it with the holding layer's renewal schedule; a [`Lock`](crate::Lock)
+/// keeps only this, so its release and extend need nothing above this layer.
 #[derive(Clone)]
-pub struct Redlock {
+pub(crate) struct Core {
     pub(crate) inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for Redlock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let nodes: Vec<&str> = self.inner.nodes.iter().map(|n| &*n.label).collect();
-        f.debug_struct("Redlock")
-            .field("nodes", &nodes)
-            .field("quorum", &self.inner.quorum)
-            .field("settings", &self.inner.settings)
-            .finish()
-    }
-}
-
-/// What [`Redlock::check_nodes`] learned about one node.
+/// What [`Redlock::check_nodes`](crate::Redlock::check_nodes) learned about one node.
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
     /// The node's label.
@@ -128,7 +98,7 @@ pub struct NodeInfo {
     pub native: Option<crate::NativeSupport>,
 }
 
-impl Redlock {
+impl Core {
     pub(crate) fn from_inner(inner: Inner) -> Self {
         Self {
             inner: Arc::new(inner),
@@ -136,23 +106,23 @@ impl Redlock {
     }
 
     /// How many nodes this handle talks to.
-    pub fn node_count(&self) -> usize {
+    pub(crate) fn node_count(&self) -> usize {
         self.inner.nodes.len()
     }
 
     /// How many nodes must agree: `N / 2 + 1`.
-    pub fn quorum(&self) -> usize {
+    pub(crate) fn quorum(&self) -> usize {
         self.inner.quorum
     }
 
     /// The per-node timeout.
-    pub fn node_timeout(&self) -> Duration {
+    pub(crate) fn node_timeout(&self) -> Duration {
         self.inner.settings.node_timeout
     }
 
     /// The default loss margin of a [`LockGuard`](crate::LockGuard): how long
     /// before the end of its validity the holder is told the lock is lost.
-    pub fn loss_margin(&self) -> Duration {
+    pub(crate) fn loss_margin(&self) -> Duration {
         self.inner
             .settings
             .loss_margin
@@ -165,7 +135,7 @@ impl Redlock {
     }
 
     /// The default retry policy of [`crate::Primitive::acquire`].
-    pub fn retry_policy(&self) -> &RetryPolicy {
+    pub(crate) fn retry_policy(&self) -> &RetryPolicy {
         &self.inner.settings.retry
     }
 
@@ -174,7 +144,7 @@ impl Redlock {
     /// those three `%`-escaped, then `}`. Every other key of the resource
     /// (waiters flag, fencing counter, idempotency record) hashes to the
     /// same Redis Cluster slot as this one, whatever the resource holds.
-    pub fn key_for(&self, resource: &str) -> String {
+    pub(crate) fn key_for(&self, resource: &str) -> String {
         crate::slots::lock_key(&self.inner.settings.key_prefix, resource)
     }
 
@@ -192,7 +162,7 @@ impl Redlock {
     ///
     /// # Errors
     /// [`Error::DuplicateNode`] with `by: "run_id"`.
-    pub async fn check_nodes(&self) -> Result<Vec<NodeInfo>, Error> {
+    pub(crate) async fn check_nodes(&self) -> Result<Vec<NodeInfo>, Error> {
         let cmd = {
             let mut c = redis::cmd("INFO");
             c.arg("server");
@@ -420,7 +390,7 @@ async fn read_role(node: &Node, timeout: Duration, info: &mut NodeInfo) {
 }
 
 /// The metrics hooks' view of the settings.
-impl Redlock {
+impl Core {
     /// The opt-in `key` label for `key` (a Redis key), if the application
     /// asked for one.
     pub(crate) fn metrics_key(&self, key: &str) -> Option<&'static str> {

@@ -16,7 +16,7 @@ use crate::keys::Keys;
 use crate::node::{Call, RELEASE_QUIET, parse_flag};
 use crate::protocol::fan_out::{Fan, Settled, ready_now, send_now};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::stragglers::Late;
 
 /// What a release confirmed on a quorum of nodes did.
@@ -31,7 +31,7 @@ pub struct Released {
     /// made into a [`Report`] only when asked.
     settled: Vec<Option<Settled<bool>>>,
     /// The handle whose nodes answered (for their labels).
-    redlock: Redlock,
+    redlock: Core,
 }
 
 impl Released {
@@ -62,17 +62,17 @@ impl PartialEq for Released {
 impl Eq for Released {}
 
 impl Lock {
-    /// The same as [`Redlock::unlock`] on this lock's handle.
+    /// The same as [`Redlock::unlock`](crate::Redlock::unlock) on this lock's handle.
     ///
     /// # Errors
-    /// See [`Redlock::unlock`].
+    /// See [`Redlock::unlock`](crate::Redlock::unlock).
     pub async fn unlock(self) -> Result<Released, Error> {
         let redlock = self.redlock.clone();
         redlock.unlock(self).await
     }
 }
 
-impl Redlock {
+impl Core {
     /// Spec step 5 ("release the lock"): compare-and-delete on every node at once.
     /// With a `report` from a failed acquire, nodes that answered "busy" are
     /// skipped (they refused the `SET`, so they never stored this token), and so
@@ -215,7 +215,7 @@ impl Redlock {
     /// # Errors
     /// [`Error::ReleaseIncomplete`] when so many nodes failed that the release
     /// could not be confirmed on a quorum; their keys expire with the TTL.
-    pub async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
+    pub(crate) async fn unlock(&self, mut lock: Lock) -> Result<Released, Error> {
         lock.abandon();
         let span = tracing::debug_span!("redlock.release", resource = %lock.resource);
         let call = Arc::new(Call::release_keys(lock.key_set(), Arc::clone(&lock.token)));

@@ -16,7 +16,7 @@ use crate::error::NodeError;
 use crate::keys::Keys;
 use crate::node::{AcquireReply, Call};
 use crate::protocol::fan_out::{Fan, Settled, ready_now};
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 
 /// Acquire answers still on their way when the outcome was decided.
 pub(crate) type Stragglers<F> = Fan<F>;
@@ -112,7 +112,7 @@ impl Late {
     }
 }
 
-impl Redlock {
+impl Core {
     /// Drives the acquire answers that came after the outcome was decided, in a
     /// background task. A late `OK` joins the lock and is released with it; once
     /// the lock is released (or the attempt failed), a late `OK` is released again

@@ -5,7 +5,7 @@
 use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::primitive::Kind;
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
 /// Which lock a request takes on its key (set with the adapters' `permits`

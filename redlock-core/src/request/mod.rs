@@ -45,7 +45,7 @@ use tracing::Instrument;
 
 use crate::error::Error;
 use crate::guard::{LockGuard, LockHandle};
-use crate::protocol::redlock::Redlock;
+use crate::redlock::Redlock;
 use crate::settings::LockOptions;
 
 mod guarded;
@@ -272,8 +272,9 @@ pub(crate) async fn acquire_retained(
 ) -> Result<Option<RequestLock>, Rejection> {
     let first = key.as_ref().and_then(|k| k.keys().first());
     let metrics_key = redlock.zip(first).and_then(|(r, k)| {
-        r.has_metrics_key()
-            .then(|| r.metrics_key(&r.key_for(&policy.resource_for(k))))
+        r.core
+            .has_metrics_key()
+            .then(|| r.core.metrics_key(&r.key_for(&policy.resource_for(k))))
             .flatten()
     });
     let result = acquire_lock(redlock, key, policy, keep, reads).await;

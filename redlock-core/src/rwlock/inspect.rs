@@ -11,7 +11,7 @@ use super::Names;
 use crate::error::Error;
 use crate::fencing::fence_key;
 use crate::inspect::{KeyState, NodeView, Verdict, judge, parse_key_state};
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 
 /// One node's view of a read/write lock: the writer key (`KEYS[1]`) and its
 /// fence counter (`KEYS[2]`) as `inspect`'s script reads them, the intent's
@@ -96,7 +96,7 @@ pub enum RwVerdict {
     },
 }
 
-/// What [`Redlock::inspect_rw`] found.
+/// What [`Redlock::inspect_rw`](crate::Redlock::inspect_rw) found.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RwInspection {
@@ -115,22 +115,9 @@ pub struct RwInspection {
     pub verdict: RwVerdict,
 }
 
-impl Redlock {
-    /// Reads, on every node at once, what it holds for `resource`'s
-    /// read/write lock (see [`crate::Redlock::rw_lock`]): the writer, the
-    /// readers and a waiting writer's intent, and judges them
-    /// ([`RwVerdict`]). Takes nothing and changes nothing.
-    ///
-    /// ```no_run
-    /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
-    /// let seen = redlock.inspect_rw("reports/7").await?;
-    /// println!("{:?}, a writer waits on {} node(s)", seen.verdict, seen.writer_waiting);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::EmptyResource`].
-    pub async fn inspect_rw(&self, resource: &str) -> Result<RwInspection, Error> {
+impl Core {
+    /// [`Redlock::inspect_rw`](crate::Redlock::inspect_rw).
+    pub(crate) async fn inspect_rw(&self, resource: &str) -> Result<RwInspection, Error> {
         self.check_resource(resource)?;
         let names = Names::new(self.key_for(resource));
         let mut cmd = redis::cmd("EVAL");

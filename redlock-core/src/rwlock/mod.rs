@@ -32,7 +32,7 @@ use crate::metrics::Of;
 use crate::node::{Call, RwKeys};
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::new_token;
 use crate::settings::RetryPolicy;
 
@@ -94,7 +94,7 @@ impl Acquire for Access {
 
     fn acquire(
         &self,
-        redlock: &Redlock,
+        redlock: &Core,
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
@@ -121,7 +121,7 @@ fn intent_ttl(ttl: Duration, retry: &RetryPolicy, node_timeout: Duration) -> Dur
         .saturating_add(Duration::from_secs(1))
 }
 
-impl Redlock {
+impl Core {
     async fn rw_lock_with_retries(
         &self,
         resource: &str,

@@ -7,9 +7,9 @@ use futures_util::future::join_all;
 use super::{check_permits, permit_key};
 use crate::error::Error;
 use crate::inspect::{Inspection, NodeView, Verdict};
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 
-/// What [`Redlock::inspect_permits`] found.
+/// What [`Redlock::inspect_permits`](crate::Redlock::inspect_permits) found.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct PermitsInspection {
@@ -22,7 +22,7 @@ pub struct PermitsInspection {
     /// The quorum the handle uses.
     pub quorum: usize,
     /// Each slot's inspection, slot 0 first: its key, each node's view and
-    /// its verdict, as [`Redlock::inspect`] gives for a mutex.
+    /// its verdict, as [`Redlock::inspect`](crate::Redlock::inspect) gives for a mutex.
     pub slots: Vec<Inspection>,
     /// How many slots are held, free or unclear.
     pub verdict: PermitsVerdict,
@@ -46,24 +46,9 @@ pub struct PermitsVerdict {
     pub unclear: u32,
 }
 
-impl Redlock {
-    /// Reads, on every node at once, each of the `permits` slots of
-    /// `resource`'s semaphore (see [`crate::Redlock::semaphore`]) as
-    /// [`Redlock::inspect`] reads a mutex, and counts the slots held. Takes
-    /// nothing and changes nothing. Ask with the `permits` the holders use:
-    /// slots past it are not read.
-    ///
-    /// ```no_run
-    /// # async fn run(redlock: redlock_core::Redlock) -> Result<(), redlock_core::Error> {
-    /// let seen = redlock.inspect_permits("exports:7", 3).await?;
-    /// println!("{} of 3 permits held", seen.verdict.held);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::EmptyResource`]; [`Error::InvalidConfig`] for `permits` of 0
-    /// or past [`MAX_PERMITS`](crate::MAX_PERMITS).
-    pub async fn inspect_permits(
+impl Core {
+    /// [`Redlock::inspect_permits`](crate::Redlock::inspect_permits).
+    pub(crate) async fn inspect_permits(
         &self,
         resource: &str,
         permits: u32,

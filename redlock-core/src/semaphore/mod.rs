@@ -29,7 +29,7 @@ use crate::metrics::Of;
 use crate::node::Call;
 use crate::protocol::acquire::{Scripted, Ttl};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::new_token;
 use crate::settings::RetryPolicy;
 
@@ -58,7 +58,7 @@ impl Acquire for Permits {
 
     fn acquire(
         &self,
-        redlock: &Redlock,
+        redlock: &Core,
         resource: &str,
         ttl: Duration,
         retry: &RetryPolicy,
@@ -68,7 +68,7 @@ impl Acquire for Permits {
     }
 }
 
-impl Redlock {
+impl Core {
     async fn permit_with_retries(
         &self,
         resource: &str,
@@ -137,7 +137,7 @@ impl Redlock {
     }
 }
 
-impl Redlock {
+impl Core {
     /// One slot's attempt: the permit script on every node, then the
     /// mutex's steps on the slot's key ([`Redlock::attempt_scripted`]).
     async fn slot_attempt(

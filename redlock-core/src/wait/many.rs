@@ -14,12 +14,12 @@ use crate::keys::Many;
 use crate::node::Call;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::may_retry;
 use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 
-impl Redlock {
+impl Core {
     /// Spec step 4's retry for a set, by wake-up: after a failed attempt the
     /// waiter subscribes to every key's release channel, tries once more (a
     /// release between the two is not missed), then sleeps until a release

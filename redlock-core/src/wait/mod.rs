@@ -22,7 +22,7 @@ use futures_util::FutureExt;
 
 use crate::error::Error;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::{may_retry, retry_delay};
 use crate::queue::Place;
 use crate::settings::RetryPolicy;
@@ -31,7 +31,7 @@ use crate::wake::{Found, Subscription};
 mod many;
 mod shared;
 
-impl Redlock {
+impl Core {
     /// The mutex's acquire (`Redlock::lock_with_retained`) for a policy that retries, when wake-ups are on.
     /// `latest_start` is when the last attempt must start by (the deadline
     /// less one acquire round, the fence round of a fencing lock, and one

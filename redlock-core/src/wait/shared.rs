@@ -24,12 +24,12 @@ use rand::Rng;
 use super::{fallback, flag_ttl};
 use crate::error::Error;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::may_retry;
 use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 
-impl Redlock {
+impl Core {
     /// Attempts (`attempt_once(n, flag)` for the n-th) until one wins or
     /// `retry` gives up: woken by releases of `key`'s resource when wake-ups
     /// are on and the policy retries, else by polling. `ttl` is the TTL one

@@ -424,8 +424,9 @@ async fn fencing_off_costs_nothing_and_on_costs_one_script() {
             .await
             .unwrap();
         assert_eq!(lock.fencing_token().is_some(), mode.is_some());
-        let guard =
-            redlock_core::LockGuard::new(lock, &LockOptions::new(Duration::from_secs(10))).unwrap();
+        let guard = rl
+            .guard(lock, &LockOptions::new(Duration::from_secs(10)))
+            .unwrap();
         assert_eq!(guard.handle().fencing_token().is_some(), mode.is_some());
         guard.release().await.unwrap();
         // Released at quorum: wait until node 0's release is recorded.

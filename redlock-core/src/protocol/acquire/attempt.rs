@@ -12,7 +12,7 @@ use crate::keys::Keys;
 use crate::node::AcquireReply;
 use crate::protocol::fan_out::Settled;
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::{instant_after, validity};
 use crate::protocol::stragglers::{Late, Stragglers};
 
@@ -22,7 +22,7 @@ use crate::protocol::stragglers::{Late, Stragglers};
 /// holds for a whole TTL. The release goes over the same per-node connections as
 /// the `SET`s, after them.
 pub(super) struct ReleaseOnDrop<'a> {
-    pub(super) redlock: &'a Redlock,
+    pub(super) redlock: &'a Core,
     pub(super) keys: Keys,
     pub(super) token: Arc<str>,
     pub(super) armed: bool,
@@ -39,7 +39,7 @@ impl Drop for ReleaseOnDrop<'_> {
 /// One acquire attempt from the moment its `SET`s are sent: what its later steps
 /// share.
 pub(super) struct Attempt<'a> {
-    pub(super) redlock: &'a Redlock,
+    pub(super) redlock: &'a Core,
     pub(super) resource: &'a Arc<str>,
     pub(super) key: &'a Arc<str>,
     /// The attempt's fresh token (spec step 1).
@@ -88,7 +88,7 @@ impl<'a> Attempt<'a> {
     /// The attempt whose `SET`s for `keys` with `token` were sent at
     /// `start`, armed to release them if dropped before it is decided.
     pub(super) fn new(
-        redlock: &'a Redlock,
+        redlock: &'a Core,
         resource: &'a Arc<str>,
         key: &'a Arc<str>,
         keys: Keys,

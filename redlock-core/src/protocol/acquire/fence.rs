@@ -11,7 +11,7 @@ use crate::error::{Error, NodeStatus};
 use crate::fencing::{FencingMode, FencingToken, counter_ttl, fence_key, pick_token};
 use crate::node::{AcquireReply, Call, FENCE, parse_flag};
 use crate::protocol::fan_out::Settled;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::validity;
 
 /// The outcome of a fence phase that reached its quorum in time.
@@ -22,7 +22,7 @@ pub(crate) struct Fenced {
     pub(crate) validity: Duration,
 }
 
-impl Redlock {
+impl Core {
     /// Fencing steps 2 and 3, after an acquire quorum: picks the token from the
     /// counters the OK nodes returned, then raises the counter to it on every
     /// node that may hold the key (the OK nodes and those that have not

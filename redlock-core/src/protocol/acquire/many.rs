@@ -23,12 +23,12 @@ use crate::keys::{Keys, MAX_RESOURCES, Many, Resources};
 use crate::metrics;
 use crate::node::{Call, parse_acquire_many};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::new_token;
 use crate::settings::RetryPolicy;
 use std::collections::BTreeMap;
 
-impl Redlock {
+impl Core {
     /// Checks, deduplicates and orders the resources of a multi-resource lock.
     ///
     /// # Errors
@@ -65,7 +65,7 @@ impl Redlock {
     }
 }
 
-impl Redlock {
+impl Core {
     /// The retrying acquire of a checked set (see
     /// [`Redlock::lock_many_with_retained`]), counted in the metrics.
     pub(crate) async fn lock_set(

@@ -15,7 +15,7 @@ use crate::keys::Keys;
 use crate::metrics;
 use crate::node::{Call, parse_acquire};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 use crate::protocol::steps::{busy_retry_after, may_retry, new_token, retry_delay};
 use crate::settings::RetryPolicy;
 
@@ -41,7 +41,7 @@ impl Ttl {
     }
 }
 
-impl Redlock {
+impl Core {
     /// The mutex's retrying acquire, counted in the metrics
     /// ([`Primitive::acquire_with`](crate::Primitive::acquire_with));
     /// `retained` is the expiry a fence gives a

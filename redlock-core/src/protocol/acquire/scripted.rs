@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::keys::Keys;
 use crate::node::{Call, parse_acquire_many};
 use crate::protocol::lock::Lock;
-use crate::protocol::redlock::Redlock;
+use crate::protocol::redlock::Core;
 
 /// What a scripted attempt holds once it succeeds.
 pub(crate) struct Scripted {
@@ -27,7 +27,7 @@ pub(crate) struct Scripted {
     pub(crate) fenced: bool,
 }
 
-impl Redlock {
+impl Core {
     /// One attempt that sends `call` (built for `token`) to every node and
     /// holds `target.key` on a quorum, as [`Redlock::attempt`] does for the
     /// mutex's `SET`.

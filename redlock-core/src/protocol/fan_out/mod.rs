@@ -15,7 +15,7 @@ use redis::Value;
 
 use crate::error::{NodeError, NodeOutcome, NodeStatus, Report};
 use crate::node::Call;
-use crate::protocol::redlock::{Inner, Redlock};
+use crate::protocol::redlock::{Core, Inner};
 
 /// One node's settled answer within a fan-out.
 #[derive(Clone)]
@@ -256,7 +256,7 @@ async fn node_call<T>(
     }
 }
 
-impl Redlock {
+impl Core {
     /// Spec step 2: sends `call` to the given nodes at once, each under the node
     /// timeout (one allocation per call, its box).
     pub(crate) fn fan_out<T, I>(
