@@ -15,7 +15,10 @@ use redlock_core::request::Rejection;
 ///
 /// Its response is an RFC 9457 `application/problem+json` document with the
 /// status of [`Rejection::status`] (409 or the configured busy status, 503, 400,
-/// 500) and a `Retry-After` header for busy, unavailable and lost.
+/// 500), a `Retry-After` header for busy, unavailable and lost, and on a
+/// `permits(n)` route's busy answer the `RateLimit-Policy` and `RateLimit`
+/// fields when the middleware asks for them
+/// ([`rate_limit_fields`](crate::RedlockMiddleware::rate_limit_fields)).
 #[derive(Debug, Clone)]
 pub struct LockRejection(Rejection);
 
@@ -60,6 +63,9 @@ impl ResponseError for LockRejection {
         builder.content_type(Rejection::CONTENT_TYPE);
         if let Some(secs) = self.0.retry_after_secs() {
             builder.insert_header((header::RETRY_AFTER, HeaderValue::from(secs)));
+        }
+        for field in self.0.rate_limit_fields().into_iter().flatten() {
+            builder.insert_header(field);
         }
         builder.body(self.0.problem_json())
     }
@@ -107,6 +113,7 @@ mod tests {
             key: "redlock:/a".into(),
             status: redlock_core::request::StatusCode::LOCKED,
             retry_after: Some(Duration::from_millis(1500)),
+            quota: None,
         });
         assert_eq!(status, 423);
         assert_eq!(content_type.as_deref(), Some("application/problem+json"));

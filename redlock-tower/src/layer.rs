@@ -50,6 +50,7 @@ use crate::service::RedlockService;
 /// | case | default answer |
 /// | --- | --- |
 /// | lock busy | 409 + `Retry-After` + `application/problem+json` ([`busy_status`](Self::busy_status), [`wait`](Self::wait)) |
+/// | over the limit of [`permits(n)`](Self::permits) | 429, as for busy; the `RateLimit-Policy` and `RateLimit` fields with [`rate_limit_fields`](Self::rate_limit_fields) |
 /// | no quorum of nodes | 503 + `Retry-After` ([`fail_open`](Self::fail_open) to run unlocked) |
 /// | lock lost mid-handler | handler dropped, 503 ([`on_lost`](Self::on_lost)) |
 /// | lock held 30 s (a slow body, a client that does not read) | lost: as above, and a streamed body is cut off ([`max_hold`](Self::max_hold)) |

@@ -1,10 +1,12 @@
 //! The answer to a [`Rejection`]: the app's own (`RedlockLayer::on_rejection`),
-//! or an `application/problem+json` document with its status and `Retry-After`.
+//! or an `application/problem+json` document with its status, `Retry-After`
+//! and, on a `permits(n)` route's busy answer if asked for, the `RateLimit`
+//! fields.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, header};
+use http::{HeaderName, HeaderValue, Response, header};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -29,7 +31,8 @@ where
 }
 
 /// The response for `rejection`: the handler's, if the app set one, else the
-/// problem+json document with `Retry-After` where it applies.
+/// problem+json document with `Retry-After` and the `RateLimit` fields where
+/// they apply.
 pub(crate) fn response(
     rejection: &Rejection,
     handler: Option<&RejectionHandler>,
@@ -49,6 +52,11 @@ pub(crate) fn response(
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
+    for (name, value) in rejection.rate_limit_fields().into_iter().flatten() {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
     response
 }
 
@@ -66,6 +74,7 @@ mod tests {
             key: "redlock:/a".into(),
             status: StatusCode::LOCKED,
             retry_after: Some(Duration::from_millis(1500)),
+            quota: None,
         };
         let response = super::response(&busy, None);
         assert_eq!(response.status(), StatusCode::LOCKED);
@@ -74,6 +83,8 @@ mod tests {
             "application/problem+json"
         );
         assert_eq!(response.headers()["retry-after"], "2");
+        assert!(!response.headers().contains_key("ratelimit"));
+        assert!(!response.headers().contains_key("ratelimit-policy"));
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let doc = String::from_utf8_lossy(&body);
         assert!(doc.contains(r#""key":"redlock:/a""#), "{doc}");

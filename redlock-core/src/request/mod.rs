@@ -7,6 +7,7 @@
 //! from one macro), the wait, the hold with auto-extension (a
 //! [`LockGuard`] from [`crate::Primitive::guard`]), the abort on loss, the release,
 //! the tracing span, and the HTTP answer of a refusal (status, `Retry-After`,
+//! the `RateLimit` fields of a `permits(n)` route's busy answer,
 //! `application/problem+json`).
 //!
 //! The Redis key of a request's lock is the handle's key prefix, then the
@@ -53,6 +54,7 @@ pub(crate) mod keys;
 mod kind;
 mod path;
 mod policy;
+mod rate_limit;
 mod rejection;
 mod setters;
 mod upgrade;
@@ -384,6 +386,7 @@ fn refused(
             key,
             status: policy.busy_status,
             retry_after,
+            quota: policy.rate_limit_quota(),
         },
         // Some node said another holder has the key: running unlocked
         // could overlap that holder, so even fail-open answers "busy".
@@ -391,6 +394,7 @@ fn refused(
             key,
             status: policy.busy_status,
             retry_after: report.busy_pttls().max(),
+            quota: policy.rate_limit_quota(),
         },
         // A node that answered with an error is up and refused: wrong
         // credentials (a password rotated on the nodes first), a replica, or

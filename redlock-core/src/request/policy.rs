@@ -139,6 +139,9 @@ pub struct LockPolicy {
     pub(crate) fencing_header: Option<&'static str>,
     /// Which lock a request takes.
     pub(crate) kind: super::RequestLockKind,
+    /// Whether a `permits(n)` route's busy answers carry the `RateLimit`
+    /// fields.
+    pub(crate) rate_limit_fields: bool,
 }
 
 impl Default for LockPolicy {
@@ -159,6 +162,7 @@ impl Default for LockPolicy {
             retry_delay: None,
             fencing_header: None,
             kind: super::RequestLockKind::Mutex,
+            rate_limit_fields: false,
         }
     }
 }
@@ -209,6 +213,15 @@ impl LockPolicy {
     /// (see `fencing_header`).
     pub fn fencing_header_name(&self) -> Option<&'static str> {
         self.fencing_header
+    }
+
+    /// The quota a busy answer's `RateLimit` fields advertise: the number of
+    /// permits, on a `permits(n)` policy that sets `rate_limit_fields`.
+    pub(crate) fn rate_limit_quota(&self) -> Option<u32> {
+        match self.kind {
+            super::RequestLockKind::Permits(n) if self.rate_limit_fields => Some(n),
+            _ => None,
+        }
     }
 
     /// What happens on loss.
@@ -319,6 +332,16 @@ mod tests {
             cap(&LockPolicy::default().options(own)),
             Some(Duration::MAX)
         );
+    }
+
+    #[test]
+    fn only_permits_with_the_opt_in_have_a_rate_limit_quota() {
+        let p = LockPolicy::default();
+        assert_eq!(p.clone().permits(3).rate_limit_quota(), None);
+        assert_eq!(p.clone().rate_limit_fields().rate_limit_quota(), None);
+        let both = p.rate_limit_fields().permits(3);
+        assert_eq!(both.rate_limit_quota(), Some(3));
+        assert_eq!(both.shared_for_safe_methods().rate_limit_quota(), None);
     }
 
     #[test]

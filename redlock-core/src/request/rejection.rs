@@ -1,5 +1,6 @@
 //! [`Rejection`]: why a request was not run under its lock (or was stopped),
-//! and its HTTP answer: a status, `Retry-After`, and an RFC 9457
+//! and its HTTP answer: a status, `Retry-After`, on a `permits(n)` route's
+//! busy answer the `RateLimit` fields if asked for, and an RFC 9457
 //! `application/problem+json` document.
 
 use std::sync::Arc;
@@ -8,11 +9,12 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use super::rate_limit;
 use crate::error::Error;
 
 /// Why a request was not run (or was stopped). Each adapter turns this into its
-/// own response with [`Rejection::status`], [`Rejection::retry_after_secs`] and
-/// [`Rejection::problem_json`].
+/// own response with [`Rejection::status`], [`Rejection::retry_after_secs`],
+/// [`Rejection::rate_limit_fields`] and [`Rejection::problem_json`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -24,6 +26,10 @@ pub enum Rejection {
         status: StatusCode,
         /// When the holder's keys expire, if known.
         retry_after: Option<Duration>,
+        /// The route's `permits(n)` when its policy sends the `RateLimit`
+        /// fields (`rate_limit_fields`): the quota they advertise. `None`
+        /// otherwise, and then the answer has no such fields.
+        quota: Option<u32>,
     },
     /// No quorum of Redis nodes gave the lock: too few answered, or some
     /// answered with an error (a refusal: credentials, a replica, out of
@@ -95,6 +101,48 @@ impl Rejection {
             _ => return None,
         };
         Some(d.as_millis().div_ceil(1000).max(1) as u64)
+    }
+
+    /// The `RateLimit-Policy` and `RateLimit` fields of the answer, as
+    /// (lower-case name, value) pairs: on the busy answer of a `permits(n)`
+    /// route whose policy sets `rate_limit_fields`, and on no other. They
+    /// follow draft-ietf-httpapi-ratelimit-headers-11: a quota of `n` in its
+    /// `concurrent-requests` unit, none of it available for the
+    /// `Retry-After` seconds. The policy is named `"permits"`; nothing from
+    /// the request is in either field.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlock_core::request::{Rejection, StatusCode};
+    ///
+    /// let busy = Rejection::Busy {
+    ///     key: "redlock:x-tenant=7".into(),
+    ///     status: StatusCode::TOO_MANY_REQUESTS,
+    ///     retry_after: Some(Duration::from_millis(2500)),
+    ///     quota: Some(2),
+    /// };
+    /// assert_eq!(busy.retry_after_secs(), Some(3));
+    /// assert_eq!(
+    ///     busy.rate_limit_fields(),
+    ///     Some([
+    ///         ("ratelimit-policy", r#""permits";q=2;qu="concurrent-requests""#.to_owned()),
+    ///         ("ratelimit", r#""permits";r=0;t=3"#.to_owned()),
+    ///     ])
+    /// );
+    /// ```
+    pub fn rate_limit_fields(&self) -> Option<[(&'static str, String); 2]> {
+        let Rejection::Busy {
+            quota: Some(permits),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let secs = self.retry_after_secs()?;
+        Some([
+            (rate_limit::POLICY_FIELD, rate_limit::policy(*permits)),
+            (rate_limit::LIMIT_FIELD, rate_limit::limit(secs)),
+        ])
     }
 
     /// A short title for the problem.
@@ -226,9 +274,11 @@ mod tests {
             key: "k".into(),
             status: StatusCode::CONFLICT,
             retry_after: Some(Duration::from_millis(1200)),
+            quota: None,
         };
         assert_eq!(busy.status(), StatusCode::CONFLICT);
         assert_eq!(busy.retry_after_secs(), Some(2));
+        assert_eq!(busy.rate_limit_fields(), None);
         let doc: serde_json::Value = serde_json::from_str(&busy.problem_json()).unwrap();
         assert_eq!(doc["status"], 409);
         assert_eq!(doc["key"], "k");
@@ -237,6 +287,7 @@ mod tests {
             key: "k".into(),
             status: StatusCode::LOCKED,
             retry_after: Some(Duration::from_millis(10)),
+            quota: None,
         };
         assert_eq!(short.retry_after_secs(), Some(1));
         assert_eq!(short.status(), StatusCode::LOCKED);
@@ -261,5 +312,37 @@ mod tests {
         let doc: serde_json::Value = serde_json::from_str(&invalid.problem_json()).unwrap();
         assert_eq!(doc["status"], 400);
         assert_eq!(doc["key"], "redlock:/x:redlock-waiters");
+    }
+
+    #[test]
+    fn only_a_busy_answer_with_a_quota_carries_the_rate_limit_fields() {
+        let busy = |quota, retry_after| Rejection::Busy {
+            key: "redlock:/exports".into(),
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after,
+            quota,
+        };
+        let fields = busy(Some(5), Some(Duration::from_millis(4001))).rate_limit_fields();
+        assert_eq!(
+            fields,
+            Some([
+                (
+                    "ratelimit-policy",
+                    r#""permits";q=5;qu="concurrent-requests""#.to_owned()
+                ),
+                ("ratelimit", r#""permits";r=0;t=5"#.to_owned()),
+            ])
+        );
+        // An unknown holder's expiry: `t` is the `Retry-After` sent, 1 s.
+        let unknown = busy(Some(1), None).rate_limit_fields().unwrap();
+        assert_eq!(unknown[1].1, r#""permits";r=0;t=1"#);
+        assert_eq!(
+            busy(None, Some(Duration::from_secs(2))).rate_limit_fields(),
+            None
+        );
+        assert_eq!(
+            Rejection::Lost { key: "k".into() }.rate_limit_fields(),
+            None
+        );
     }
 }

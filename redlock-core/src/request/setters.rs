@@ -38,6 +38,7 @@ pub enum Setting {
     FenceRetention(Duration),
     Permits(u32),
     SharedForSafeMethods,
+    RateLimitFields,
 }
 
 // The setters of `LockPolicy` itself live here, beside the `Setting` they
@@ -79,6 +80,7 @@ impl Setting {
             Setting::SharedForSafeMethods => {
                 policy.kind = super::RequestLockKind::SharedForSafeMethods
             }
+            Setting::RateLimitFields => policy.rate_limit_fields = true,
             Setting::Options(mut options) => {
                 if let Some(retry) = &options.retry {
                     policy.busy = BusyPolicy::Wait(retry.deadline.unwrap_or(Duration::MAX));
@@ -98,7 +100,8 @@ impl Setting {
 /// Defines the lock policy's setters in an `impl` block: `ttl`, `wait`,
 /// `fail_fast`, `busy_status`, `on_missing_key`, `fail_open`, `on_lost`,
 /// `release_on`, `max_hold`, `namespace`, `retry_delay`, `loss_margin`,
-/// `options`, `fencing_header` and `fence_retention`.
+/// `options`, `fencing_header`, `fence_retention`, `permits`,
+/// `shared_for_safe_methods` and `rate_limit_fields`.
 ///
 /// `apply` names a method `fn(self, Setting) -> Self` of the type (it applies
 /// the setting to the policy the type holds); `status` is the type of status
@@ -267,6 +270,34 @@ macro_rules! lock_policy_setters {
         /// only as one mutex; never taken as the mutex instead).
         pub fn shared_for_safe_methods(self) -> Self {
             self.$apply($crate::request::__private::Setting::SharedForSafeMethods)
+        }
+
+        /// Under `permits(n)`, also sends the `RateLimit-Policy` and
+        /// `RateLimit` fields of draft-ietf-httpapi-ratelimit-headers-11 on
+        /// the busy answers (`Retry-After` stays), so that clients and
+        /// gateways that read them back off:
+        ///
+        /// ```text
+        /// RateLimit-Policy: "permits";q=2;qu="concurrent-requests"
+        /// RateLimit: "permits";r=0;t=3
+        /// ```
+        ///
+        /// `q` is `n` in the draft's unit for requests at once, `t` the
+        /// `Retry-After` seconds. Off by default: the draft makes the fields
+        /// optional, and they tell any client the route's limit. The policy
+        /// is named `"permits"` and nothing from the request (the key is the
+        /// client's choice) goes into either field. Other kinds of lock, and
+        /// other answers, never carry them. An app's own rejection handler
+        /// finds them in `Rejection::rate_limit_fields`.
+        ///
+        /// ```
+        /// use redlock_core::request::LockPolicy;
+        ///
+        /// let policy = LockPolicy::default().permits(2).rate_limit_fields();
+        /// # let _ = policy;
+        /// ```
+        pub fn rate_limit_fields(self) -> Self {
+            self.$apply($crate::request::__private::Setting::RateLimitFields)
         }
     };
 }

@@ -157,6 +157,7 @@ mod tests {
             key: Arc::from("redlock:x-tenant=acme"),
             status: StatusCode::CONFLICT,
             retry_after: Some(Duration::from_millis(1234)),
+            quota: None,
         };
         let response = response(&busy, GrpcBusyCode::Aborted);
         assert_eq!(response.status(), StatusCode::OK);

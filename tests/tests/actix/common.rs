@@ -113,6 +113,8 @@ pub(crate) struct Answer {
     pub(crate) status: u16,
     pub(crate) content_type: Option<String>,
     pub(crate) retry_after: Option<u64>,
+    /// The `RateLimit-Policy` and `RateLimit` fields.
+    pub(crate) rate_limit: (Option<String>, Option<String>),
     pub(crate) body: String,
 }
 
@@ -130,12 +132,14 @@ impl Answer {
             header("content-type"),
             header("retry-after").map(|v| v.parse().unwrap()),
         );
+        let rate_limit = (header("ratelimit-policy"), header("ratelimit"));
         let status = resp.status().as_u16();
         let body = actix_web::test::read_body(resp).await;
         Self {
             status,
             content_type,
             retry_after,
+            rate_limit,
             body: String::from_utf8_lossy(&body).into_owned(),
         }
     }

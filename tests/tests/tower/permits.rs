@@ -1,10 +1,11 @@
 //! `RedlockLayer::permits(n)` and `shared_for_safe_methods()` over real HTTP
 //! and real Redis nodes (issue 41): at most n requests per key inside, the
-//! rest answered 429 with `Retry-After` and problem+json; safe methods share
-//! a key, the others hold it alone.
+//! rest answered 429 with `Retry-After` and problem+json (and, opted in, the
+//! `RateLimit` fields: issue 51); safe methods share a key, the others hold
+//! it alone.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 use axum::extract::State;
@@ -91,6 +92,94 @@ async fn permits_admit_n_requests_per_key_and_answer_the_rest_429() {
     for r in limited {
         assert!(r.retry_after().is_some(), "429 without Retry-After");
         assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+}
+
+/// The route's busy answers, once the two permits of tenant 7 are held: the
+/// opted-in route's 429 carries `RateLimit-Policy` and `RateLimit` with `t`
+/// its `Retry-After`, the other route's on the same key does not, and an
+/// opted-in mutex route's 409 does not either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permits_busy_answer_carries_the_rate_limit_fields_when_asked() {
+    const TTL: Duration = Duration::from_secs(60);
+    let cluster = Cluster::start(3);
+    let redlock = cluster.patient_redlock();
+    warm(&redlock).await;
+    let tenant = || RedlockLayer::by_header(http::HeaderName::from_static("x-tenant"));
+    let app = Router::new()
+        .route("/fields", get(|| async { "ran" }))
+        .route_layer(tenant().permits(2).rate_limit_fields())
+        .merge(
+            Router::new()
+                .route("/plain", get(|| async { "ran" }))
+                .route_layer(tenant().permits(2)),
+        )
+        .merge(
+            Router::new()
+                .route("/mutex", get(|| async { "ran" }))
+                .route_layer(tenant().namespace("jobs:").rate_limit_fields()),
+        )
+        .layer(Extension(redlock.clone()));
+    let server = Server::start(app).await;
+    let client = client();
+    // The two permits of tenant 7 (the layer's resource: namespace, then
+    // the header's key) and its mutex under `jobs:`, held from here.
+    let taken = Instant::now();
+    let permits = redlock.semaphore("redlock:x-tenant=7", 2).unwrap();
+    let first = permits.try_acquire(TTL).await.unwrap();
+    let second = permits.try_acquire(TTL).await.unwrap();
+    let job = redlock
+        .mutex("jobs:x-tenant=7")
+        .try_acquire(TTL)
+        .await
+        .unwrap();
+    let ask = |path: &str| {
+        let (client, url) = (client.clone(), server.url(path));
+        async move {
+            send(&client, Method::GET, &url, &[("x-tenant", "7")], "")
+                .await
+                .unwrap()
+        }
+    };
+
+    let limited = ask("/fields").await;
+    let waited = taken.elapsed();
+    assert_eq!(
+        limited.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        limited.text()
+    );
+    assert_eq!(
+        limited.header("ratelimit-policy"),
+        Some(r#""permits";q=2;qu="concurrent-requests""#)
+    );
+    let t = limited.retry_after().expect("429 without Retry-After");
+    assert_eq!(
+        limited.header("ratelimit"),
+        Some(format!(r#""permits";r=0;t={t}"#).as_str())
+    );
+    // `t` is when the sooner permit frees: within the holders' TTL, and no
+    // earlier than what is left of it.
+    assert!(
+        t <= TTL.as_secs() && Duration::from_secs(t) + waited >= TTL,
+        "t = {t} s for permits taken {waited:?} ago with a {TTL:?} TTL"
+    );
+
+    let plain = ask("/plain").await;
+    assert_eq!(plain.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(plain.retry_after().is_some());
+    assert_eq!(plain.header("ratelimit-policy"), None, "fields by default");
+    assert_eq!(plain.header("ratelimit"), None, "fields by default");
+
+    let busy = ask("/mutex").await;
+    assert_eq!(busy.status, StatusCode::CONFLICT);
+    assert!(busy.retry_after().is_some());
+    assert_eq!(busy.header("ratelimit-policy"), None, "fields on a mutex");
+    assert_eq!(busy.header("ratelimit"), None, "fields on a mutex");
+
+    for lock in [first, second, job] {
+        redlock.unlock(lock).await.unwrap();
     }
 }
 

@@ -1,4 +1,7 @@
-//! `RedlockMiddleware::permits(n)` and `shared_for_safe_methods()` (issue 41).
+//! `RedlockMiddleware::permits(n)` and `shared_for_safe_methods()` (issue
+//! 41), and the `RateLimit` fields of the busy answers (issue 51).
+
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 use actix_web::{App, test, web};
@@ -40,6 +43,81 @@ pub(super) async fn permits_admit_two_and_answer_the_third_429() {
     assert_eq!(statuses, [200, 200, 429], "{a:?} {b:?} {c:?}");
     assert!(c.retry_after.is_some(), "429 without Retry-After");
     assert_eq!(c.content_type.as_deref(), Some("application/problem+json"));
+}
+
+/// The busy answers once the two permits of `/exports` are held: the
+/// opted-in scope's 429 carries `RateLimit-Policy` and `RateLimit` with `t`
+/// its `Retry-After`, the other scope's on the same key does not, and an
+/// opted-in mutex scope's 409 does not either.
+#[actix_web::test]
+pub(super) async fn a_permits_busy_answer_carries_the_rate_limit_fields_when_asked() {
+    const TTL: Duration = Duration::from_secs(60);
+    let cluster = Cluster::start(3);
+    let redlock = cluster.patient_redlock();
+    let by_key = || RedlockMiddleware::by_fn(|_| Some("exports".to_owned()));
+    let app = test::init_service(
+        App::new()
+            .app_data(redlock.clone())
+            .service(
+                web::scope("/fields")
+                    .wrap(by_key().permits(2).rate_limit_fields())
+                    .route("", web::get().to(|| async { "ran" })),
+            )
+            .service(
+                web::scope("/plain")
+                    .wrap(by_key().permits(2))
+                    .route("", web::get().to(|| async { "ran" })),
+            )
+            .service(
+                web::scope("/mutex")
+                    .wrap(by_key().namespace("jobs:").rate_limit_fields())
+                    .route("", web::get().to(|| async { "ran" })),
+            ),
+    )
+    .await;
+    // The two permits of the key (the middleware's resource: namespace,
+    // then key) and its mutex under `jobs:`, held from here.
+    let taken = Instant::now();
+    let permits = redlock.semaphore("redlock:exports", 2).unwrap();
+    let first = permits.try_acquire(TTL).await.unwrap();
+    let second = permits.try_acquire(TTL).await.unwrap();
+    let job = redlock
+        .mutex("jobs:exports")
+        .try_acquire(TTL)
+        .await
+        .unwrap();
+
+    let limited = call!(&app, "/fields").await;
+    let waited = taken.elapsed();
+    assert_eq!(limited.status, 429, "{limited:?}");
+    let t = limited.retry_after.expect("429 without Retry-After");
+    assert_eq!(
+        limited.rate_limit,
+        (
+            Some(r#""permits";q=2;qu="concurrent-requests""#.to_owned()),
+            Some(format!(r#""permits";r=0;t={t}"#)),
+        )
+    );
+    // `t` is when the sooner permit frees: within the holders' TTL, and no
+    // earlier than what is left of it.
+    assert!(
+        t <= TTL.as_secs() && Duration::from_secs(t) + waited >= TTL,
+        "t = {t} s for permits taken {waited:?} ago with a {TTL:?} TTL"
+    );
+
+    let plain = call!(&app, "/plain").await;
+    assert_eq!(plain.status, 429, "{plain:?}");
+    assert!(plain.retry_after.is_some());
+    assert_eq!(plain.rate_limit, (None, None), "fields by default");
+
+    let busy = call!(&app, "/mutex").await;
+    assert_eq!(busy.status, 409, "{busy:?}");
+    assert!(busy.retry_after.is_some());
+    assert_eq!(busy.rate_limit, (None, None), "fields on a mutex");
+
+    for lock in [first, second, job] {
+        redlock.unlock(lock).await.unwrap();
+    }
 }
 
 #[actix_web::test]
