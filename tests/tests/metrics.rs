@@ -2,7 +2,7 @@
 //! Prometheus would: after a known sequence of lock operations and requests,
 //! the counters, gauges and histogram counts are what happened (permits and
 //! shares too), no series carries a resource key unless the application maps
-//! keys to labels, and the README's table lists every metric.
+//! keys to labels, and the guide's operating chapter lists every metric.
 //!
 //! Its own binary: it installs the process-wide recorder.
 
@@ -338,12 +338,13 @@ async fn permits_and_shares(handle: &PrometheusHandle, rl: &Redlock) {
     }
 }
 
-/// Every metric of `redlock_core::metrics::METRICS` is in the README's table,
-/// and the table names no other.
+/// Every metric of `redlock_core::metrics::METRICS` is in the table of the
+/// guide's operating chapter (`redlock_core::guide::operating`), and the
+/// table names no other.
 #[test]
-fn the_readme_table_lists_every_metric() {
-    let readme = include_str!("../../README.md");
-    let in_table: Vec<&str> = readme
+fn the_operating_chapter_s_table_lists_every_metric() {
+    let chapter = include_str!("../../redlock-core/docs/guide/operating.md");
+    let in_table: Vec<&str> = chapter
         .lines()
         .filter_map(|l| l.strip_prefix("| `redlock_"))
         .filter_map(|l| l.split('`').next())
@@ -355,13 +356,13 @@ fn the_readme_table_lists_every_metric() {
     for n in &names {
         assert!(
             in_table.contains(&n.as_str()),
-            "redlock_{n} is not in the README's table"
+            "redlock_{n} is not in the operating chapter's table"
         );
     }
     for t in &in_table {
         assert!(
             names.iter().any(|n| n == t),
-            "the README lists redlock_{t}, which does not exist"
+            "the operating chapter lists redlock_{t}, which does not exist"
         );
     }
 }

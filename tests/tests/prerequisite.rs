@@ -1,8 +1,9 @@
-//! The README's Prerequisite names everything the test command needs: every
-//! Debian package that a test's failure message tells the reader to install
-//! is on the README's Debian/Ubuntu install line. (A newcomer once followed
-//! the README, installed `redis-server` alone, and two fault tests failed
-//! asking for `faketime`, which only the Fencing section named.)
+//! CONTRIBUTING.md's Prerequisites name everything the test command needs
+//! (the README's test command links there): every Debian package that a
+//! test's failure message tells the reader to install is on its
+//! Debian/Ubuntu install line. (A newcomer once followed the README,
+//! installed `redis-server` alone, and two fault tests failed asking for
+//! `faketime`, which only the Fencing section named.)
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -54,47 +55,47 @@ fn hinted_packages() -> BTreeSet<String> {
     found
 }
 
-/// The packages of the README's Debian/Ubuntu line in its Prerequisite.
-fn readme_packages() -> BTreeSet<String> {
-    let readme =
-        std::fs::read_to_string(workspace_root().join("README.md")).expect("read README.md");
-    let start = readme
-        .find("## Prerequisite")
-        .expect("README.md has a Prerequisite section");
-    let section = &readme[start..];
+/// The packages of the Debian/Ubuntu line in CONTRIBUTING.md's Prerequisites.
+fn install_line_packages() -> BTreeSet<String> {
+    let contributing = std::fs::read_to_string(workspace_root().join("CONTRIBUTING.md"))
+        .expect("read CONTRIBUTING.md");
+    let start = contributing
+        .find("## Prerequisites")
+        .expect("CONTRIBUTING.md has a Prerequisites section");
+    let section = &contributing[start..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
     let line = section
         .lines()
         .find(|l| l.contains("apt-get install") && l.contains("Debian"))
-        .expect("the Prerequisite has a Debian/Ubuntu install line");
+        .expect("the Prerequisites have a Debian/Ubuntu install line");
     packages_of(line).collect()
 }
 
 #[test]
-fn the_readme_install_line_names_every_package_a_test_asks_for() {
+fn the_install_line_names_every_package_a_test_asks_for() {
     let hinted = hinted_packages();
     assert!(
         hinted.contains("redis-server") && hinted.contains("faketime"),
         "the scan found the harness's install hints: {hinted:?}"
     );
-    let readme = readme_packages();
-    let missing: Vec<_> = hinted.difference(&readme).collect();
+    let line = install_line_packages();
+    let missing: Vec<_> = hinted.difference(&line).collect();
     assert!(
         missing.is_empty(),
-        "README.md's Prerequisite install line lacks {missing:?} (it names {readme:?})"
+        "CONTRIBUTING.md's Prerequisites install line lacks {missing:?} (it names {line:?})"
     );
 }
 
 #[test]
-fn the_ci_installs_the_readme_line() {
+fn the_ci_installs_the_install_line() {
     let ci = std::fs::read_to_string(workspace_root().join(".ci/run")).expect("read .ci/run");
     let ci_packages: BTreeSet<String> = ci.lines().flat_map(packages_of).collect();
-    let missing: Vec<_> = readme_packages()
+    let missing: Vec<_> = install_line_packages()
         .into_iter()
         .filter(|p| !ci_packages.contains(p))
         .collect();
     assert!(
         missing.is_empty(),
-        ".ci/run does not install {missing:?} from the README's line"
+        ".ci/run does not install {missing:?} from CONTRIBUTING.md's install line"
     );
 }
