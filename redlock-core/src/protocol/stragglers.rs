@@ -118,13 +118,17 @@ impl Core {
     /// the lock is released (or the attempt failed), a late `OK` is released again
     /// unless that release deleted it on its node
     /// ([`Late::deleted_by_release`]). A late error is released too, in case
-    /// the `SET` ran.
+    /// the `SET` ran. With `quiet` (a failed permit try's, released quietly
+    /// itself), a late key is released without announcing it either
+    /// (`RELEASE_QUIET`): its waiter would hear its own clean-up (issue 48,
+    /// item 3; `model_wake_flag`'s late case).
     pub(crate) fn drive_stragglers<F>(
         &self,
         mut pending: Stragglers<F>,
         late: Option<Arc<Late>>,
         keys: &Keys,
         token: &Arc<str>,
+        quiet: bool,
     ) -> Option<Arc<Late>>
     where
         F: Future<Output = Settled<AcquireReply>> + Send + 'static,
@@ -172,7 +176,7 @@ impl Core {
                     continue;
                 }
                 if !state.deleted_by_release(s.index).await {
-                    this.release_on(s.index, &keys, &token).await;
+                    this.release_on(s.index, &keys, &token, quiet).await;
                 }
             }
         });
@@ -182,8 +186,15 @@ impl Core {
     /// A background release of one node's late key. Nobody waits on it, so it
     /// gets a longer timeout than a call on the hot path, and one retry: a key it
     /// fails to delete blocks the resource for a whole TTL.
-    async fn release_on(&self, index: usize, keys: &Keys, token: &Arc<str>) {
-        let call = Call::release_keys(keys.clone(), Arc::clone(token));
+    async fn release_on(&self, index: usize, keys: &Keys, token: &Arc<str>, quiet: bool) {
+        let call = match keys {
+            Keys::One(key) if quiet => Call::script(
+                &crate::node::RELEASE_QUIET,
+                Arc::clone(key),
+                vec![token.to_string()],
+            ),
+            _ => Call::release_keys(keys.clone(), Arc::clone(token)),
+        };
         let timeout = self.inner.settings.node_timeout.saturating_mul(4);
         for attempt in 1..=2 {
             let (result, _) = self.inner.nodes[index].run(&call, timeout).await;

@@ -222,7 +222,7 @@ impl Attempt<'_> {
         tracing::debug!(report = %redlock.report(&round.settled, acquire_status), "acquired");
         // From here the `Lock` (and its `Drop`) owns the release.
         self.cleanup.armed = false;
-        let late = redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
+        let late = redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token, false);
         // Labelled by the resource's lock key, as the lock's other metrics
         // (`Lock::metrics_key`): a permit's slot key is not a label of its own.
         let label = redlock
@@ -269,18 +269,19 @@ impl Attempt<'_> {
         if let Some(late) = &late {
             late.abandoned.store(true, Ordering::SeqCst);
         }
-        redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token);
-        let report = redlock.report(&round.settled, acquire_status);
         // A permit slot's attempt that took fewer nodes than a quorum: the
         // key never held the slot, and its release wakes nobody
-        // (`RELEASE_QUIET`): the waiter would hear it as a release on
-        // another slot's busy node (issue 48, item 3). A mutex's clean-up
+        // (`RELEASE_QUIET`), nor does the release of its late answers: the
+        // waiter would hear either as a release on another slot's busy node
+        // (issue 48, item 3; `model_wake_flag`). A mutex's clean-up
         // still announces itself: a waiter it refused retries at once
         // instead of at its delay, which the fault suite's contended
         // workloads rely on (with every clean-up quiet, its sets were not
         // taken once in three loaded runs).
         let quiet = round.ok < redlock.inner.quorum
             && matches!(&self.cleanup.keys, Keys::One(k) if crate::keys::is_permit_key(k));
+        redlock.drive_stragglers(pending, late, &self.cleanup.keys, &self.token, quiet);
+        let report = redlock.report(&round.settled, acquire_status);
         redlock
             .unlock_all_as(&self.cleanup.keys, &self.token, Some(&report), None, quiet)
             .await;
