@@ -28,9 +28,14 @@ async fn a_waiting_writers_intent_outlives_a_ttl_shorter_than_its_delay() {
     // A reader holds until the check below (nothing releases meanwhile, so
     // the writer is never woken: it retries at its 1 s delay). Its TTL is
     // within the writer's wait, or the writer would not wait for it.
+    // Retried: a node timeout this short can miss a quorum on a loaded
+    // machine, and the subject is the writer's intent, not this acquire.
     let reader = rl
         .rw_lock("doc", Access::Shared)
-        .try_acquire(Duration::from_secs(20))
+        .acquire_with(
+            Duration::from_secs(20),
+            &RetryPolicy::deadline(timing::settled()),
+        )
         .await
         .unwrap();
     let writer = {
