@@ -22,6 +22,7 @@ use redlock_actix::{
 use redlock_core::LockOptions;
 use redlock_tests::Cluster;
 use redlock_tests::http::send_retrying_busy;
+use redlock_tests::http_timing::busy_retries;
 use redlock_tests::slow::{stall_after_head, trickle};
 
 /// The limit the behaviour tests set.
@@ -165,10 +166,13 @@ fn app(
         .route("/held/{id}", web::post().to(held_order))
 }
 
-/// Sends `method url` until it is not answered 409, 50 ms apart, for up to
-/// 10 s; returns the last reply.
+/// Sends `method url` until it is not answered 409, 50 ms apart, for as long
+/// as [`limit_bound`] (the lock is taken from its holder by then); returns
+/// the last reply.
 async fn until_not_busy(method: Method, url: &str) -> Reply {
-    let (reply, _) = send_retrying_busy(&client(), method, url, &[], "x", 200, ms(50))
+    let pause = ms(50);
+    let retries = busy_retries(limit_bound(), pause);
+    let (reply, _) = send_retrying_busy(&client(), method, url, &[], "x", retries, pause)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     reply
