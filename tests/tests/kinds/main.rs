@@ -6,8 +6,11 @@
 //! none is silently taken as another kind.
 
 mod actix;
+mod actix_matrix;
 mod matrix;
 mod tower;
+mod tower_matrix;
+mod web_matrix;
 
 use redlock_core::Redlock;
 use redlock_tests::Cluster;

@@ -1,10 +1,10 @@
-//! The combination matrix of issue 47 through the core API: each primitive
-//! (the mutex on one resource and on a set, a semaphore of 2, a read/write
-//! lock's readers and writers together) × fencing (off, Hybrid, Durable) ×
-//! how a holder ends (release, drop of the guard, cancellation of the work,
-//! a panic in the work). Each case runs three contenders on real nodes and
-//! is judged from the intervals they recorded (not from anything the
-//! library counts):
+//! The combination matrix of issue 47 through the core API (the web
+//! adapters' is `web_matrix.rs`): each primitive (the mutex on one resource
+//! and on a set, a semaphore of 2, a read/write lock's readers and writers
+//! together) × fencing (off, Hybrid, Durable) × how a holder ends (release,
+//! drop of the guard, cancellation of the work, a panic in the work). Each
+//! case runs three contenders on real nodes and is judged from the intervals
+//! they recorded (not from anything the library counts):
 //!
 //! - **exclusion:** at most one holder at once of a mutex (of any key of a
 //!   set), at most two of the semaphore, no writer beside anyone;
@@ -39,14 +39,14 @@ const ENDINGS: [Ending; 4] = [Ending::Release, Ending::Drop, Ending::Cancel, End
 
 /// What a case takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
+pub(super) enum Shape {
     MutexOne,
     MutexSet,
     Permits2,
     ReadWrite,
 }
 
-const SHAPES: [Shape; 4] = [
+pub(super) const SHAPES: [Shape; 4] = [
     Shape::MutexOne,
     Shape::MutexSet,
     Shape::Permits2,
@@ -56,18 +56,18 @@ const SHAPES: [Shape; 4] = [
 /// A section a contender ran while it held: when, whether it was
 /// exclusive, and its fencing token for each resource.
 #[derive(Debug, Clone)]
-struct Section {
-    enter: Instant,
-    exit: Instant,
-    exclusive: bool,
-    tokens: Tokens,
+pub(super) struct Section {
+    pub(super) enter: Instant,
+    pub(super) exit: Instant,
+    pub(super) exclusive: bool,
+    pub(super) tokens: Tokens,
 }
 
 /// Fencing tokens, per resource.
-type Tokens = Vec<(String, u64)>;
+pub(super) type Tokens = Vec<(String, u64)>;
 
 /// A holder's fencing tokens, per resource.
-fn tokens(handle: &redlock_core::LockHandle) -> Tokens {
+pub(super) fn tokens(handle: &redlock_core::LockHandle) -> Tokens {
     handle
         .fencing_tokens()
         .into_iter()
@@ -78,15 +78,15 @@ fn tokens(handle: &redlock_core::LockHandle) -> Tokens {
 /// The lock TTL of every case: three patient node timeouts (the loss margin
 /// is one), long enough that no renewal is starved on a
 /// loaded machine (the subject is the combination, not a slow node).
-const TTL: Duration = Duration::from_secs(6);
+pub(super) const TTL: Duration = Duration::from_secs(6);
 /// How long each holder works.
-const WORK: Duration = Duration::from_millis(15);
+pub(super) const WORK: Duration = Duration::from_millis(15);
 /// Sections per contender.
-const ROUNDS: usize = 3;
+pub(super) const ROUNDS: usize = 3;
 /// Contenders per case.
-const CONTENDERS: usize = 3;
+pub(super) const CONTENDERS: usize = 3;
 
-fn handle(cluster: &Cluster, fencing: Option<FencingMode>) -> Redlock {
+pub(super) fn handle(cluster: &Cluster, fencing: Option<FencingMode>) -> Redlock {
     let builder = Redlock::builder()
         .urls(cluster.urls())
         .node_timeout(timing::PATIENT_NODE_TIMEOUT);
@@ -203,7 +203,7 @@ async fn hold(
 }
 
 /// Judges one case's sections.
-fn judge(case: &str, shape: Shape, fencing: Option<FencingMode>, sections: &[Section]) {
+pub(super) fn judge(case: &str, shape: Shape, fencing: Option<FencingMode>, sections: &[Section]) {
     assert_eq!(
         sections.len(),
         CONTENDERS * ROUNDS,
@@ -319,10 +319,15 @@ async fn run_cases(fencing: Option<FencingMode>, tag: &str) {
         failed.join("\n")
     );
 
-    // Hygiene: every key has an expiry now, and once the TTL has passed
-    // only fence counters are left.
+    assert_hygiene(&cluster, tag);
+}
+
+/// Hygiene, once every holder of `cluster` has ended: every key has an
+/// expiry now, and once the TTL has passed only fence counters are left,
+/// each with its own expiry.
+pub(super) fn assert_hygiene(cluster: &Cluster, tag: &str) {
     assert_eq!(
-        without_expiry(&cluster),
+        without_expiry(cluster),
         Vec::<String>::new(),
         "{tag}: keys without an expiry"
     );
@@ -334,7 +339,12 @@ async fn run_cases(fencing: Option<FencingMode>, tag: &str) {
     assert!(
         only_counters,
         "{tag}: keys left after the TTL: {:?}",
-        super::all_keys(&cluster)
+        super::all_keys(cluster)
+    );
+    assert_eq!(
+        without_expiry(cluster),
+        Vec::<String>::new(),
+        "{tag}: fence counters without an expiry"
     );
 }
 

@@ -22,7 +22,7 @@ fn counted(runs: Arc<AtomicUsize>) -> impl Fn() -> std::future::Ready<&'static s
     }
 }
 
-async fn serve(app: Router) -> (String, tokio::task::JoinHandle<()>) {
+pub(super) async fn serve(app: Router) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
