@@ -112,9 +112,24 @@ async fn inspecting_a_rw_lock_shows_readers_a_waiting_writer_and_the_writer() {
         .try_acquire(ttl)
         .await
         .unwrap();
+    // The readers' keys are on every node once their last `SET`s land:
+    // waited for before the writer comes, whose intent refuses a reader's
+    // `SET` that lands after it (seen: one reader on a node).
+    let on_every_node = |seen: &redlock_core::RwInspection| {
+        seen.nodes
+            .iter()
+            .all(|n| n.state.as_ref().is_ok_and(|s| s.readers == 2))
+    };
+    let began = std::time::Instant::now();
+    while !on_every_node(&rl.inspect_rw("insp:rw").await.unwrap()) {
+        assert!(
+            began.elapsed() <= timing::settled(),
+            "the readers never reached every node"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
     // A writer waiting on the readers leaves its intent on every node it
-    // reaches (until it holds or gives up); the readers' keys are on every
-    // node once the last `SET`s land.
+    // reaches (until it holds or gives up).
     let writer = tokio::spawn({
         let rl = rl.clone();
         async move {
