@@ -1,10 +1,12 @@
 //! *Layer 4, waiting (see `lib.rs`).*
 //!
-//! Spec step 4's "retry", by wake-up instead of polling: a waiter queues
-//! behind the other waiters of its process for the key (`queue/`); at the
-//! head it contends on the nodes, and between attempts it sleeps until
-//! releases heard on the nodes it found busy may have freed a quorum
-//! (`wake/`), with fallback timers for what no message announces:
+//! Spec step 4's "retry", one loop for every primitive
+//! ([`Core::retry_loop`]): by polling, or by wake-up. A mutex waiter first
+//! queues behind the other waiters of its process for the key (`queue/`);
+//! at the head (or, for a set, a permit or a share, at once) it contends
+//! on the nodes, and between attempts it sleeps until releases heard on the
+//! nodes it found busy may have freed a quorum (`wake/`), with fallback
+//! timers for what no message announces:
 //!
 //! - the holder's remaining PTTL from the busy answer (an expiry publishes
 //!   nothing);
@@ -15,12 +17,16 @@
 //! The retry policy keeps its meaning: every attempt counts against
 //! `max_attempts`, and the deadline bounds the whole wait, queue included.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use futures_util::future::{join_all, select_all};
+use rand::Rng;
 
 use crate::error::Error;
+use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
 use crate::protocol::steps::{may_retry, retry_delay};
@@ -31,64 +37,138 @@ use crate::wake::{Found, Subscription};
 mod many;
 mod shared;
 
-impl Core {
-    /// The mutex's acquire (`Redlock::lock_with_retained`) for a policy that retries, when wake-ups are on.
-    /// `latest_start` is when the last attempt must start by (the deadline
-    /// less one acquire round, the fence round of a fencing lock, and one
-    /// release round).
-    pub(crate) async fn lock_by_wake_up(
-        &self,
-        resource: &Arc<str>,
-        key: &Arc<str>,
-        ttl: crate::protocol::acquire::Ttl,
-        retry: &RetryPolicy,
-        begin: Instant,
-        latest_start: Option<Instant>,
-    ) -> Result<Lock, Error> {
-        let waiting = &self.inner.waiting;
-        let place = Place::join(&waiting.queues, key);
-        // An attempts-only policy gets, in the queue, the time its attempts
-        // would have taken by polling.
-        let turn_by = latest_start.or_else(|| begin.checked_add(turn_budget(retry)));
-        let mut subscription: Option<Subscription<'_>> = None;
-        if place.turn().now_or_never().is_none() {
-            // Behind other local waiters: the key is contended, so subscribe
-            // now, and the subscription is ready when the turn comes. Every
-            // queued waiter holds it, so it lives from one local holder to
-            // the next instead of being dropped and made again at each turn.
-            subscription = waiting.subscribe(key);
-            if !wait_turn(&place, turn_by, retry).await {
-                drop((subscription, place));
-                // Out of time behind other local waiters: one attempt of its
-                // own, so that the error says who holds the lock and for how
-                // long.
-                return self.attempt(resource, key, ttl, 1).await;
-            }
+/// How a retrying acquire waits between its attempts: what the one retry
+/// loop ([`Core::retry_loop`]) needs to know of its primitive.
+pub(crate) struct Waits<'a> {
+    /// The keys whose releases are news to this waiter: each has a release
+    /// channel and a waiters flag (the mutex's key, every key of a set, a
+    /// permit's or a share's resource key).
+    keys: &'a [Arc<str>],
+    /// The TTL one attempt asks for (a waiters flag outlives it).
+    ttl: Duration,
+    /// A subscribed waiter's flag goes out in its attempt's own round trip
+    /// (`Call::waiting_acquire`), not by a round of its own answered first
+    /// (the all-or-none and read/write scripts take none).
+    inline_flag: bool,
+    /// The waiter's place in its process's queue for the key (the mutex):
+    /// a local release kicks it, and a won attempt keeps the turn.
+    place: Option<Place<'a>>,
+    /// After a wake-up, wait a random part of the policy's jitter first: a
+    /// freed permit or share wakes every waiter of the resource at once, and
+    /// no local queue orders them.
+    spread: bool,
+}
+
+impl<'a> Waits<'a> {
+    /// A mutex of one key whose policy does not wait by wake-up (the loop
+    /// polls, and these keys are never subscribed to).
+    pub(crate) fn polling(keys: &'a [Arc<str>], ttl: Duration) -> Self {
+        Self {
+            keys,
+            ttl,
+            inline_flag: true,
+            place: None,
+            spread: false,
         }
-        let mut attempt = 1;
-        // Whether the subscription has been waited for once: a node that
+    }
+
+    /// A mutex of one key, waiting in its process's queue at `place`.
+    pub(crate) fn queued(keys: &'a [Arc<str>], ttl: Duration, place: Place<'a>) -> Self {
+        Self {
+            keys,
+            ttl,
+            inline_flag: true,
+            place: Some(place),
+            spread: false,
+        }
+    }
+
+    /// The mutex of a set: every key's channel, the flags set before each
+    /// attempt.
+    pub(crate) fn set(keys: &'a [Arc<str>], ttl: Duration) -> Self {
+        Self {
+            keys,
+            ttl,
+            inline_flag: false,
+            place: None,
+            spread: false,
+        }
+    }
+
+    /// A permit (`inline_flag`: its slot attempt sets the flag) or a share
+    /// of the resource whose key is `keys`' one.
+    pub(crate) fn shared(keys: &'a [Arc<str>], ttl: Duration, inline_flag: bool) -> Self {
+        Self {
+            keys,
+            ttl,
+            inline_flag,
+            place: None,
+            spread: true,
+        }
+    }
+}
+
+impl Core {
+    /// The one retry loop (spec step 4) of every primitive: `attempt_once(n,
+    /// flag)` for the n-th attempt until one wins or `retry` gives up, the
+    /// last starting by `latest_start`.
+    ///
+    /// Between attempts it polls (the policy's delay and jitter) unless the
+    /// policy retries and wake-ups are on. Then, after a failed attempt, it
+    /// subscribes to the release channel of each of `waits`' keys and tries
+    /// again once every node confirmed (a release between the two is not
+    /// missed); from then on every attempt leaves the waiters flags first
+    /// (inline as `flag`, or by a round of their own), so that a release
+    /// after it announces itself, and it sleeps until releases heard on the
+    /// nodes it found busy may have freed a quorum (`wake/`), a local
+    /// release kicks its queue place, or a fallback timer fires (the
+    /// holder's expiry, the policy's delay, the last moment for an attempt).
+    /// `subscriptions`: those a queued mutex waiter made while it waited for
+    /// its turn.
+    pub(crate) async fn retry_loop<'a, F, Fut>(
+        &'a self,
+        mut waits: Waits<'a>,
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+        mut subscriptions: Vec<Subscription<'a>>,
+        mut attempt_once: F,
+    ) -> Result<Lock, Error>
+    where
+        F: FnMut(u32, Option<Duration>) -> Fut,
+        Fut: Future<Output = Result<Lock, Error>>,
+    {
+        let waiting = &self.inner.waiting;
+        let by_wake_up = retry.max_attempts > 1 && waiting.enabled();
+        let node_timeout = self.inner.settings.node_timeout;
+        // Whether the subscriptions have been waited for once: a node that
         // confirms later (or never: paused, down) wakes the waiter then.
         let mut readied = false;
+        let mut attempt = 1;
         loop {
-            place.clear_kick();
+            if let Some(place) = &waits.place {
+                place.clear_kick();
+            }
             // Whether a release from here on is sure to be heard: every node
-            // that can has confirmed the subscription.
-            let covered = subscription.as_mut().is_some_and(|s| {
+            // that can has confirmed each subscription.
+            let mut covered = !subscriptions.is_empty();
+            for s in &mut subscriptions {
                 s.mark_seen();
-                readied || s.confirmed()
-            });
-            // Subscribed: the attempt leaves the waiters flag on the nodes
-            // first, so that a release after it announces itself.
-            let flag = subscription.as_ref().map(|_| {
-                let node_timeout = self.inner.settings.node_timeout;
-                flag_ttl(ttl.key, retry, node_timeout, Instant::now(), latest_start)
-            });
-            let err = match self
-                .attempt_flagged(resource, key, ttl, attempt, flag)
-                .await
-            {
+                covered &= readied || s.confirmed();
+            }
+            let mut flag = None;
+            if !subscriptions.is_empty() {
+                let ttl = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
+                if waits.inline_flag {
+                    flag = Some(ttl);
+                } else {
+                    self.set_waiters_flags(waits.keys, ttl).await;
+                }
+            }
+            let err = match attempt_once(attempt, flag).await {
                 Ok(lock) => {
-                    place.hold(lock.shared_token(), lock.valid_until());
+                    if let Some(place) = waits.place.take() {
+                        place.hold(lock.shared_token(), lock.valid_until());
+                    }
                     return Ok(lock);
                 }
                 Err(e) if !e.is_retryable() => return Err(e),
@@ -99,20 +179,36 @@ impl Core {
                 return Err(err);
             }
             attempt += 1;
-            if !covered {
-                if subscription.is_none() {
-                    subscription = waiting.subscribe(key);
+            if !by_wake_up {
+                let wake = now.checked_add(retry_delay(retry));
+                let wake = match (wake, latest_start) {
+                    (Some(w), Some(l)) => Some(w.min(l)),
+                    (w, l) => w.or(l),
+                };
+                match wake {
+                    Some(wake) => tokio::time::sleep_until(wake.into()).await,
+                    // A delay past the end of time: no attempt will ever follow.
+                    None => return Err(err),
                 }
-                if let Some(s) = subscription.as_mut() {
-                    // Subscribed on every node before the next attempt, so a
-                    // release that lands between the failed attempt and the
-                    // subscription is seen by that attempt. Not past the
-                    // last moment for an attempt.
-                    let limit = latest_start.map_or(self.inner.settings.node_timeout, |l| {
-                        l.saturating_duration_since(now)
-                            .min(self.inner.settings.node_timeout)
+                continue;
+            }
+            if !covered {
+                if subscriptions.is_empty() {
+                    subscriptions = waits
+                        .keys
+                        .iter()
+                        .filter_map(|k| waiting.subscribe(k))
+                        .collect();
+                }
+                if !subscriptions.is_empty() {
+                    // Subscribed on every node (or out of patience) before
+                    // the next attempt, so a release that lands between the
+                    // failed attempt and the subscription is seen by that
+                    // attempt. Not past the last moment for an attempt.
+                    let limit = latest_start.map_or(node_timeout, |l| {
+                        l.saturating_duration_since(now).min(node_timeout)
                     });
-                    s.ready(limit).await;
+                    join_all(subscriptions.iter_mut().map(|s| s.ready(limit))).await;
                     readied = true;
                     continue;
                 }
@@ -122,12 +218,87 @@ impl Core {
                 return Err(err);
             };
             let found = Found::from_report(err.report());
-            tokio::select! {
-                () = tokio::time::sleep_until(wake.into()) => {}
-                () = woken(&mut subscription, &found) => {}
-                () = place.kicked() => {}
+            let released = async {
+                match subscriptions.as_mut_slice() {
+                    [] => std::future::pending().await,
+                    [one] => one.woken(&found).await,
+                    many => {
+                        select_all(many.iter_mut().map(|s| Box::pin(s.woken(&found)))).await;
+                    }
+                }
+            };
+            let kicked = async {
+                match &waits.place {
+                    Some(place) => place.kicked().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let woken = tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => false,
+                () = released => true,
+                () = kicked => false,
+            };
+            if woken && waits.spread && !retry.jitter.is_zero() {
+                let spread = rand::rng().random_range(Duration::ZERO..=retry.jitter);
+                if let Some(until) = Instant::now().checked_add(spread) {
+                    let until = latest_start.map_or(until, |l| until.min(l));
+                    tokio::time::sleep_until(until.into()).await;
+                }
             }
         }
+    }
+
+    /// The mutex's retrying acquire of `key` (`Core::lock_with_retained`).
+    /// With wake-ups on and a policy that retries, it first queues behind
+    /// the other waiters of its process for the key (`queue/`); at the head
+    /// it takes the one retry loop. `latest_start` is when the last attempt
+    /// must start by (the deadline less one acquire round, the fence round
+    /// of a fencing lock, and one release round).
+    pub(crate) async fn wait_mutex(
+        &self,
+        resource: &Arc<str>,
+        key: &Arc<str>,
+        ttl: Ttl,
+        retry: &RetryPolicy,
+        begin: Instant,
+        latest_start: Option<Instant>,
+    ) -> Result<Lock, Error> {
+        let keys = [Arc::clone(key)];
+        let waiting = &self.inner.waiting;
+        let attempt = |n, flag| self.attempt_flagged(resource, key, ttl, n, flag);
+        if retry.max_attempts <= 1 || !waiting.enabled() {
+            return self
+                .retry_loop(
+                    Waits::polling(&keys, ttl.key),
+                    retry,
+                    latest_start,
+                    Vec::new(),
+                    attempt,
+                )
+                .await;
+        }
+        let place = Place::join(&waiting.queues, key);
+        // An attempts-only policy gets, in the queue, the time its attempts
+        // would have taken by polling.
+        let turn_by = latest_start.or_else(|| begin.checked_add(turn_budget(retry)));
+        let mut subscriptions = Vec::new();
+        if place.turn().now_or_never().is_none() {
+            // Behind other local waiters: the key is contended, so subscribe
+            // now, and the subscription is ready when the turn comes. Every
+            // queued waiter holds it, so it lives from one local holder to
+            // the next instead of being dropped and made again at each turn.
+            subscriptions.extend(waiting.subscribe(key));
+            if !wait_turn(&place, turn_by, retry).await {
+                drop((subscriptions, place));
+                // Out of time behind other local waiters: one attempt of its
+                // own, so that the error says who holds the lock and for how
+                // long.
+                return self.attempt(resource, key, ttl, 1).await;
+            }
+        }
+        let waits = Waits::queued(&keys, ttl.key, place);
+        self.retry_loop(waits, retry, latest_start, subscriptions, attempt)
+            .await
     }
 }
 
@@ -187,13 +358,6 @@ fn turn_budget(retry: &RetryPolicy) -> Duration {
         .delay
         .saturating_add(retry.jitter)
         .saturating_mul(retry.max_attempts.saturating_sub(1))
-}
-
-async fn woken(subscription: &mut Option<Subscription<'_>>, found: &Found) {
-    match subscription {
-        Some(s) => s.woken(found).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Waits for the waiter's turn until `by`. Returns whether it got it. A local

@@ -89,8 +89,7 @@ impl Core {
     }
 
     /// The attempts of a multi-resource lock until one wins or the policy
-    /// gives up: by wake-up when it retries and wake-ups are on, else by
-    /// polling.
+    /// gives up (the one retry loop, `wait/`).
     async fn lock_many_with_retries(
         &self,
         many: &Arc<Many>,
@@ -99,15 +98,7 @@ impl Core {
     ) -> Result<Lock, Error> {
         self.check_ttl(ttl.key)?;
         let latest_start = self.latest_start(retry, Instant::now());
-        if retry.max_attempts > 1 && self.inner.waiting.enabled() {
-            return self
-                .lock_many_by_wake_up(many, ttl, retry, latest_start)
-                .await;
-        }
-        self.poll_attempts(retry, latest_start, |attempt| {
-            self.attempt_many(many, ttl, attempt)
-        })
-        .await
+        self.wait_set(many, ttl, retry, latest_start).await
     }
 
     /// One acquire attempt on a set: spec steps 1 to 4, with the

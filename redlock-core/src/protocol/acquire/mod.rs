@@ -16,7 +16,7 @@ use crate::metrics;
 use crate::node::{Call, parse_acquire};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
-use crate::protocol::steps::{busy_retry_after, may_retry, new_token, retry_delay};
+use crate::protocol::steps::{busy_retry_after, new_token};
 use crate::settings::RetryPolicy;
 
 mod attempt;
@@ -88,21 +88,14 @@ impl Core {
         };
         let begin = Instant::now();
         let latest_start = self.latest_start(retry, begin);
-        if retry.max_attempts > 1 && self.inner.waiting.enabled() {
-            return self
-                .lock_by_wake_up(
-                    &resource,
-                    &key,
-                    Ttl::new(ttl, retained),
-                    retry,
-                    begin,
-                    latest_start,
-                )
-                .await;
-        }
-        self.poll_attempts(retry, latest_start, |attempt| {
-            self.attempt(&resource, &key, Ttl::new(ttl, retained), attempt)
-        })
+        self.wait_mutex(
+            &resource,
+            &key,
+            Ttl::new(ttl, retained),
+            retry,
+            begin,
+            latest_start,
+        )
         .await
     }
 
@@ -124,43 +117,6 @@ impl Core {
                 end.checked_sub(self.inner.settings.node_timeout.saturating_mul(rounds))
                     .unwrap_or(begin)
             })
-    }
-
-    /// Spec step 4's retry by polling: attempts until one wins or the
-    /// policy gives up, a jittered delay apart.
-    pub(crate) async fn poll_attempts<F, Fut>(
-        &self,
-        retry: &RetryPolicy,
-        latest_start: Option<Instant>,
-        mut attempt_once: F,
-    ) -> Result<Lock, Error>
-    where
-        F: FnMut(u32) -> Fut,
-        Fut: std::future::Future<Output = Result<Lock, Error>>,
-    {
-        let mut attempt = 1;
-        loop {
-            let err = match attempt_once(attempt).await {
-                Ok(lock) => return Ok(lock),
-                Err(e) if !e.is_retryable() => return Err(e),
-                Err(e) => e,
-            };
-            let now = Instant::now();
-            if !may_retry(attempt, retry, latest_start, now) {
-                return Err(err);
-            }
-            let wake = now.checked_add(retry_delay(retry));
-            let wake = match (wake, latest_start) {
-                (Some(w), Some(l)) => Some(w.min(l)),
-                (w, l) => w.or(l),
-            };
-            match wake {
-                Some(wake) => tokio::time::sleep_until(wake.into()).await,
-                // A delay past the end of time: no attempt will ever follow.
-                None => return Err(err),
-            }
-            attempt += 1;
-        }
     }
 
     /// One acquire attempt: spec steps 1 to 4.
