@@ -12,7 +12,7 @@
 //! readers refused a writer on a majority, every reader that comes later is
 //! refused on that majority and cannot hold until the writer is done: the
 //! writer waits only for the readers that were there
-//! (`tests/tests/model_rwlock.rs` checks both, with negative controls).
+//! (`tests/models/tests/model_rwlock.rs` checks both, with negative controls).
 //!
 //! Each reader has a key of its own holding its token with its own expiry,
 //! set by the node (`PX`), so a dead reader's share frees itself, and the

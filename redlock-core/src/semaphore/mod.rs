@@ -7,7 +7,7 @@
 //! the resource's key followed by `:redlock-permit:<slot>`. Safety is the
 //! mutex's, slot by slot: at most one holder per slot within its validity,
 //! and `permits` slots; a holder holds exactly one slot
-//! (`tests/tests/model_semaphore.rs` checks both rules). Every step after the
+//! (`tests/models/tests/model_semaphore.rs` checks both rules). Every step after the
 //! slot is chosen (acquire, validity, release of a failed attempt, guard and
 //! batched renewal, fencing) is the mutex's, on the slot's key.
 //!

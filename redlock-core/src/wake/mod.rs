@@ -8,7 +8,7 @@
 //! each node just before its `SET NX`: a release that runs on a node after a
 //! waiter's refused `SET` there finds the flag (or a release between the two
 //! found it and published), so no waiter sleeps through a release
-//! (`tests/tests/model_wake_flag.rs` checks it, with the wrong orders as
+//! (`tests/models/tests/model_wake_flag.rs` checks it, with the wrong orders as
 //! negative controls), and a release nobody waits for publishes nothing.
 //!
 //! One pub/sub connection per node per [`Redlock`](crate::Redlock) handle,

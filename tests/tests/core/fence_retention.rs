@@ -161,7 +161,10 @@ async fn a_request_lock_s_counter_expires_after_the_policy_s_retention() {
         .map(|n| counter_of(n, "redlock:/orders/9"))
         .collect();
     let held = read.iter().filter(|(v, _)| v.is_some()).count();
-    assert!(held >= 2, "the last key's counter on {held} nodes: {read:?}");
+    assert!(
+        held >= 2,
+        "the last key's counter on {held} nodes: {read:?}"
+    );
     for &(value, pttl) in &read {
         assert!(
             value.is_none() || (pttl > 0 && pttl <= bound.as_millis() as i64),

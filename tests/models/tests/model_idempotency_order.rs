@@ -155,7 +155,7 @@
 //! about 45 s in release:
 //!
 //! ```text
-//! cargo test -p redlock-tests --release --test model_idempotency_order -- --ignored --nocapture deeper_bounds
+//! cargo test -p redlock-models --release --test model_idempotency_order -- --ignored --nocapture deeper_bounds
 //! ```
 
 use std::time::Instant;

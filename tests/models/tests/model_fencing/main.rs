@@ -163,8 +163,9 @@
 //! the crash-free naive control; assumption A with 2 crashes; assumption B with
 //! 1 crash, skew 0 (restart after 1 tick) and `max_time` 2; counter expiry
 //! (B(4)) with no crash, skew 0 (expiry after 1 idle tick) and `max_time` 3
-//! — each test under 15 s in a debug build on an idle machine (under 2 s in
-//! release); every test prints its state counts and time (`--nocapture`).
+//! — the eight together about 5 s in the test build, which optimizes this
+//! package (`[profile.dev.package.redlock-models]`); every test prints its
+//! state counts and time (`--nocapture`).
 //!
 //! The ignored test `deeper_bounds` checks the passing assumptions with
 //! larger bounds (assumption A with 3 clients; assumption B with skew 1, all
@@ -173,14 +174,14 @@
 //! its doc for the numbers measured):
 //!
 //! ```text
-//! cargo test -p redlock-tests --release --test model_fencing -- --ignored --nocapture deeper_bounds
+//! cargo test -p redlock-models --release --test model_fencing -- --ignored --nocapture deeper_bounds
 //! ```
 //!
 //! Any other bounds for a passing assumption, with the ignored `custom_bounds`:
 //!
 //! ```text
 //! REDLOCK_MODEL_BOUNDS=durable,3,1,1 \
-//!   cargo test -p redlock-tests --release --test model_fencing -- --ignored --nocapture custom_bounds
+//!   cargo test -p redlock-models --release --test model_fencing -- --ignored --nocapture custom_bounds
 //! ```
 //!
 //! with `durable,<clients>,<attempts>,<crashes>`,

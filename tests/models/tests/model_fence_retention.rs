@@ -52,8 +52,8 @@
 //!
 //! * passing: `R = D + L + K = 3` (the library's rule, `hold + ttl + keep`
 //!   plus the margin): no counterexample, and an example of [`RESTARTED`]
-//!   (608 666 states, depth 31, 29 s in a debug build on a loaded 2-core
-//!   machine);
+//!   (608 666 states, depth 31; about 1 s in the test build, which
+//!   optimizes this package);
 //! * negative control: `R = 1 < K` (a counter that expires while a record
 //!   of its token lives): the checker finds the second holder handed the
 //!   token of the first, whose record is still on node A (171 936 states,
@@ -65,7 +65,7 @@
 //! states, about 4 minutes), which is why the rule adds the margin.
 //!
 //! ```text
-//! cargo test -p redlock-tests --test model_fence_retention -- --nocapture
+//! cargo test -p redlock-models --test model_fence_retention -- --nocapture
 //! ```
 
 use std::time::Instant;
