@@ -331,8 +331,11 @@ pub(super) async fn a_release_announces_itself_only_when_a_waiter_flagged_the_ke
         all_publishes(&cluster)
     );
 
-    // The waiter's release deletes its key and the flag its last attempt set.
-    held_everywhere(&cluster, key, lock.token());
+    // The waiter's release deletes its key and the flag its last attempt
+    // set. Its lock was decided at a quorum: on a node where the holder's
+    // release landed after the waiter's `SET`, it was busy and holds no key
+    // (seen in a quiet run), so a quorum holds its token, not every node.
+    held_on_quorum(&cluster, key, lock.token());
     b.unlock(lock).await.unwrap();
     assert!(
         cluster.wait_until(timing::settled(), |c| c

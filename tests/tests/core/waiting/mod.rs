@@ -92,6 +92,20 @@ fn subscribers(cluster: &Cluster, node: usize, key: &str) -> i64 {
     }
 }
 
+/// Waits until `token` holds `key` on a quorum of the nodes (what an
+/// acquire promises once it returned).
+fn held_on_quorum(cluster: &Cluster, key: &str, token: &str) {
+    assert!(
+        cluster.wait_until(timing::settled(), |c| c
+            .nodes()
+            .iter()
+            .filter(|n| n.get(key).as_deref() == Some(token))
+            .count()
+            > c.len() / 2),
+        "the holder does not hold a quorum"
+    );
+}
+
 /// Waits until `token` holds `key` on every node: an acquire returns once a
 /// quorum answered, and the last node's `SET` may still be on its way (it
 /// then joins the lock).
