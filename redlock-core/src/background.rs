@@ -5,7 +5,7 @@
 //! task per handle and runtime (`per_runtime.rs`), instead of a task spawned
 //! per operation: under
 //! load, a spawn per lock+unlock pair is a task allocation and often a wake-up
-//! of another worker thread (BENCHMARKS.md, "Client and server CPU per lock").
+//! of another worker thread (BENCHMARKS.md at 9debf85, "Client and server CPU per lock").
 
 use std::future::Future;
 use std::pin::Pin;

@@ -72,7 +72,7 @@ pub(crate) fn channel(db: i64, key: &str) -> String {
 /// sets the flag on a node before each of its attempts there, and the release
 /// script announces a delete only when it deletes the flag with the key, so a
 /// release that nobody waits for costs the node no `PUBLISH`
-/// (BENCHMARKS.md, "Announce a release only to waiters"). No lock key may end
+/// (BENCHMARKS.md at 9debf85, "Announce a release only to waiters"). No lock key may end
 /// with it ([`crate::Error::ReservedResource`]), so a flag is never a lock.
 pub(crate) const WAITERS_SUFFIX: &str = waiters_suffix!();
 

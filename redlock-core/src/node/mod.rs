@@ -195,7 +195,7 @@ impl Node {
         let mut used = None;
         // The deadline is checked inside `run_inner`, not by a wrapper
         // around it: every wrapper copies the call's whole future (about
-        // 1.8 KB) once more (BENCHMARKS.md, "Copies, clock reads and
+        // 1.8 KB) once more (BENCHMARKS.md at 9debf85, "Copies, clock reads and
         // allocations per node call").
         let deadline = start.checked_add(timeout);
         let result = self.run_inner(call, timeout, deadline, &mut used).await;

@@ -16,7 +16,7 @@ use super::lua::{LuaScript, keys_cmds};
 /// attempt on this node, is the delete announced on the key's channel
 /// (`keys::channel`) to wake the waiters. A release nobody waits for thus
 /// runs two commands on the node, not three: each `redis.call` costs the
-/// node about 3,900 instructions, 12% of the call (BENCHMARKS.md, "Announce
+/// node about 3,900 instructions, 12% of the call (BENCHMARKS.md at 9debf85, "Announce
 /// a release only to waiters"). The `PUBLISH` is a `pcall`, so that a user
 /// not allowed to publish still releases. This one is for database 0, what
 /// nearly every node uses: its channel is written in, since every argument
@@ -25,7 +25,7 @@ use super::lua::{LuaScript, keys_cmds};
 ///
 /// The flag's name is built here from `KEYS[1]` rather than passed as
 /// `KEYS[2]`: one argument less cuts the node's work per release by about
-/// 1,300 instructions of 34,000 (BENCHMARKS.md, "The release script names
+/// 1,300 instructions of 34,000 (BENCHMARKS.md at 9debf85, "The release script names
 /// the waiters flag"). Redis asks scripts to declare their keys for Redis
 /// Cluster's sake; a cluster runs an undeclared key of the declared key's
 /// slot, which the flag is by its tag. A user whose ACL refuses the flag's key gets an

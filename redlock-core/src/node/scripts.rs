@@ -136,7 +136,7 @@ pub(crate) enum Call {
     /// refusal still says how long the holder has left and whether the key is
     /// a foreign non-string value, at the cost of a second round trip; the
     /// common path, a free key, costs each node one command instead of three
-    /// (BENCHMARKS.md, "Client and server CPU per lock").
+    /// (BENCHMARKS.md at 9debf85, "Client and server CPU per lock").
     Set { set: Cmd, key: Arc<str> },
     /// An acquire pipelined with more commands, in one round trip: a fencing
     /// lock's (the same `SET`, `PTTL` and `TYPE`, then its reads, which must

@@ -37,7 +37,7 @@ pub struct Released {
 impl Released {
     /// Every node's outcome when the release was decided (`Pending` for the
     /// nodes still answering). Built on each call: a release that nobody
-    /// asks about builds none (BENCHMARKS.md, "Where a pair's client CPU
+    /// asks about builds none (BENCHMARKS.md at 9debf85, "Where a pair's client CPU
     /// goes").
     pub fn report(&self) -> Report {
         self.redlock.release_report(&self.settled)

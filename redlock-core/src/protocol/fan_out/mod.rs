@@ -39,7 +39,7 @@ pub(crate) struct Settled<T> {
 /// reference count, a queued flag, a place in a ready queue, its own waker
 /// and wake-up of the set's), which a `perf` profile of the 64-task bench
 /// put at about 6 µs of 67 per lock+unlock pair, for sets of five
-/// (BENCHMARKS.md, "Where a pair's client CPU goes"). `join_all` waits for
+/// (BENCHMARKS.md at 9debf85, "Where a pair's client CPU goes"). `join_all` waits for
 /// every call, and `select_all` panics on an empty set and hands its `Vec`
 /// back after each answer: neither serves a set that is settled at quorum
 /// and then handed on.
