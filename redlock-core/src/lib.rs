@@ -84,7 +84,7 @@
 //! | [gRPC](guide::grpc) | tonic services behind the tower layer |
 //! | [servers, replicas and clusters](guide::servers) | which servers, replica acks, Redis Cluster nodes |
 //! | [TLS](guide::tls) | `rediss://` nodes (feature `tls`) |
-//! | [operating](guide::operating) | metrics, inspection, the `redlock` command |
+//! | [operating](guide::operating) | metrics, logs, inspection, the `redlock` command |
 //! | [the algorithm](guide::algorithm) | the steps, and where each lives in the source |
 //! | [safety](guide::safety) | what is guaranteed, under which assumptions, and fencing |
 //! | [the fault suite](guide::fault_suite) | the fault-injection tests |
