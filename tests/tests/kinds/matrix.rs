@@ -307,17 +307,7 @@ async fn run_cases(fencing: Option<FencingMode>, tag: &str) {
             });
         }
     }
-    let failed: Vec<String> = futures_util::future::join_all(cases)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} cases failed:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
+    all_passed(cases).await;
 
     assert_hygiene(&cluster, tag);
 }
@@ -394,4 +384,23 @@ async fn a_set_with_permits_or_a_shared_side_is_refused_when_made() {
         ));
     }
     assert_eq!(super::all_keys(&cluster), Vec::<String>::new());
+}
+
+/// Runs `cases` at once (each `Some(why)` when it failed) and fails with
+/// every failed case's message.
+pub(super) async fn all_passed<F>(cases: Vec<F>)
+where
+    F: std::future::Future<Output = Option<String>>,
+{
+    let failed: Vec<String> = futures_util::future::join_all(cases)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} cases failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
