@@ -231,6 +231,11 @@ mod background;
 mod error;
 mod eviction;
 mod fencing;
+/// Test-only pauses inside node calls, for the fault suites. Not part of
+/// the API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod hooks;
 mod keys;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub mod metrics;

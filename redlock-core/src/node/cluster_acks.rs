@@ -121,6 +121,8 @@ impl Node {
                 let slot = slot_of(&key);
                 let marker = marker(&key)
                     .ok_or_else(|| NodeError::Protocol(format!("no marker key for slot {slot}")))?;
+                #[cfg(feature = "test-hooks")]
+                crate::hooks::before_marker(&key).await;
                 let mut p = redis::pipe();
                 p.cmd("SET").arg(&marker).arg("").arg("PX").arg(1);
                 p.add_command(acks.command(wait_ms));
