@@ -62,15 +62,28 @@ impl RedisCluster {
     /// # Panics
     /// When the cluster does not form within 30 s, with the members' view.
     pub fn start_binary(bin: &Path, masters: usize, replicas: usize) -> Self {
+        Self::start_binary_judging(bin, masters, replicas, Duration::from_secs(1))
+    }
+
+    /// [`RedisCluster::start`] with `cluster-node-timeout` `judge`: how long
+    /// a member may be silent before the others judge it down (the others
+    /// start with one second). A test that stops a master and needs the
+    /// cluster to stay `ok` meanwhile gives one longer than the stop.
+    pub fn start_judging(masters: usize, replicas: usize, judge: Duration) -> Self {
+        Self::start_binary_judging(&redis_server_binary(), masters, replicas, judge)
+    }
+
+    fn start_binary_judging(bin: &Path, masters: usize, replicas: usize, judge: Duration) -> Self {
         assert!(masters >= 3, "redis-cli --cluster create needs 3 masters");
         let total = masters * (1 + replicas);
+        let judge = judge.as_millis().to_string();
         let args = [
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",
-            "1000",
+            judge.as_str(),
             // A replica may take over as soon as its master is judged down.
             "--cluster-replica-validity-factor",
             "0",
@@ -78,7 +91,11 @@ impl RedisCluster {
         let handles: Vec<_> = (0..total)
             .map(|_| {
                 let bin = bin.to_path_buf();
-                std::thread::spawn(move || RedisNode::start_binary(&bin, &args, &[]))
+                let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+                std::thread::spawn(move || {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    RedisNode::start_binary(&bin, &args, &[])
+                })
             })
             .collect();
         let mut nodes: Vec<Arc<RedisNode>> = handles

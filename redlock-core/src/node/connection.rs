@@ -57,6 +57,9 @@ struct Slot {
     connecting: Option<(u64, watch::Receiver<Attempt>)>,
     /// The number of the next attempt.
     next_attempt: u64,
+    /// When a cluster connection was last set to be replaced in the
+    /// background (see [`Node::forget_connection`]).
+    replaced_at: Option<Instant>,
 }
 
 impl Slot {
@@ -314,16 +317,28 @@ impl Node {
         }
     }
 
-    /// After a call that started at `started` failed with `error` on connection
-    /// `generation`: drops that connection if the error says it is broken, and
-    /// only that one, never a newer connection that replaced it meanwhile. A
-    /// timeout says it is broken only if the node has answered nothing on it
-    /// since the call started.
+    /// After a call that started at `started` (with `timeout`) failed with
+    /// `error` on connection `generation`: drops that connection if the error
+    /// says it is broken, and only that one, never a newer connection that
+    /// replaced it meanwhile. A timeout says it is broken only if the node has
+    /// answered nothing on it since the call started.
+    ///
+    /// A cluster's connection is one connection per master, and one silent
+    /// master says nothing of the others: it is not dropped. A new one is
+    /// made in the background, at most once per background attempt's time
+    /// limit (ten node timeouts, 1 s to 30 s), and replaces it when ready;
+    /// meanwhile calls go on over the old one, whose other masters answer.
+    /// That new connection reads the slot map afresh, so a master that went
+    /// silent for good and was failed over is left behind even when no call
+    /// is ever redirected away from it. (A new cluster connection waits for
+    /// every master's handshake, and a stopped master's never comes: calls
+    /// that waited for it failed on every slot.)
     pub(super) fn forget_connection(
         &self,
         error: &NodeError,
         generation: Option<u64>,
         started: Instant,
+        timeout: Duration,
     ) {
         let (Some(generation), Some(shared)) = (generation, self.shared.here()) else {
             return;
@@ -339,9 +354,22 @@ impl Node {
             NodeError::Timeout(_) => shared.silent_since(started),
             other => other.breaks_connection(),
         };
-        if broken {
-            slot.cached = None;
+        if !broken {
+            return;
         }
+        if matches!(c.conn, Conn::Cluster(_)) {
+            let due = slot
+                .replaced_at
+                .is_none_or(|at| at.elapsed() >= connect_timeout(timeout));
+            if slot.connecting.is_none() && due {
+                slot.replaced_at = Some(Instant::now());
+                // No runtime to spawn on: nothing is replaced, the old
+                // connection stays.
+                let _ = self.start_connect(&shared, &mut slot, timeout);
+            }
+            return;
+        }
+        slot.cached = None;
     }
 }
 

@@ -182,7 +182,7 @@ impl Node {
                 Ok(r) => r,
                 Err(_) => Err(NodeError::Timeout(timeout)),
             };
-        self.ran(result, start, used)
+        self.ran(result, start, used, timeout)
     }
 
     /// [`Node::run_on`] without a timer of its own: the call gives up with
@@ -199,13 +199,19 @@ impl Node {
         // allocations per node call").
         let deadline = start.checked_add(timeout);
         let result = self.run_inner(call, timeout, deadline, &mut used).await;
-        self.ran(result, start, used)
+        self.ran(result, start, used, timeout)
     }
 
-    /// How a call that started at `start` went.
-    fn ran(&self, result: Result<Value, NodeError>, start: Instant, used: Option<u64>) -> Ran {
+    /// How a call that started at `start`, with `timeout`, went.
+    fn ran(
+        &self,
+        result: Result<Value, NodeError>,
+        start: Instant,
+        used: Option<u64>,
+        timeout: Duration,
+    ) -> Ran {
         if let Err(e) = &result {
-            self.forget_connection(e, used, start);
+            self.forget_connection(e, used, start, timeout);
         }
         Ran {
             result,
@@ -279,7 +285,7 @@ impl Node {
             Err(_) => Err(NodeError::Timeout(timeout)),
         };
         if let Err(e) = &result {
-            self.forget_connection(e, used, start);
+            self.forget_connection(e, used, start, timeout);
         }
         result
     }

@@ -6,6 +6,7 @@
 mod basic;
 mod batches;
 mod faults;
+mod isolation;
 mod layout;
 mod replicas;
 mod reshard;
