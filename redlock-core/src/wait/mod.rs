@@ -175,6 +175,7 @@ impl Core {
                 Err(e) => e,
             };
             let now = Instant::now();
+            tracing::debug!(attempt, error = %err, "attempt failed");
             if !may_retry(attempt, retry, latest_start, now) {
                 return Err(err);
             }
@@ -209,6 +210,10 @@ impl Core {
                         l.saturating_duration_since(now).min(node_timeout)
                     });
                     join_all(subscriptions.iter_mut().map(|s| s.ready(limit))).await;
+                    tracing::debug!(
+                        confirmed = subscriptions.iter().all(Subscription::confirmed),
+                        "subscribed to the release channels"
+                    );
                     readied = true;
                     continue;
                 }
@@ -218,6 +223,11 @@ impl Core {
                 return Err(err);
             };
             let found = Found::from_report(err.report());
+            tracing::debug!(
+                ?found,
+                channels = ?subscriptions.iter().map(Subscription::describe).collect::<Vec<_>>(),
+                "waiter sleeps"
+            );
             let released = async {
                 match subscriptions.as_mut_slice() {
                     [] => std::future::pending().await,
@@ -233,11 +243,18 @@ impl Core {
                     None => std::future::pending().await,
                 }
             };
-            let woken = tokio::select! {
-                () = tokio::time::sleep_until(wake.into()) => false,
-                () = released => true,
-                () = kicked => false,
+            let slept = Instant::now();
+            let (woken, by) = tokio::select! {
+                () = tokio::time::sleep_until(wake.into()) => (false, "its fallback timer"),
+                () = released => (true, "releases heard"),
+                () = kicked => (false, "a local release"),
             };
+            tracing::debug!(
+                by,
+                after = ?slept.elapsed(),
+                ?found,
+                "waiter woken"
+            );
             if woken && waits.spread && !retry.jitter.is_zero() {
                 let spread = rand::rng().random_range(Duration::ZERO..=retry.jitter);
                 if let Some(until) = Instant::now().checked_add(spread) {

@@ -336,6 +336,12 @@ impl Subscription<'_> {
         self.mark_seen();
     }
 
+    /// The channel's state as the waiter last marked it, then as it is now
+    /// (for debug logs).
+    pub(crate) fn describe(&self) -> String {
+        format!("seen {:?}, now {:?}", self.seen, *self.rx.borrow())
+    }
+
     /// Whether every node that can has confirmed the subscription.
     pub(crate) fn confirmed(&self) -> bool {
         !self.rx.borrow().nodes.contains(&NodeSub::Pending)

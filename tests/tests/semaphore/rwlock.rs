@@ -243,9 +243,12 @@ async fn one_node_of_three_down_still_reads_and_writes() {
     ));
     rl.unlock(a).await.unwrap();
     rl.unlock(b).await.unwrap();
+    // The refused writer's intent goes in the background too, and until
+    // then it turns another writer away (`Busy`, with the intent's TTL):
+    // retried, within a bound far below that TTL.
     let w = rl
         .rw_lock("r", Access::Exclusive)
-        .try_acquire(ttl)
+        .acquire_with(ttl, &RetryPolicy::deadline(timing::settled()))
         .await
         .unwrap();
     assert!(matches!(

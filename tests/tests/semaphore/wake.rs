@@ -2,12 +2,20 @@
 //! poll is 10 s away is served within moments of the release that frees it,
 //! and the same waiter with wake-ups off waits for its poll.
 
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tracing::instrument::WithSubscriber;
 
 use redlock_core::{Access, Error, Lock, Redlock, RetryPolicy};
 use redlock_tests::{Cluster, timing};
 
 use super::{lock_calls, ms};
+
+/// The permits of the semaphores here: a permit's attempt runs one script on
+/// each node per permit slot.
+const PERMITS: u64 = 2;
 
 /// The slow poll's delay: only a wake-up serves a waiter before it.
 const SLOW_POLL: Duration = Duration::from_secs(10);
@@ -39,11 +47,28 @@ fn waiters_flag(key: &str) -> String {
     format!("{tag}:redlock-waiters")
 }
 
-/// When a waiter began and was served, and when the last release began.
+/// A `MakeWriter` target that keeps what the waiter logged.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// When a waiter began and was served, when the last release began, and the
+/// waiter's debug log (its attempts and wake-ups), shown when a test fails.
 struct Served {
     began: Instant,
     released: Instant,
     served: Instant,
+    log: Capture,
 }
 
 impl Served {
@@ -57,16 +82,24 @@ impl Served {
     fn before_poll(&self, delay: Duration) -> bool {
         self.served < self.began + delay
     }
+
+    /// What the waiter logged.
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&self.log.0.lock().unwrap()).into_owned()
+    }
 }
 
 /// Starts `waiter`, waits until its first attempt has run on every node (it
 /// fails: everything is held), releases `held` (from `holder`) one by one with
-/// a pause between, and returns when it was served.
+/// a pause between, and returns when it was served. `calls`: how many
+/// scripts one attempt runs on each node (a permit's tries every slot, one
+/// script each): the first attempt has run everywhere once each node counts
+/// that many more, and only then may a release not be seen by it.
 async fn served_after<F>(
     cluster: &Cluster,
     holder: &Redlock,
     held: Vec<Lock>,
-    wakes: bool,
+    (wakes, calls): (bool, u64),
     waiter: F,
 ) -> Served
 where
@@ -78,16 +111,28 @@ where
         assert_eq!(cluster.settled_count(lock.key(), 3).await, 3);
     }
     let before = lock_calls(cluster);
+    let log = Capture::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("redlock_core=debug")
+        .with_ansi(false)
+        .with_writer({
+            let log = log.clone();
+            move || log.clone()
+        })
+        .finish();
     let began = Instant::now();
-    let task = tokio::spawn(async move {
-        let lock = waiter.await;
-        (Instant::now(), lock)
-    });
+    let task = tokio::spawn(
+        async move {
+            let lock = waiter.await;
+            (Instant::now(), lock)
+        }
+        .with_subscriber(subscriber),
+    );
     let attempted = redlock_tests::util::eventually(timing::settled(), || {
         lock_calls(cluster)
             .iter()
             .zip(&before)
-            .all(|(now, was)| now > was)
+            .all(|(now, was)| *now >= was + calls)
     })
     .await;
     assert!(
@@ -131,6 +176,7 @@ where
         began,
         released,
         served,
+        log,
     }
 }
 
@@ -141,30 +187,32 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
     let cluster = Cluster::start(3);
     let holder = handle(&cluster, true);
     let ttl = Duration::from_secs(20);
+    // Both permits, the second taken once the first is on every node: it
+    // returned at quorum, and its last `SET` could otherwise find the
+    // second's key in its slot (refused there, it holds a bare quorum).
     let hold = |key: &'static str| {
         let holder = holder.clone();
+        let cluster = &cluster;
         async move {
-            vec![
-                holder
+            let mut held = Vec::new();
+            for _ in 0..PERMITS {
+                let lock = holder
                     .semaphore(key, 2)
                     .unwrap()
                     .try_acquire(ttl)
                     .await
-                    .unwrap(),
-                holder
-                    .semaphore(key, 2)
-                    .unwrap()
-                    .try_acquire(ttl)
-                    .await
-                    .unwrap(),
-            ]
+                    .unwrap();
+                assert_eq!(cluster.settled_count(lock.key(), 3).await, 3);
+                held.push(lock);
+            }
+            held
         }
     };
 
     let waiter = handle(&cluster, true);
     let mut held = hold("wake:permits").await;
     let _kept = held.pop();
-    let woken = served_after(&cluster, &holder, held, true, async move {
+    let woken = served_after(&cluster, &holder, held, (true, PERMITS), async move {
         waiter
             .semaphore("wake:permits", 2)?
             .acquire_with(ttl, &slow_poll())
@@ -172,13 +220,15 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
     })
     .await;
     println!(
-        "permit waiter served {:?} after the release",
-        woken.after_release()
+        "permit waiter served {:?} after the release; its log:\n{}",
+        woken.after_release(),
+        woken.log()
     );
     assert!(
         woken.before_poll(SLOW_POLL),
-        "served {:?} after the release, at its poll",
-        woken.after_release()
+        "served {:?} after the release, at its poll; the waiter's log:\n{}",
+        woken.after_release(),
+        woken.log()
     );
 
     // The control: the same wait, polling every 1.5 s.
@@ -189,7 +239,7 @@ async fn a_permit_released_wakes_its_waiter_long_before_its_poll() {
     let retry = RetryPolicy::deadline(Duration::from_secs(20))
         .with_delay(poll)
         .with_jitter(Duration::ZERO);
-    let polled = served_after(&cluster, &holder, held, false, async move {
+    let polled = served_after(&cluster, &holder, held, (false, PERMITS), async move {
         polling
             .semaphore("wake:polled", 2)?
             .acquire_with(ttl, &retry)
@@ -231,7 +281,7 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     ];
     let writer = handle(&cluster, true);
     let w = writer.clone();
-    let woken = served_after(&cluster, &holder, readers, true, async move {
+    let woken = served_after(&cluster, &holder, readers, (true, 1), async move {
         w.rw_lock("wake:rw", Access::Exclusive)
             .acquire_with(ttl, &slow_poll())
             .await
@@ -243,8 +293,9 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     );
     assert!(
         woken.before_poll(SLOW_POLL),
-        "writer served {:?} after the last reader left, at its poll",
-        woken.after_release()
+        "writer served {:?} after the last reader left, at its poll; its log:\n{}",
+        woken.after_release(),
+        woken.log()
     );
 
     let held = holder
@@ -252,7 +303,7 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
         .try_acquire(ttl)
         .await
         .unwrap();
-    let woken = served_after(&cluster, &holder, vec![held], true, async move {
+    let woken = served_after(&cluster, &holder, vec![held], (true, 1), async move {
         writer
             .rw_lock("wake:rw2", Access::Shared)
             .acquire_with(ttl, &slow_poll())
@@ -265,8 +316,9 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     );
     assert!(
         woken.before_poll(SLOW_POLL),
-        "reader served {:?} after the writer left, at its poll",
-        woken.after_release()
+        "reader served {:?} after the writer left, at its poll; its log:\n{}",
+        woken.after_release(),
+        woken.log()
     );
 
     // The control: a reader polling every 1.5 s waits for its poll.
@@ -280,7 +332,7 @@ async fn the_last_reader_or_the_writer_leaving_wakes_the_waiting_side() {
     let retry = RetryPolicy::deadline(Duration::from_secs(20))
         .with_delay(poll)
         .with_jitter(Duration::ZERO);
-    let polled = served_after(&cluster, &holder, vec![held], false, async move {
+    let polled = served_after(&cluster, &holder, vec![held], (false, 1), async move {
         polling
             .rw_lock("wake:rw3", Access::Shared)
             .acquire_with(ttl, &retry)
