@@ -288,9 +288,8 @@ impl Model for ClusterAcks {
             Action::Acked { c } => s.steps[c][0] = Step::Counted,
             Action::AckTimeout { c } => s.steps[c][0] = Step::NotCounted,
             Action::Failover { r } => {
-                let old = s.key[0];
-                s.key[0] = s.replica[r];
-                s.replica[r] = old;
+                // The old master rejoins in the promoted replica's place.
+                std::mem::swap(&mut s.key[0], &mut s.replica[r]);
                 s.replid += 1;
                 s.failovers += 1;
                 s.attached.iter_mut().for_each(|a| *a = false);
