@@ -125,7 +125,7 @@ pub const METRICS: &[Metric] = &[
         name: NODE_ERRORS,
         kind: Kind::Counter,
         labels: &["node", "kind"],
-        help: "Failed node calls; node: its address (no password); kind: connect, io, timeout, wrong_type, noscript, read_only, oom, auth, loading, busy_script, server, protocol",
+        help: "Failed node calls; node: its address (no password); kind: connect, io, timeout, wrong_type, noscript, read_only, oom, auth, loading, busy_script, server, protocol, replica_acks, no_waitaof, master_changed, permits_mismatch",
     },
     Metric {
         name: FENCE_REFUSALS,
@@ -250,6 +250,7 @@ pub(crate) fn error_kind(e: &NodeError) -> &'static str {
         NodeError::Protocol(_) => "protocol",
         NodeError::ReplicaAcks { .. } => "replica_acks",
         NodeError::NoWaitAof(_) => "no_waitaof",
+        NodeError::MasterChanged { .. } => "master_changed",
         NodeError::PermitsMismatch { .. } => "permits_mismatch",
     }
 }

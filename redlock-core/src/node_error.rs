@@ -100,6 +100,26 @@ pub enum NodeError {
     /// acquire or an extend. The server's words are kept.
     #[error("WAITAOF is not supported by this server (Redis >= 7.2 or Valkey >= 8 has it): {0}")]
     NoWaitAof(String),
+    /// On a cluster node with [`ReplicaAcks`](crate::ReplicaAcks), the
+    /// master of a slot the call wrote was not the one seen before the
+    /// write (its replication ID changed: a failover, or a master restarted
+    /// empty, came between them), so the replica acks were counted on
+    /// another master than the write's and may not be the write's: the
+    /// write may be lost, and the node does not count for this call. The
+    /// node now knows the new master, and a retry counts again.
+    #[error(
+        "the master of slot {slot} changed between the write and its replica acks \
+         (now {}): the acks may not be the write's and the write may be lost, so this \
+         node does not count for this call; it may be retried",
+        .master.as_deref().unwrap_or("?")
+    )]
+    MasterChanged {
+        /// The slot whose master changed.
+        slot: u16,
+        /// The slot's master that answered the acks' pipeline
+        /// (`127.0.0.1:7003`), as this client reached it, when known.
+        master: Option<String>,
+    },
 }
 
 /// `" on master <address, slot>"` for a cluster node's short write.

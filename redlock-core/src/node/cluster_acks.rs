@@ -14,6 +14,24 @@
 //! the lock's write too, whichever connection to the master the pipeline
 //! went on. The marker key lives a millisecond; `CLIENT INFO` in the same
 //! pipeline names the master (its `laddr`) if the count falls short.
+//!
+//! That holds while the master that ran the marker is the one that ran the
+//! write. A failover between the write's answer and the marker sends the
+//! marker to the promoted replica, whose replicas' acks say nothing of a
+//! write it may never have had (issue 47, item 10;
+//! `tests/models/tests/model_cluster_failover.rs`). So the pipeline also
+//! asks `INFO replication` for the master's replication ID, which a
+//! promoted replica (or a master restarted empty) takes fresh, and a slot's
+//! acks count only if that ID is the one seen for the slot's master
+//! *before* the write was sent: then no promotion came between the two. The
+//! node keeps the ID last seen per slot ([`Replids`]); a slot it has none
+//! for costs one round trip of its own before the write (`EXISTS marker`,
+//! `INFO replication`), once, not per call. A changed ID fails the call on
+//! this node ([`NodeError::MasterChanged`]) and is kept, so the next call
+//! counts again.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use futures_util::future::join_all;
 use redis::Value;
@@ -22,6 +40,76 @@ use super::cluster::Conn;
 use super::scripts::Call;
 use super::{Node, ReplicaAcks};
 use crate::error::NodeError;
+
+/// The slots of a Redis Cluster.
+const SLOTS: u16 = 16384;
+
+/// A master's replication ID (`master_replid` in `INFO replication`, 40
+/// characters): a replica promoted to master takes a fresh one, and so does
+/// a master restarted without its data, so one master's ID seen at two
+/// moments means no promotion of that slot's master came between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Replid([u8; 40]);
+
+/// The replication ID last seen for each slot's master, on one cluster
+/// node: at most one entry per slot, so at most 16384. The lock is never
+/// held across an await.
+#[derive(Debug, Default)]
+pub(super) struct Replids(Mutex<HashMap<u16, Replid>>);
+
+impl Replids {
+    /// The ID last seen for `slot`'s master, if any.
+    fn get(&self, slot: u16) -> Option<Replid> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&slot)
+            .copied()
+    }
+
+    /// `replid` seen for `slot`'s master (only a cluster slot is kept).
+    fn set(&self, slot: u16, replid: Replid) {
+        if slot < SLOTS {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(slot, replid);
+        }
+    }
+}
+
+/// One slot an acked write writes, as known before the write is sent: a key
+/// of it, its marker key, and the replication ID of its master then.
+pub(super) struct Written {
+    key: Vec<u8>,
+    slot: u16,
+    marker: Vec<u8>,
+    before: Replid,
+}
+
+/// `master_replid` of an `INFO replication` reply.
+fn master_replid(reply: &Value) -> Option<Replid> {
+    let text = <String as redis::FromRedisValue>::from_redis_value_ref(reply).ok()?;
+    let id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("master_replid:"))?
+        .trim();
+    <[u8; 40]>::try_from(id.as_bytes()).ok().map(Replid)
+}
+
+/// Where a test may hold a write between its answer and its marker (the
+/// `test-hooks` feature, `hooks.rs`); nothing without the feature.
+async fn before_marker(_key: &[u8]) {
+    #[cfg(feature = "test-hooks")]
+    crate::hooks::before_marker(_key).await;
+}
+
+/// The error for an `INFO replication` reply without a replication ID.
+fn no_replid(slot: u16, reply: &Value) -> NodeError {
+    NodeError::Protocol(format!(
+        "INFO replication of slot {slot}'s master named no master_replid: {reply:?}"
+    ))
+}
 
 /// The Redis Cluster slot of `key`: the CRC16 (XMODEM) of its hash tag,
 /// else of the whole key, modulo 16384.
@@ -104,31 +192,104 @@ fn laddr(reply: &Value) -> Option<String> {
 }
 
 impl Node {
-    /// The `WAIT` (or `WAITAOF`, [`ReplicaAcks::command`]) of an acked write on a cluster
-    /// node, on the master of every slot `call` wrote, all at once; the
-    /// first slot short of acks fails the call, naming its master and slot.
-    pub(super) async fn wait_slots(
+    /// Before an acked write on a cluster node: every slot `call` writes,
+    /// with its marker key and its master's replication ID as last seen
+    /// ([`Replids`]). A slot without one is asked for it first (`EXISTS
+    /// marker`, `INFO replication`, pipelined to the slot's master), all
+    /// such slots at once: one round trip, once per slot.
+    pub(super) async fn slots_before(
         &self,
         call: &Call,
+        generation: u64,
+        conn: &Conn,
+    ) -> Result<Vec<Written>, NodeError> {
+        let slots = written_keys(call).into_iter().map(|key| {
+            let slot = slot_of(&key);
+            let marker = marker(&key)
+                .ok_or_else(|| NodeError::Protocol(format!("no marker key for slot {slot}")))?;
+            Ok((key, slot, marker, self.replids.get(slot)))
+        });
+        let slots: Vec<_> = slots.collect::<Result<_, NodeError>>()?;
+        let fetches = slots.into_iter().map(|(key, slot, marker, known)| {
+            let mut conn = conn.clone();
+            async move {
+                let before = match known {
+                    Some(replid) => replid,
+                    None => {
+                        self.fetch_replid(slot, &marker, generation, &mut conn)
+                            .await?
+                    }
+                };
+                Ok(Written {
+                    key,
+                    slot,
+                    marker,
+                    before,
+                })
+            }
+        });
+        join_all(fetches).await.into_iter().collect()
+    }
+
+    /// The replication ID of `slot`'s master, asked for and kept: `INFO
+    /// replication` pipelined behind `EXISTS` of the slot's `marker`, which
+    /// routes it to the slot's master (a member that does not serve the
+    /// slot refuses the `EXISTS`, and redis follows its redirect).
+    async fn fetch_replid(
+        &self,
+        slot: u16,
+        marker: &[u8],
+        generation: u64,
+        conn: &mut Conn,
+    ) -> Result<Replid, NodeError> {
+        let mut p = redis::pipe();
+        p.cmd("EXISTS").arg(marker);
+        p.cmd("INFO").arg("replication");
+        let replies = conn
+            .send_packed_commands(&p, 0, 2)
+            .await
+            .map_err(|e| NodeError::from_redis(&e))?;
+        self.answered(generation);
+        let mut replies = replies
+            .into_iter()
+            .map(|r| r.extract_error().map_err(|e| NodeError::from_redis(&e)));
+        let mut next = || replies.next().unwrap_or(Ok(Value::Nil));
+        let (_exists, info) = (next()?, next()?);
+        let replid = master_replid(&info).ok_or_else(|| no_replid(slot, &info))?;
+        self.replids.set(slot, replid);
+        Ok(replid)
+    }
+
+    /// The `WAIT` (or `WAITAOF`, [`ReplicaAcks::command`]) of an acked write on a cluster
+    /// node, on the master of every slot it wrote (`slots`, from
+    /// [`Node::slots_before`]), all at once; the first slot whose master
+    /// changed since before the write, or short of acks, fails the call,
+    /// naming its master and slot.
+    pub(super) async fn wait_slots(
+        &self,
+        slots: Vec<Written>,
         acks: ReplicaAcks,
         wait_ms: u64,
         generation: u64,
         conn: &Conn,
     ) -> Result<(), NodeError> {
-        let waits = written_keys(call).into_iter().map(|key| {
+        let waits = slots.into_iter().map(|written| {
             let mut conn = conn.clone();
             async move {
-                let slot = slot_of(&key);
-                let marker = marker(&key)
-                    .ok_or_else(|| NodeError::Protocol(format!("no marker key for slot {slot}")))?;
-                #[cfg(feature = "test-hooks")]
-                crate::hooks::before_marker(&key).await;
+                let Written {
+                    key,
+                    slot,
+                    marker,
+                    before,
+                } = written;
+                before_marker(&key).await;
                 let mut p = redis::pipe();
                 p.cmd("SET").arg(&marker).arg("").arg("PX").arg(1);
+                p.cmd("INFO").arg("replication");
                 p.add_command(acks.command(wait_ms));
                 p.cmd("CLIENT").arg("INFO");
                 let replies = conn
-                    .send_packed_commands(&p, 0, 3)
+                    .send_packed_commands(&p, 0, 4)
                     .await
                     .map_err(|e| super::replicas::wait_failed(&e))?;
                 self.answered(generation);
@@ -139,8 +300,14 @@ impl Node {
                         .unwrap_or(Ok(Value::Nil))
                         .map_err(|e| super::replicas::wait_failed(&e))
                 };
-                let (_set, wait, info) = (next()?, next()?, next());
-                let master = info.ok().as_ref().and_then(laddr);
+                let (_set, info, wait, client) = (next()?, next()?, next()?, next());
+                let master = client.ok().as_ref().and_then(laddr);
+                let now = master_replid(&info).ok_or_else(|| no_replid(slot, &info))?;
+                // Kept whatever the verdict: the next call compares with it.
+                self.replids.set(slot, now);
+                if now != before {
+                    return Err(NodeError::MasterChanged { slot, master });
+                }
                 let shown = format!("{}, slot {slot}", master.as_deref().unwrap_or("?"));
                 super::replicas::counted(acks, &wait, wait_ms, Some(shown))
             }
@@ -197,6 +364,29 @@ mod tests {
         want.sort_unstable();
         assert_eq!(slots, want);
         assert!(written_keys(&Call::release("k".into(), "t".into())).is_empty());
+    }
+
+    #[test]
+    fn the_replid_is_read_from_info_replication_and_kept_per_slot() {
+        let id = "8c05b41e0a73fb1e1a4c6a1f0e0b4c8a1d9b6c2e";
+        let info = format!(
+            "# Replication\r\nrole:master\r\nconnected_slaves:1\r\n\
+             master_failover_state:no-failover\r\nmaster_replid:{id}\r\n\
+             master_replid2:0000000000000000000000000000000000000000\r\n"
+        );
+        let replid = master_replid(&Value::BulkString(info.into_bytes()));
+        assert_eq!(replid.map(|r| r.0.to_vec()), Some(id.as_bytes().to_vec()));
+        assert_eq!(master_replid(&Value::Nil), None);
+        let short = Value::BulkString(b"master_replid:abc\r\n".to_vec());
+        assert_eq!(master_replid(&short), None);
+        let replids = Replids::default();
+        let (a, b) = (Replid([b'a'; 40]), Replid([b'b'; 40]));
+        assert_eq!(replids.get(866), None);
+        replids.set(866, a);
+        replids.set(866, b);
+        replids.set(SLOTS, a);
+        assert_eq!(replids.get(866), Some(b));
+        assert_eq!(replids.get(SLOTS), None);
     }
 
     #[test]

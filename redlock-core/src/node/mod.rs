@@ -113,6 +113,9 @@ pub(crate) struct Node {
     /// How many replicas each acquire and extend write must reach (`None`:
     /// the node is taken to be an independent master, and nothing waits).
     pub(crate) replica_acks: Option<ReplicaAcks>,
+    /// On a cluster node with replica acks, the replication ID last seen
+    /// for each slot's master (`cluster_acks.rs`).
+    replids: cluster_acks::Replids,
 }
 
 /// Where a node's release announcements are heard (`wake/`).
@@ -139,6 +142,7 @@ impl Node {
             db: 0,
             native: NativeCommands::Off,
             replica_acks: None,
+            replids: cluster_acks::Replids::default(),
         }
     }
 

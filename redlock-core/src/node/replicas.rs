@@ -261,13 +261,19 @@ impl Node {
     ) -> Result<Value, NodeError> {
         let start = Instant::now();
         let mut wait_conn = conn.clone();
+        // On a cluster, each slot's master as seen before the write: its
+        // acks count only if the same master answers the `WAIT`.
+        let slots = match &conn {
+            Conn::Cluster(_) => Some(self.slots_before(call, generation, &conn).await?),
+            Conn::Single(_) => None,
+        };
         let reply = self.run_written(call, generation, conn).await?;
         if wrote_nothing(call, &reply) {
             return Ok(reply);
         }
         let wait_ms = acks.wait_ms(timeout.saturating_sub(start.elapsed()));
-        if let Conn::Cluster(_) = wait_conn {
-            self.wait_slots(call, acks, wait_ms, generation, &wait_conn)
+        if let Some(slots) = slots {
+            self.wait_slots(slots, acks, wait_ms, generation, &wait_conn)
                 .await?;
             return Ok(reply);
         }
