@@ -12,6 +12,14 @@
 //!   the lock on nodes 1 and 3 while A's is still valid, two holders.
 //! - With replica acks and the replica stopped, A's write on node 1 does not
 //!   count, and the error names the master and the slot.
+//! - With replica acks and a failover between A's write and its `WAIT`
+//!   (issue 47, item 10): the replica, which never got A's write, takes
+//!   over, and the old master rejoins as its replica, so the new master's
+//!   `WAIT` is acked. A's write is lost, and node 1 must not count it:
+//!   its master changed between the write and the acks
+//!   ([`NodeError::MasterChanged`]). A retry on the same handle counts.
+//! - The check's cost: a handle asks a slot's master for its replication ID
+//!   once, before its first acked write there, not on every call.
 //!
 //! Runs on the server `REDIS_SERVER` names (Valkey 9 with
 //! `REDIS_SERVER=$VALKEY_SERVER`).
@@ -20,7 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlock_core::{Error, Lock, NodeError, NodeSpec, Redlock, RetryPolicy};
-use redlock_tests::util::poll_until;
+use redlock_tests::timing::liveness;
+use redlock_tests::util::{poll_until, within};
 use redlock_tests::{RedisCluster, RedisNode};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -31,6 +40,9 @@ const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest `WAIT`; the node timeout above leaves it room.
 const ACK_TIMEOUT: Duration = Duration::from_secs(3);
 const RESOURCE: &str = "cluster-failover";
+/// How long `fail_over` and the old master's return as a replica may take
+/// on a quiet machine (a takeover, a restart, a full resync).
+const FAILOVER_WITHIN: Duration = Duration::from_secs(20);
 
 /// Node 1 (replicas), nodes 2 and 3 (masters only).
 struct Setup {
@@ -80,6 +92,11 @@ impl Setup {
 
     /// A holder's handle (each holder has its own, as two processes would).
     fn handle(&self, acks: bool) -> Redlock {
+        self.handle_timing_out(acks, NODE_TIMEOUT)
+    }
+
+    /// [`Setup::handle`] with node timeout `node_timeout`.
+    fn handle_timing_out(&self, acks: bool, node_timeout: Duration) -> Redlock {
         let mut first = NodeSpec::cluster(self.clusters[0].seeds());
         if acks {
             first = first.replica_acks(1, ACK_TIMEOUT);
@@ -88,7 +105,7 @@ impl Setup {
             .node(first)
             .cluster(self.clusters[1].seeds())
             .cluster(self.clusters[2].seeds())
-            .node_timeout(NODE_TIMEOUT)
+            .node_timeout(node_timeout)
             .retry(RetryPolicy::no_retry())
             .wake_on_release(false)
             .build()
@@ -134,7 +151,7 @@ impl Setup {
             .raw(&["CLUSTER", "FAILOVER", "TAKEOVER"])
             .expect("CLUSTER FAILOVER TAKEOVER");
         assert!(
-            poll_until(Duration::from_secs(20), || self.clusters[0]
+            poll_until(liveness(FAILOVER_WITHIN), || self.clusters[0]
                 .owner(self.slot)
                 .is_some_and(|o| o.port() == replica.port())),
             "the replica did not take over: {}",
@@ -263,6 +280,171 @@ async fn with_replica_acks_a_write_a_stopped_replica_missed_does_not_count() {
     let shown = error.map(|e| e.to_string()).unwrap_or_default();
     assert!(shown.contains(&want), "{shown}");
     println!("node 1's error: {shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acks_a_failover_between_the_write_and_its_wait_does_not_count() {
+    // The call is held between its write and its marker while the shard
+    // fails over: its node timeout covers that, and the TTL the timeout.
+    let node_timeout = liveness(FAILOVER_WITHIN);
+    let ttl = node_timeout * 3;
+    let s = Setup::start();
+    let (master, replica) = s.shard();
+    s.node3_busy();
+    let a = s.handle_timing_out(true, node_timeout);
+    let seen = a.inspect("warm-up").await.expect("inspect");
+    assert!(
+        seen.nodes.iter().all(|n| n.state.is_ok()),
+        "a node did not answer: {seen:?}"
+    );
+    // The replica will miss A's write: stopped, its link cut.
+    stop_replica(&master, &replica);
+    let pause = redlock_core::hooks::pause_before_marker(&s.key);
+    let acquiring = tokio::spawn({
+        let a = a.clone();
+        async move { a.mutex(RESOURCE).try_acquire(ttl).await }
+    });
+    within(
+        liveness(NODE_TIMEOUT),
+        "A's write on node 1 answered",
+        pause.reached(),
+    )
+    .await;
+    // A's write is on the master alone. The master dies, the replica that
+    // never got the write takes over, and the old master comes back empty
+    // as its replica, which will ack the new master's writes.
+    tokio::task::block_in_place(|| {
+        master.kill();
+        replica.resume();
+        s.fail_over(&master, &replica);
+        let _: () = replica
+            .raw(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
+            .expect("CONFIG SET repl-diskless-sync-delay 0");
+        master.restart();
+        let port = replica.port().to_string();
+        assert!(
+            poll_until(liveness(FAILOVER_WITHIN), || {
+                info_field(&master, "master_port") == port
+                    && info_field(&master, "master_link_status") == "up"
+            }),
+            "the old master did not become the new one's replica: {}",
+            s.clusters[0].describe()
+        );
+    });
+    assert_eq!(
+        read(&replica, &s.key),
+        None,
+        "the promoted replica never got A's write"
+    );
+    pause.resume();
+    drop(pause);
+    let first = within(liveness(node_timeout), "A's acquire", acquiring)
+        .await
+        .expect("A's acquire task");
+    let error = match first {
+        Ok(lock) => {
+            // Node 1 counted a write its new master lacks: B can take it.
+            s.node3_free();
+            let b = s
+                .handle_timing_out(true, node_timeout)
+                .mutex(RESOURCE)
+                .try_acquire(ttl)
+                .await;
+            panic!(
+                "node 1 counted A's write, lost in the failover, by the new master's acks \
+                 (A {:?} left; B, on nodes 1 and 3: {:?})",
+                lock.remaining(),
+                b.map(|b| b.remaining())
+            );
+        }
+        Err(e) => e,
+    };
+    let node1 = error
+        .report()
+        .and_then(|r| r.errors().find(|(n, _)| n.index == 0))
+        .map(|(_, e)| e.clone());
+    let Some(NodeError::MasterChanged { slot, master: at }) = &node1 else {
+        panic!("node 1 must fail because its master changed: {node1:?} ({error})");
+    };
+    assert_eq!(*slot, s.slot);
+    assert_eq!(
+        at.as_deref(),
+        Some(format!("127.0.0.1:{}", replica.port()).as_str())
+    );
+    let shown = node1.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        shown.contains(&format!("slot {}", s.slot)) && shown.contains("retried"),
+        "{shown}"
+    );
+    println!("node 1's error: {shown}");
+    // The node knows the new master now: A's retry counts on it (once the
+    // failed attempt's key on node 2 is released; node 3 is still busy).
+    let end = Instant::now() + liveness(node_timeout);
+    let lock = loop {
+        match a.mutex(RESOURCE).try_acquire(ttl).await {
+            Ok(lock) => break lock,
+            Err(e) => assert!(Instant::now() < end, "A's retry never counted: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        read(&replica, lock.key()).as_deref(),
+        Some(lock.token()),
+        "the new master holds A's retried key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acks_a_cluster_node_asks_a_slots_master_for_its_replid_once() {
+    let cluster = RedisCluster::start(3, 1);
+    let handle = Redlock::builder()
+        .node(NodeSpec::cluster(cluster.seeds()).replica_acks(1, ACK_TIMEOUT))
+        .node_timeout(NODE_TIMEOUT)
+        .retry(RetryPolicy::no_retry())
+        .wake_on_release(false)
+        .build()
+        .expect("build the handle");
+    let key = handle.key_for(RESOURCE);
+    let master = cluster
+        .owner(cluster.slot_of(key.as_bytes()))
+        .expect("the slot's master");
+    let monitor = master.monitor();
+    for _ in 0..3 {
+        // The last release may still be on its way to one node.
+        let end = Instant::now() + liveness(NODE_TIMEOUT);
+        let lock = loop {
+            match handle.mutex(RESOURCE).try_acquire(TTL).await {
+                Ok(lock) => break lock,
+                Err(e) => assert!(Instant::now() < end, "no lock: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        handle.unlock(lock).await.expect("unlock");
+    }
+    let marker = format!("{{{key}}}:redlock-acked");
+    let sent = |c: &[String], name: &str, key: &str| {
+        c.len() > 1 && c[0].eq_ignore_ascii_case(name) && c[1] == key
+    };
+    assert!(
+        poll_until(liveness(NODE_TIMEOUT), || monitor
+            .client_commands()
+            .iter()
+            .filter(|c| sent(c, "SET", &marker))
+            .count()
+            == 3),
+        "three markers: {:?}",
+        monitor.client_commands()
+    );
+    let commands = monitor.client_commands();
+    let fetches: Vec<usize> = (0..commands.len())
+        .filter(|&i| sent(&commands[i], "EXISTS", &marker))
+        .collect();
+    let first_write = commands.iter().position(|c| sent(c, "SET", &key));
+    assert_eq!(fetches.len(), 1, "one fetch of the replid: {commands:?}");
+    assert!(
+        first_write.is_some_and(|w| fetches[0] < w),
+        "the fetch comes before the first write: {commands:?}"
+    );
 }
 
 /// `GET key` on `node`, a replica or a master (`READONLY` first).
