@@ -3,14 +3,18 @@
 //! nodes lock and unlock, an unknown CA is a clean per-node error (not a panic
 //! in rustls), and the password never shows in errors or `Debug` output.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_redis::{Manager, Pool, Runtime};
 use redis::{AsyncConnectionConfig, TlsCertificates};
 use redlock_core::{Error, NodeError, Redlock};
-use redlock_tests::{TestCa, TlsRedisNode};
+use redlock_tests::{TestCa, TlsRedisNode, timing};
 
 const PASSWORD: &str = "tls-node-s3cret";
+
+/// How long a background connection attempt of a handle with the patient
+/// node timeout may take (ten node timeouts, `node/connection.rs`).
+const CONNECT_LIMIT: Duration = Duration::from_secs(20);
 
 fn nodes(ca: &TestCa) -> Vec<TlsRedisNode> {
     (0..3).map(|_| TlsRedisNode::start(ca, PASSWORD)).collect()
@@ -40,7 +44,20 @@ fn assert_no_password(texts: &[String]) {
 /// handshake with the release, and either may go out first: that ordering is
 /// not this test's subject.
 async fn lock_cycle(rl: &Redlock, key: &str) {
-    let infos = rl.check_nodes().await.expect("check the TLS nodes");
+    // A call waits one node timeout for the connection; the attempt itself
+    // (a debug build's TLS handshake, on a loaded machine) goes on in the
+    // background for up to ten: until every node is connected, a check may
+    // honestly answer `Timeout`.
+    let until = Instant::now() + timing::liveness(CONNECT_LIMIT);
+    let infos = loop {
+        let infos = rl.check_nodes().await.expect("check the TLS nodes");
+        let pending = infos
+            .iter()
+            .any(|i| matches!(i.error, Some(NodeError::Timeout(_))));
+        if !pending || Instant::now() >= until {
+            break infos;
+        }
+    };
     assert!(infos.iter().all(|i| i.error.is_none()), "{infos:?}");
     let lock = rl
         .mutex(key)
@@ -135,11 +152,22 @@ async fn tls_node_with_an_unknown_ca_is_a_connect_error() {
         .node_timeout(redlock_tests::timing::PATIENT_NODE_TIMEOUT)
         .build()
         .unwrap();
-    let err = rl
-        .mutex("tls-unknown-ca")
-        .try_acquire(Duration::from_secs(10))
-        .await
-        .expect_err("the server's CA is not trusted");
+    // Until the background connection attempts fail their handshakes, a
+    // call may answer `Timeout` (see `lock_cycle`).
+    let until = Instant::now() + timing::liveness(CONNECT_LIMIT);
+    let err = loop {
+        let err = rl
+            .mutex("tls-unknown-ca")
+            .try_acquire(Duration::from_secs(10))
+            .await
+            .expect_err("the server's CA is not trusted");
+        let pending = err
+            .report()
+            .is_some_and(|r| r.errors().any(|(_, e)| matches!(e, NodeError::Timeout(_))));
+        if !pending || Instant::now() >= until {
+            break err;
+        }
+    };
     let report = err.report().unwrap_or_else(|| panic!("{err:?}"));
     assert!(matches!(err, Error::NoQuorum { .. }), "{err:?}");
     for (_, e) in report.errors() {

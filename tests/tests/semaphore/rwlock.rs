@@ -246,11 +246,18 @@ async fn one_node_of_three_down_still_reads_and_writes() {
     // The refused writer's intent goes in the background too, and until
     // then it turns another writer away (`Busy`, with the intent's TTL):
     // retried, within a bound far below that TTL.
-    let w = rl
+    let w = match rl
         .rw_lock("r", Access::Exclusive)
         .acquire_with(ttl, &RetryPolicy::deadline(timing::settled()))
         .await
-        .unwrap();
+    {
+        Ok(w) => w,
+        Err(e) => panic!(
+            "{e:?}; node 0 holds {}; node 2 holds {}",
+            describe_keys(cluster.node(0)),
+            describe_keys(cluster.node(2))
+        ),
+    };
     assert!(matches!(
         rl.rw_lock("r", Access::Shared).try_acquire(ttl).await,
         Err(Error::Busy { .. } | Error::NoQuorum { .. })
@@ -260,10 +267,38 @@ async fn one_node_of_three_down_still_reads_and_writes() {
     // background, so on a loaded machine a moment later): readers are
     // admitted long before it would have expired (its TTL covers this
     // 10 s TTL and more).
-    let c = rl
+    let c = match rl
         .rw_lock("r", Access::Shared)
         .acquire_with(ttl, &RetryPolicy::deadline(timing::settled()))
         .await
-        .unwrap();
+    {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "{e:?}; node 0 holds {}; node 2 holds {}",
+            describe_keys(cluster.node(0)),
+            describe_keys(cluster.node(2))
+        ),
+    };
     rl.unlock(c).await.unwrap();
+}
+
+/// Every key of `node` with its type, PTTL and (for a string) value, for a
+/// failure's message.
+fn describe_keys(node: &redlock_tests::RedisNode) -> String {
+    node.keys()
+        .iter()
+        .map(|k| {
+            let kind: String = node.raw(&["TYPE", k]).unwrap_or_default();
+            let value = match kind.as_str() {
+                "string" => node.get(k).unwrap_or_default(),
+                "set" => format!(
+                    "{:?}",
+                    node.raw::<Vec<String>>(&["SMEMBERS", k]).unwrap_or_default()
+                ),
+                _ => String::new(),
+            };
+            format!("{k} ({kind}, pttl {}) = {value}", node.pttl(k))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
