@@ -293,7 +293,8 @@ fn describe_keys(node: &redlock_tests::RedisNode) -> String {
                 "string" => node.get(k).unwrap_or_default(),
                 "set" => format!(
                     "{:?}",
-                    node.raw::<Vec<String>>(&["SMEMBERS", k]).unwrap_or_default()
+                    node.raw::<Vec<String>>(&["SMEMBERS", k])
+                        .unwrap_or_default()
                 ),
                 _ => String::new(),
             };
