@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::acquire_kind::Acquire;
-use crate::error::Error;
+use crate::error::{Error, NodeStatus};
 use crate::fencing::fence_key;
 use crate::keys::Keys;
 use crate::metrics::Of;
@@ -166,6 +166,28 @@ impl Core {
                 // this writer's, in the background; else it expires.
                 let intent = Keys::One(names.intent.as_str().into());
                 self.spawn_release(&intent, &writer_id, None);
+                // A node the last attempt had not answered by its decision
+                // may run that attempt's script after this release (its call
+                // goes out when next polled), and a refused script leaves the
+                // intent again: it would hold readers back for its whole TTL.
+                // Such a call is driven for one node timeout at most, so the
+                // intent is deleted once more after that.
+                let unanswered = match &result {
+                    Ok(lock) => lock.late.is_some(),
+                    Err(e) => e.report().is_some_and(|r| {
+                        r.nodes
+                            .iter()
+                            .any(|n| matches!(n.status, NodeStatus::Pending))
+                    }),
+                };
+                if unanswered && let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let (this, writer_id) = (self.clone(), Arc::clone(&writer_id));
+                    let after = self.inner.settings.node_timeout;
+                    rt.spawn(async move {
+                        tokio::time::sleep(after).await;
+                        this.spawn_release(&intent, &writer_id, None);
+                    });
+                }
                 result
             }
         }
