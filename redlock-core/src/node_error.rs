@@ -75,9 +75,16 @@ pub enum NodeError {
     /// time (`WAIT`): a failover could promote a replica without it, so the
     /// node does not count for the quorum.
     #[error(
-        "the write{} reached {acked} of the {wanted} replica(s) wanted{} within {waited:?}",
+        "the write{} reached {acked} of the {wanted} replica(s) wanted{} within {waited:?}{}",
         on_master(.master),
-        aof_note(.local_aof)
+        aof_note(.local_aof),
+        if *.queued {
+            " (its WAIT had not answered when the node timeout was about to end: the \
+             server runs a connection's commands in order, and it waited behind other \
+             calls' WAITs; no ack was counted)"
+        } else {
+            ""
+        }
     )]
     ReplicaAcks {
         /// How many replicas acknowledged the write.
@@ -94,6 +101,12 @@ pub enum NodeError {
         /// answer); `acked` then counts replicas that fsynced it. `None`
         /// with `WAIT`.
         local_aof: Option<bool>,
+        /// The `WAIT` had not answered when the call's node timeout was
+        /// about to end, and was given up (`acked` is then 0: no ack was
+        /// counted). The server runs one connection's commands in order, so
+        /// concurrent acked writes queue behind each other's `WAIT`: with
+        /// fewer replicas attached than wanted, each takes its whole wait.
+        queued: bool,
     },
     /// The node's acks ask for `WAITAOF` and its server lacks the command
     /// (Redis before 7.2, Valkey before 8): the node cannot count for an

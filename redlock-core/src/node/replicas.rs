@@ -271,19 +271,38 @@ impl Node {
         if wrote_nothing(call, &reply) {
             return Ok(reply);
         }
-        let wait_ms = acks.wait_ms(timeout.saturating_sub(start.elapsed()));
-        if let Some(slots) = slots {
-            self.wait_slots(slots, acks, wait_ms, generation, &wait_conn)
-                .await?;
-            return Ok(reply);
+        let left = timeout.saturating_sub(start.elapsed());
+        let wait_ms = acks.wait_ms(left);
+        // The `WAIT` answers within `wait_ms` once the server runs it, but
+        // the server runs a connection's commands in order: behind other
+        // calls' `WAIT`s it may not even start before the node timeout ends
+        // the call, which would then say `Timeout` for what is a shortage of
+        // acks. Given up an eighth of what is left before that end, it says
+        // so ([`NodeError::ReplicaAcks`] with `queued`).
+        let waiting = Instant::now();
+        let wait = async {
+            if let Some(slots) = slots {
+                return self
+                    .wait_slots(slots, acks, wait_ms, generation, &wait_conn)
+                    .await;
+            }
+            let answer = self
+                .send(generation, &mut wait_conn, &acks.command(wait_ms))
+                .await
+                .map_err(|e| wait_failed(&e))?;
+            counted(acks, &answer, wait_ms, None)
+        };
+        match tokio::time::timeout(left.saturating_sub(left / 8), wait).await {
+            Ok(waited) => waited.map(|()| reply),
+            Err(_) => Err(NodeError::ReplicaAcks {
+                acked: 0,
+                wanted: acks.replicas,
+                waited: waiting.elapsed(),
+                master: None,
+                local_aof: None,
+                queued: true,
+            }),
         }
-        let wait = acks.command(wait_ms);
-        let answer = self
-            .send(generation, &mut wait_conn, &wait)
-            .await
-            .map_err(|e| wait_failed(&e))?;
-        counted(acks, &answer, wait_ms, None)?;
-        Ok(reply)
     }
 }
 
@@ -338,6 +357,7 @@ pub(super) fn counted(
             waited: Duration::from_millis(wait_ms),
             master,
             local_aof: local,
+            queued: false,
         });
     }
     Ok(())

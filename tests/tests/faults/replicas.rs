@@ -182,3 +182,58 @@ async fn without_replica_acks_a_failover_hands_the_lock_out_twice() {
         b.remaining()
     );
 }
+
+/// Issue 49, item 2: a primary with no replica attached (as a promoted one
+/// is until its first replica has synced) on a node with replica acks, and
+/// eight acquires at once. The server runs the connection's commands in
+/// order, so each `WAIT` starts only when the one before it has waited its
+/// whole timeout, and the later ones cannot answer within the node timeout.
+/// Every call still fails for its acks ([`NodeError::ReplicaAcks`], the late
+/// ones marked `queued`), never with a `Timeout` that would send an operator
+/// looking for a slow server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_queued_behind_waits_fail_for_their_acks_not_a_timeout() {
+    let _turn = crate::HEAVY.read().await;
+    let node = RedisNode::start();
+    // Four `WAIT`s in a row fill the node timeout: the fifth on cannot start
+    // in time.
+    let ack_timeout = Duration::from_millis(500);
+    let rl = Redlock::builder()
+        .node(NodeSpec::url(node.url()).replica_acks(1, ack_timeout))
+        .node_timeout(ack_timeout * 4)
+        .retry(RetryPolicy::no_retry())
+        .wake_on_release(false)
+        .build()
+        .expect("build the handle");
+    // The connection is made first, so that all eight go out on it at once.
+    rl.inspect("warm-up").await.expect("inspect");
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move { rl.mutex(format!("queued-{i}")).try_acquire(TTL).await })
+        })
+        .collect();
+    let mut queued = 0;
+    for call in calls {
+        let err = call
+            .await
+            .expect("the task")
+            .expect_err("no replica acknowledges the write");
+        let errors: Vec<NodeError> = err
+            .report()
+            .map(|r| r.errors().map(|(_, e)| e.clone()).collect())
+            .unwrap_or_default();
+        match errors.as_slice() {
+            [
+                NodeError::ReplicaAcks {
+                    acked: 0,
+                    wanted: 1,
+                    queued: q,
+                    ..
+                },
+            ] => queued += usize::from(*q),
+            other => panic!("the node must fail for its acks: {other:?} ({err})"),
+        }
+    }
+    assert!(queued > 0, "no WAIT was queued: this test's subject did not happen");
+}
