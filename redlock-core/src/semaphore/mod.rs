@@ -17,13 +17,13 @@
 //! succeeds on every node; two clients that ask for one slot at once behave
 //! as two mutex contenders (one wins, or neither and both move on).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 
 use crate::acquire_kind::Acquire;
-use crate::error::{Error, NodeError, NodeStatus};
+use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::fencing::fence_key;
 use crate::metrics::Of;
 use crate::node::Call;
@@ -82,9 +82,17 @@ impl Core {
         let resource: Arc<str> = resource.into();
         let key = self.key_for(&resource);
         let latest_start = self.latest_start(retry, Instant::now());
-        self.retry_attempts(&key, ttl.key, retry, latest_start, true, |attempt, flag| {
-            self.permit_attempt(&resource, &key, permits, ttl, attempt, flag)
-        })
+        let tries = Mutex::new(Vec::new());
+        self.retry_slots(
+            &key,
+            ttl.key,
+            retry,
+            latest_start,
+            &tries,
+            |attempt, flag| {
+                self.permit_attempt(&resource, &key, permits, ttl, (attempt, flag), &tries)
+            },
+        )
         .await
     }
 
@@ -94,26 +102,36 @@ impl Core {
     /// flag for `flag`, in the same step), until one is held. Fails with
     /// the soonest `Busy` if any slot was busy, else with the last error;
     /// with [`Error::PermitsMismatch`] at once if a node keeps another
-    /// count.
+    /// count. Each slot's report goes in `tries`, for the wait that follows
+    /// (a release that frees any of them is news).
     async fn permit_attempt(
         &self,
         resource: &Arc<str>,
         key: &str,
         permits: u32,
         ttl: Ttl,
-        attempt: u32,
-        flag: Option<Duration>,
+        (attempt, flag): (u32, Option<Duration>),
+        tries: &Mutex<Vec<Report>>,
     ) -> Result<Lock, Error> {
+        tries.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let first = rand::rng().random_range(0..permits);
         let mut busy: Option<Error> = None;
         let mut last = None;
         for i in 0..permits {
             let slot = (first + i) % permits;
             let slot_key: Arc<str> = permit_key(key, slot).into();
-            match self
+            let tried = self
                 .slot_attempt(resource, &slot_key, permits, ttl, attempt, flag)
-                .await
+                .await;
+            if let Err(e) = &tried
+                && let Some(report) = e.report()
             {
+                tries
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(report.clone());
+            }
+            match tried {
                 Ok(lock) => return Ok(lock),
                 Err(e) if mismatch(&e).is_some() => {
                     let found = mismatch(&e).unwrap_or_default();

@@ -18,14 +18,14 @@
 //! `max_attempts`, and the deadline bounds the whole wait, queue included.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::{join_all, select_all};
 use rand::Rng;
 
-use crate::error::Error;
+use crate::error::{Error, Report};
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
@@ -57,6 +57,10 @@ pub(crate) struct Waits<'a> {
     /// freed permit or share wakes every waiter of the resource at once, and
     /// no local queue orders them.
     spread: bool,
+    /// A permit's attempt tries each slot: the reports of the last
+    /// attempt's tries, filled by the attempt. The waiter wakes on news
+    /// that frees any one of them, not just the one its error names.
+    tries: Option<&'a Mutex<Vec<Report>>>,
 }
 
 impl<'a> Waits<'a> {
@@ -69,6 +73,7 @@ impl<'a> Waits<'a> {
             inline_flag: true,
             place: None,
             spread: false,
+            tries: None,
         }
     }
 
@@ -80,6 +85,7 @@ impl<'a> Waits<'a> {
             inline_flag: true,
             place: Some(place),
             spread: false,
+            tries: None,
         }
     }
 
@@ -92,6 +98,7 @@ impl<'a> Waits<'a> {
             inline_flag: false,
             place: None,
             spread: false,
+            tries: None,
         }
     }
 
@@ -104,6 +111,16 @@ impl<'a> Waits<'a> {
             inline_flag,
             place: None,
             spread: true,
+            tries: None,
+        }
+    }
+
+    /// [`Waits::shared`] for a permit whose attempts put each slot's report
+    /// in `tries`.
+    pub(crate) fn with_tries(self, tries: &'a Mutex<Vec<Report>>) -> Self {
+        Self {
+            tries: Some(tries),
+            ..self
         }
     }
 }
@@ -222,7 +239,17 @@ impl Core {
                 // A delay past the end of time and nothing else to wait for.
                 return Err(err);
             };
-            let found = Found::from_report(err.report());
+            let found = match waits.tries {
+                Some(tries) => {
+                    let tries = tries.lock().unwrap_or_else(PoisonError::into_inner);
+                    if tries.is_empty() {
+                        Found::from_report(err.report())
+                    } else {
+                        Found::from_reports(tries.iter())
+                    }
+                }
+                None => Found::from_report(err.report()),
+            };
             tracing::debug!(
                 ?found,
                 channels = ?subscriptions.iter().map(Subscription::describe).collect::<Vec<_>>(),

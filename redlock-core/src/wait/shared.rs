@@ -16,11 +16,11 @@
 //! attempt; the attempt decides.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Waits;
-use crate::error::Error;
+use crate::error::{Error, Report};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
 use crate::settings::RetryPolicy;
@@ -50,6 +50,28 @@ impl Core {
     {
         let keys: [Arc<str>; 1] = [key.into()];
         let waits = Waits::shared(&keys, ttl, inline);
+        self.retry_loop(waits, retry, latest_start, Vec::new(), attempt_once)
+            .await
+    }
+
+    /// [`Core::retry_attempts`] for a permit, whose attempt tries each slot
+    /// and puts each try's report in `tries`: the waiter wakes on news that
+    /// may free any slot it tried (its error names only one).
+    pub(crate) async fn retry_slots<F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+        tries: &Mutex<Vec<Report>>,
+        attempt_once: F,
+    ) -> Result<Lock, Error>
+    where
+        F: FnMut(u32, Option<Duration>) -> Fut,
+        Fut: Future<Output = Result<Lock, Error>>,
+    {
+        let keys: [Arc<str>; 1] = [key.into()];
+        let waits = Waits::shared(&keys, ttl, true).with_tries(tries);
         self.retry_loop(waits, retry, latest_start, Vec::new(), attempt_once)
             .await
     }

@@ -24,22 +24,18 @@ pub(super) struct Chan {
     pub(super) nodes: Vec<NodeSub>,
 }
 
-/// What a failed attempt found, for judging when the next one may succeed.
+/// What one try of a failed attempt found (a permit's attempt tries each
+/// slot), for judging when the next attempt may succeed.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Found {
+struct Try {
     /// Per node: another holder's key was there.
     busy: Vec<bool>,
-    /// How many nodes the attempt took (and has released since).
+    /// How many nodes the try took (and has released since).
     taken: usize,
 }
 
-impl Found {
-    /// From a failed attempt's report. An error without one (or with no busy
-    /// node) wakes the waiter at the first release heard.
-    pub(crate) fn from_report(report: Option<&Report>) -> Self {
-        let Some(r) = report else {
-            return Self::default();
-        };
+impl Try {
+    fn of(r: &Report) -> Self {
         Self {
             busy: r
                 .nodes
@@ -47,6 +43,30 @@ impl Found {
                 .map(|n| matches!(n.status, NodeStatus::Busy { .. }))
                 .collect(),
             taken: r.ok_count(),
+        }
+    }
+}
+
+/// What a failed attempt found: one try's report, or (a permit) each
+/// slot's. The next attempt is worth making once the news may free what
+/// any one of them found taken.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Found {
+    tries: Vec<Try>,
+}
+
+impl Found {
+    /// From a failed attempt's report. An error without one (or with no busy
+    /// node) wakes the waiter at the first release heard.
+    pub(crate) fn from_report(report: Option<&Report>) -> Self {
+        Self::from_reports(report)
+    }
+
+    /// From the reports of every try of a failed attempt (a permit's slots):
+    /// news that frees any one of them wakes the waiter.
+    pub(crate) fn from_reports<'r>(reports: impl IntoIterator<Item = &'r Report>) -> Self {
+        Self {
+            tries: reports.into_iter().map(Try::of).collect(),
         }
     }
 }
@@ -70,9 +90,20 @@ impl Chan {
             return true;
         }
         let heard = |i: usize| self.released.get(i) != seen.released.get(i);
-        if !found.busy.contains(&true) {
+        let mut busy_tries = found
+            .tries
+            .iter()
+            .filter(|t| t.busy.contains(&true))
+            .peekable();
+        if busy_tries.peek().is_none() {
             return (0..self.released.len()).any(heard);
         }
+        busy_tries.any(|t| self.frees(t, &heard, quorum))
+    }
+
+    /// Whether the releases `heard` on the nodes try `found` found busy, with
+    /// the nodes it took itself, may make a quorum (see [`Chan::wakes`]).
+    fn frees(&self, found: &Try, heard: &impl Fn(usize) -> bool, quorum: usize) -> bool {
         let busy = |i: &usize| found.busy.get(*i) == Some(&true);
         let freed = (0..self.released.len())
             .filter(busy)
@@ -108,12 +139,47 @@ mod tests {
         c
     }
 
-    /// What an attempt found: `busy` nodes held by others, `taken` by itself.
-    fn found(busy: &[usize], taken: usize) -> Found {
-        Found {
+    /// What a try found: `busy` nodes held by others, `taken` by itself.
+    fn try_of(busy: &[usize], taken: usize) -> Try {
+        Try {
             busy: (0..5).map(|i| busy.contains(&i)).collect(),
             taken,
         }
+    }
+
+    /// What an attempt of one try found.
+    fn found(busy: &[usize], taken: usize) -> Found {
+        Found {
+            tries: vec![try_of(busy, taken)],
+        }
+    }
+
+    /// Issue 48's `ANY_SLOT` (model_wake_flag): slot 0 held on nodes {0, 1}
+    /// and slot 1 on {1, 2} (of three; each try's third node had not
+    /// answered when it was decided); releases on nodes 0 and 1 free slot 0
+    /// on both its busy nodes, though slot 1's try alone would not wake.
+    #[test]
+    fn a_permit_waiter_wakes_on_news_that_frees_any_slot() {
+        let seen = Chan {
+            changes: 0,
+            released: vec![0; 3],
+            nodes: vec![NodeSub::Subscribed; 3],
+        };
+        let slot = |busy: &[usize]| Try {
+            busy: (0..3).map(|i| busy.contains(&i)).collect(),
+            taken: 0,
+        };
+        let both = Found {
+            tries: vec![slot(&[0, 1]), slot(&[1, 2])],
+        };
+        let last_only = Found {
+            tries: vec![slot(&[1, 2])],
+        };
+        let news = announced(&seen, &[0, 1]);
+        assert!(!news.wakes(&seen, &last_only, 2));
+        assert!(news.wakes(&seen, &both, 2));
+        // News on node 1 alone frees neither.
+        assert!(!announced(&seen, &[1]).wakes(&seen, &both, 2));
     }
 
     #[test]

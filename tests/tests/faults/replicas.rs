@@ -235,5 +235,8 @@ async fn acquires_queued_behind_waits_fail_for_their_acks_not_a_timeout() {
             other => panic!("the node must fail for its acks: {other:?} ({err})"),
         }
     }
-    assert!(queued > 0, "no WAIT was queued: this test's subject did not happen");
+    assert!(
+        queued > 0,
+        "no WAIT was queued: this test's subject did not happen"
+    );
 }
