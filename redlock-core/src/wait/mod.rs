@@ -188,11 +188,13 @@ impl Core {
                     }
                     return Ok(lock);
                 }
-                Err(e) if !e.is_retryable() => return Err(e),
                 Err(e) => e,
             };
-            let now = Instant::now();
             tracing::debug!(attempt, error = %err, "attempt failed");
+            if !err.is_retryable() {
+                return Err(err);
+            }
+            let now = Instant::now();
             if !may_retry(attempt, retry, latest_start, now) {
                 return Err(err);
             }
