@@ -1,5 +1,5 @@
 //! A read/write lock over N independent masters (issue 41): any number of
-//! readers, or one writer, with writer preference.
+//! readers, or one writer, taking turns (issue 48).
 //!
 //! On each node one script decides an acquire atomically
 //! (`node/rwlock_scripts.rs`): a reader is admitted while no writer holds
@@ -14,6 +14,21 @@
 //! writer waits only for the readers that were there
 //! (`tests/models/tests/model_rwlock.rs` checks both, with negative controls).
 //!
+//! Turns: a refused reader that will try again leaves a *mark* (owed the
+//! next read phase when a writer key refused it, else behind the waiting
+//! writer whose intent did). When the writer key is gone and readers are
+//! owed, the next acquire opens a *read phase* for them: while it is open no
+//! writer is admitted, and the readers it names are, through the intent.
+//! It ends once each of them has held, or at its expiry, the longest of
+//! their hand-off windows ([`handoff_window`]). So writers that re-acquire
+//! as soon as they release do not starve readers: a reader refused during a
+//! writer's hold goes before the next writer, and one that came behind a
+//! waiting writer goes after that writer. Neither mark nor phase admits a
+//! reader while a writer key is there, and a writer's checks only gain
+//! refusals: exclusion does not depend on them
+//! (`tests/models/tests/model_rwlock_phase.rs` checks the order with two
+//! writers, with today's rule as negative control).
+//!
 //! Each reader has a key of its own holding its token with its own expiry,
 //! set by the node (`PX`), so a dead reader's share frees itself, and the
 //! mutex's release, extension, guard and renewal serve readers unchanged. A
@@ -22,10 +37,11 @@
 //! nothing to fence.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::acquire_kind::Acquire;
-use crate::error::{Error, NodeStatus};
+use crate::error::{Error, NodeError, NodeStatus};
 use crate::fencing::fence_key;
 use crate::keys::Keys;
 use crate::metrics::Of;
@@ -54,6 +70,8 @@ struct Names {
     writer: Arc<str>,
     intent: String,
     index: String,
+    waiting: String,
+    phase: String,
 }
 
 impl Names {
@@ -62,6 +80,8 @@ impl Names {
             // In the writer's slot (`slots`): the scripts touch them with it.
             intent: crate::slots::derived(&key, ":redlock-intent"),
             index: crate::slots::derived(&key, crate::keys::READERS_SUFFIX),
+            waiting: crate::slots::derived(&key, ":redlock-readers-waiting"),
+            phase: crate::slots::derived(&key, ":redlock-read-phase"),
             writer: key.into(),
         }
     }
@@ -71,6 +91,8 @@ impl Names {
             writer: &self.writer,
             intent: &self.intent,
             index: &self.index,
+            waiting: &self.waiting,
+            phase: &self.phase,
         }
     }
 
@@ -104,21 +126,39 @@ impl Acquire for Access {
     }
 }
 
-/// How long a refused writer's intent lives from each of its attempts: past
-/// its next attempt, which comes within its policy's longest delay (a poll:
-/// the delay and its jitter; a woken waiter: its jitter spread), plus that
-/// attempt's round trip, and at least the TTL it asks for. Not the TTL
-/// alone: with a TTL under the delay, the intent lapsed between attempts and
-/// new readers passed the waiting writer. Each attempt renews it; the writer
-/// deletes it once it holds or gives up, so a writer that died waiting holds
-/// new readers back for this long at most.
-fn intent_ttl(ttl: Duration, retry: &RetryPolicy, node_timeout: Duration) -> Duration {
+/// How long a refused writer's intent, or a refused reader's mark, lives
+/// from each of its attempts: past its next attempt, which comes within its
+/// policy's longest delay (a poll: the delay and its jitter; a woken waiter:
+/// its jitter spread), plus that attempt's round trip, and at least the TTL
+/// it asks for. Not the TTL alone: with a TTL under the delay, the intent
+/// lapsed between attempts and new readers passed the waiting writer. Each
+/// attempt renews it; the writer deletes its intent once it holds or gives
+/// up, so a writer that died waiting holds new readers back for this long
+/// at most. A reader's mark goes into the read phase it is owed, or once it
+/// holds.
+fn wait_mark_ttl(ttl: Duration, retry: &RetryPolicy, node_timeout: Duration) -> Duration {
     retry
         .delay
         .saturating_add(retry.jitter.saturating_mul(2))
         .max(ttl)
         .saturating_add(node_timeout.saturating_mul(2))
         .saturating_add(Duration::from_secs(1))
+}
+
+/// How long a read phase opened for a waiting reader stays open for it: its
+/// next attempt after the writer key went. Woken by the writer's release,
+/// the reader waits a random part of its jitter, sets its waiters flag and
+/// tries (two round trips); missing the wake-up, it polls within its delay
+/// and jitter, then the same round trips. Writers are refused meanwhile, so
+/// the phase ends early once every reader it admits has held; a reader that
+/// died or paused costs the writers this window once (its mark went into
+/// the phase). A reader that comes later than this finds the next writer's
+/// intent and waits behind it: one writer phase more.
+fn handoff_window(retry: &RetryPolicy, node_timeout: Duration) -> Duration {
+    retry
+        .delay
+        .saturating_add(retry.jitter)
+        .saturating_add(node_timeout.saturating_mul(2))
 }
 
 impl Core {
@@ -134,23 +174,47 @@ impl Core {
         let resource: Arc<str> = resource.into();
         let names = Names::new(self.key_for(&resource));
         let latest_start = self.latest_start(retry, Instant::now());
+        let node_timeout = self.inner.settings.node_timeout;
         match access {
             Access::Shared => {
-                self.retry_attempts(
-                    &names.writer,
-                    ttl.key,
-                    retry,
-                    latest_start,
-                    false,
-                    |n, _| self.read_attempt(&resource, &names, ttl.key, n),
-                )
-                .await
+                // The reader's id: the same in all its attempts, so that its
+                // mark and its place in a read phase are its own.
+                let reader_id = new_token()?;
+                let mark = if retry.max_attempts > 1 {
+                    wait_mark_ttl(ttl.key, retry, node_timeout)
+                } else {
+                    Duration::ZERO
+                };
+                let wait = (handoff_window(retry, node_timeout), mark);
+                let refused = AtomicBool::new(false);
+                let result = self
+                    .retry_attempts(
+                        &names.writer,
+                        ttl.key,
+                        retry,
+                        latest_start,
+                        false,
+                        |n, _| {
+                            if n > 1 {
+                                refused.store(true, Ordering::Relaxed);
+                            }
+                            self.read_attempt(&resource, &names, ttl.key, (&reader_id, wait), n)
+                        },
+                    )
+                    .await;
+                // A reader that waited holds: its marks and its place in a
+                // read phase go (the phase may end now), in the background;
+                // else they expire.
+                if result.is_ok() && refused.load(Ordering::Relaxed) {
+                    self.spawn_on_every_node(Call::reader_held(&names.keys(), &reader_id));
+                }
+                result
             }
             Access::Exclusive => {
                 // The writer's id: the same in all its attempts, so that its
                 // intent is its own from one attempt to the next.
                 let writer_id = new_token()?;
-                let intent = intent_ttl(ttl.key, retry, self.inner.settings.node_timeout);
+                let intent = wait_mark_ttl(ttl.key, retry, node_timeout);
                 let result = self
                     .retry_attempts(
                         &names.writer,
@@ -163,9 +227,15 @@ impl Core {
                     .await;
                 // Held or given up: the intent has done its work (a holder's
                 // key keeps readers out itself). Deleted where it is still
-                // this writer's, in the background; else it expires.
+                // this writer's, in the background; else it expires. A
+                // holder also makes the readers marked behind any intent
+                // owed: they waited through its phase.
                 let intent = Keys::One(names.intent.as_str().into());
-                self.spawn_release(&intent, &writer_id, None);
+                if result.is_ok() {
+                    self.spawn_on_every_node(Call::writer_held(&names.keys(), &writer_id));
+                } else {
+                    self.spawn_release(&intent, &writer_id, None);
+                }
                 // A node the last attempt had not answered by its decision
                 // may run that attempt's script after this release (its call
                 // goes out when next polled), and a refused script leaves the
@@ -193,16 +263,41 @@ impl Core {
         }
     }
 
+    /// Runs `call` on every node in the background, answers unread: what a
+    /// holder tells the nodes of the turns (`WRITER_HELD_LUA`,
+    /// `READER_HELD_LUA`). Lost, it costs the others a wait bounded by the
+    /// keys' expiry, never exclusion.
+    fn spawn_on_every_node(&self, call: Call) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        rt.spawn(async move {
+            let call = Arc::new(call);
+            let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
+            let mut pending = this.fan_out(&call, ignore, 0..this.inner.nodes.len());
+            this.settle(&mut pending, |_| false).await;
+        });
+    }
+
     async fn read_attempt(
         &self,
         resource: &Arc<str>,
         names: &Names,
         ttl: Duration,
+        (reader_id, (window, mark)): (&str, (Duration, Duration)),
         attempt: u32,
     ) -> Result<Lock, Error> {
         let token = new_token()?;
         let reader: Arc<str> = names.reader(&token).into();
-        let call = Call::read_acquire(&names.keys(), &reader, &token, ttl.as_millis());
+        let call = Call::read_acquire(
+            &names.keys(),
+            &reader,
+            &token,
+            ttl.as_millis(),
+            reader_id,
+            (window.as_millis(), mark.as_millis()),
+        );
         let target = Scripted {
             key: reader,
             fenced: false,

@@ -303,3 +303,147 @@ fn describe_keys(node: &redlock_tests::RedisNode) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// Issue 48: two writers that re-acquire as soon as they release, each on a
+/// handle of its own, and a reader that waits. Before read phases, the
+/// writers handed the lock to each other (the waiting one's intent refused
+/// the reader in every gap) and the reader waited out its deadline. Now a
+/// writer's release hands the lock to the readers it held back: the reader
+/// holds within the writer hold it came in, a second one at most (it may
+/// come in the gap, behind the waiting writer), and its own hand-off window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_that_re_acquire_at_once_do_not_starve_a_waiting_reader() {
+    const HOLD: Duration = Duration::from_millis(50);
+    let cluster = Cluster::start(3);
+    let reader_policy = RetryPolicy::deadline(Duration::from_secs(60))
+        .with_delay(ms(50))
+        .with_jitter(ms(20));
+    // The reader's hand-off window (`rwlock/`): its delay, jitter and two
+    // node timeouts.
+    let window = ms(50) + ms(20) + timing::PATIENT_NODE_TIMEOUT * 2;
+    let bound = timing::liveness(HOLD * 2 + window);
+    let reader_policy = reader_policy.with_deadline(bound);
+    let ttl = Duration::from_secs(5);
+    // (is a writer, section)
+    let sections: Arc<Mutex<Vec<(bool, Section)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = Arc::new(tokio::sync::Notify::new());
+    let writers: Vec<_> = (0..2)
+        .map(|client| {
+            let rl = redlock(&cluster);
+            let (sections, stop, held) =
+                (Arc::clone(&sections), Arc::clone(&stop), Arc::clone(&held));
+            tokio::spawn(async move {
+                let policy = RetryPolicy::deadline(bound)
+                    .with_delay(ms(5))
+                    .with_jitter(ms(5));
+                let (mut holds, mut busy) = (0, 0);
+                // Bounded by the reader's wait, and by the stop once it held.
+                let end = Instant::now() + bound * 2;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < end {
+                    let lock = match rl
+                        .rw_lock("turns", Access::Exclusive)
+                        .acquire_with(ttl, &policy)
+                        .await
+                    {
+                        Ok(lock) => lock,
+                        // The other writer's turns: not this test's subject.
+                        Err(Error::Busy { .. } | Error::NoQuorum { .. }) => {
+                            busy += 1;
+                            continue;
+                        }
+                        Err(e) => panic!("writer {client}: {e}"),
+                    };
+                    let enter = Instant::now();
+                    held.notify_one();
+                    tokio::time::sleep(HOLD).await;
+                    let exit = Instant::now();
+                    assert!(lock.is_valid(), "writer {client} outlived its validity");
+                    sections.lock().unwrap().push((
+                        true,
+                        Section {
+                            client,
+                            enter,
+                            exit,
+                        },
+                    ));
+                    rl.unlock(lock).await.unwrap();
+                    holds += 1;
+                }
+                (holds, busy)
+            })
+        })
+        .collect();
+    // The reader comes while a writer holds.
+    held.notified().await;
+    let rl = redlock(&cluster);
+    let asked = Instant::now();
+    let read = rl
+        .rw_lock("turns", Access::Shared)
+        .acquire_with(ttl, &reader_policy)
+        .await;
+    let waited = asked.elapsed();
+    let read = match read {
+        Ok(lock) => {
+            let enter = Instant::now();
+            tokio::time::sleep(HOLD).await;
+            let exit = Instant::now();
+            assert!(lock.is_valid(), "the reader outlived its validity");
+            rl.unlock(lock).await.unwrap();
+            Ok(Section {
+                client: 2,
+                enter,
+                exit,
+            })
+        }
+        Err(e) => Err(e),
+    };
+    // The writers keep going a moment after the reader: the writer after
+    // the read phase comes in.
+    let writer_holds = sections.lock().unwrap().len();
+    let more = redlock_tests::util::eventually(timing::liveness(window + HOLD * 2), || {
+        sections.lock().unwrap().len() > writer_holds
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut counts = Vec::new();
+    for w in writers {
+        counts.push(w.await.expect("a writer panicked"));
+    }
+    let mut sections = sections.lock().unwrap().clone();
+    if let Ok(section) = &read {
+        sections.push((false, *section));
+    }
+    // Safety, whatever happened: a writer alone.
+    for (_, ws) in sections.iter().filter(|(w, _)| *w) {
+        for (other_is_writer, o) in &sections {
+            if o.client == ws.client && o.enter == ws.enter {
+                continue;
+            }
+            assert!(
+                o.exit <= ws.enter || ws.exit <= o.enter,
+                "writer {} overlapped {} {}",
+                ws.client,
+                if *other_is_writer { "writer" } else { "reader" },
+                o.client
+            );
+        }
+    }
+    // Key hygiene: every key the turns left on a node expires.
+    for n in cluster.nodes() {
+        for k in n.keys() {
+            assert_ne!(n.pttl(&k), -1, "{k} has no expiry");
+        }
+    }
+    println!("reader waited {waited:?} (bound {bound:?}); writers (holds, busy): {counts:?}");
+    if let Err(e) = read {
+        panic!(
+            "the reader waited {waited:?} and was refused: {e}; writers (holds, busy): {counts:?}"
+        );
+    }
+    assert!(
+        waited <= bound,
+        "the reader held only after {waited:?} (bound {bound:?})"
+    );
+    assert!(more, "no writer held after the reader");
+}
