@@ -101,15 +101,14 @@ async fn without_fencing_a_key_keeps_the_answer_its_client_received() {
     // H1 runs; its record is then left on node 0 alone.
     assert_eq!(run(&idem, key, "payment 9").await.unwrap(), Ok(()));
     no_lock_key().await;
-    // The record is written at quorum: node 0's may land later.
-    let on_node_0 = || records(&cluster, &record_key)[0].is_some();
-    assert!(
-        eventually(timing::settled(), on_node_0).await,
-        "no record on node 0"
-    );
-    let r1 = records(&cluster, &record_key)[0]
-        .clone()
-        .expect("H1's record");
+    // The record is written at quorum: node 0's may land later, or (its
+    // call timed out on a loaded machine) never. Its bytes are read from a
+    // node that has it; node 0 gets them below, as the interleaving has it.
+    let r1 = records(&cluster, &record_key)
+        .into_iter()
+        .flatten()
+        .next()
+        .expect("H1's record, written on a quorum");
 
     // H2, node 0 unreachable: no record heard, the work runs again.
     cluster.node(0).pause();
