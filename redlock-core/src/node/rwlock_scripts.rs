@@ -311,3 +311,24 @@ impl Call {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each script touches only the keys its call declares (a Redis
+    /// Cluster runs a script's keys by their slot): the acquires six (the
+    /// writer's sixth is its fence counter), the *held* calls two.
+    #[test]
+    fn the_turns_scripts_touch_only_their_declared_keys() {
+        for (lua, keys) in [
+            (READ_ACQUIRE_LUA, 6),
+            (WRITE_ACQUIRE_LUA, 6),
+            (WRITER_HELD_LUA, 2),
+            (READER_HELD_LUA, 2),
+        ] {
+            assert!(lua.contains(&format!("KEYS[{keys}]")), "{lua}");
+            assert!(!lua.contains(&format!("KEYS[{}]", keys + 1)), "{lua}");
+        }
+    }
+}

@@ -337,3 +337,38 @@ impl Core {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A read phase stays open past its reader's next attempt: a poll (its
+    /// delay and jitter), then its flag's and its attempt's round trips.
+    #[test]
+    fn a_read_phase_outlasts_its_readers_next_attempt() {
+        let retry = RetryPolicy::deadline(MS * 10_000)
+            .with_delay(MS * 100)
+            .with_jitter(MS * 100);
+        assert_eq!(handoff_window(&retry, MS * 50), MS * 300);
+        // A mark outlives the window: the reader is owed until its phase.
+        assert!(wait_mark_ttl(MS * 50, &retry, MS * 50) > handoff_window(&retry, MS * 50));
+    }
+
+    /// Every key of the turns is in the writer key's cluster slot (its
+    /// braced tag), as the scripts need.
+    #[test]
+    fn the_turns_keys_share_the_writers_slot() {
+        for key in [
+            crate::slots::lock_key("app:", "reports/7"),
+            crate::slots::lock_key("", "a{b}c"),
+        ] {
+            let tag = crate::slots::tagged(&key).into_owned();
+            let names = Names::new(key);
+            for derived in [&names.intent, &names.index, &names.waiting, &names.phase] {
+                assert!(derived.starts_with(&tag), "{derived} is not under {tag}");
+            }
+        }
+    }
+}
