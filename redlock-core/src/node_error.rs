@@ -79,9 +79,9 @@ pub enum NodeError {
         on_master(.master),
         aof_note(.local_aof),
         if *.queued {
-            " (its WAIT had not answered when the node timeout was about to end: the \
-             server runs a connection's commands in order, and it waited behind other \
-             calls' WAITs; no ack was counted)"
+            " (the call had not finished when the node timeout was about to end, with \
+             a WAIT in flight on the node: the server runs a connection's commands in \
+             order, and it waited behind WAITs; no ack was counted)"
         } else {
             ""
         }
@@ -101,8 +101,9 @@ pub enum NodeError {
         /// answer); `acked` then counts replicas that fsynced it. `None`
         /// with `WAIT`.
         local_aof: Option<bool>,
-        /// The `WAIT` had not answered when the call's node timeout was
-        /// about to end, and was given up (`acked` is then 0: no ack was
+        /// The call (its write, or its `WAIT`) had not finished when its
+        /// node timeout was about to end, while a `WAIT` was in flight on
+        /// the node, and was given up (`acked` is then 0: no ack was
         /// counted). The server runs one connection's commands in order, so
         /// concurrent acked writes queue behind each other's `WAIT`: with
         /// fewer replicas attached than wanted, each takes its whole wait.

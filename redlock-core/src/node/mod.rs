@@ -116,6 +116,8 @@ pub(crate) struct Node {
     /// On a cluster node with replica acks, the replication ID last seen
     /// for each slot's master (`cluster_acks.rs`).
     replids: cluster_acks::Replids,
+    /// The `WAIT`s of replica acks on the node (`replicas.rs`).
+    waits: replicas::Waits,
 }
 
 /// Where a node's release announcements are heard (`wake/`).
@@ -143,6 +145,7 @@ impl Node {
             native: NativeCommands::Off,
             replica_acks: None,
             replids: cluster_acks::Replids::default(),
+            waits: replicas::Waits::default(),
         }
     }
 

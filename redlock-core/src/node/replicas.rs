@@ -11,6 +11,7 @@
 //! (`docs/guide/servers.md`, "Replicas and failover") says
 //! what that costs.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::cluster::Conn;
@@ -260,6 +261,41 @@ impl Node {
         timeout: Duration,
     ) -> Result<Value, NodeError> {
         let start = Instant::now();
+        // Redis runs one connection's commands in order, so a `WAIT`
+        // blocks what comes after it on the connection: this call's own
+        // `WAIT` behind other calls' (each up to its whole wait when fewer
+        // replicas are attached than wanted), and even its write. Such a
+        // call would end with `Timeout`, sending an operator to look for a
+        // slow server where acks are short. The call is given up an eighth
+        // of its node timeout before the end; if a `WAIT` was in flight on
+        // the node meanwhile, it says so ([`NodeError::ReplicaAcks`] with
+        // `queued`), else it is the timeout it is.
+        let seen = self.waits.seen();
+        let acked = self.run_acked_within(acks, call, generation, conn, timeout, start);
+        match tokio::time::timeout(timeout.saturating_sub(timeout / 8), acked).await {
+            Ok(done) => done,
+            Err(_) if self.waits.since(seen) => Err(NodeError::ReplicaAcks {
+                acked: 0,
+                wanted: acks.replicas,
+                waited: start.elapsed(),
+                master: None,
+                local_aof: None,
+                queued: true,
+            }),
+            Err(_) => Err(NodeError::Timeout(timeout)),
+        }
+    }
+
+    /// [`Node::run_acked`]'s write and wait, counting its `WAIT` in flight.
+    async fn run_acked_within(
+        &self,
+        acks: ReplicaAcks,
+        call: &Call,
+        generation: u64,
+        conn: Conn,
+        timeout: Duration,
+        start: Instant,
+    ) -> Result<Value, NodeError> {
         let mut wait_conn = conn.clone();
         // On a cluster, each slot's master as seen before the write: its
         // acks count only if the same master answers the `WAIT`.
@@ -271,38 +307,69 @@ impl Node {
         if wrote_nothing(call, &reply) {
             return Ok(reply);
         }
-        let left = timeout.saturating_sub(start.elapsed());
-        let wait_ms = acks.wait_ms(left);
-        // The `WAIT` answers within `wait_ms` once the server runs it, but
-        // the server runs a connection's commands in order: behind other
-        // calls' `WAIT`s it may not even start before the node timeout ends
-        // the call, which would then say `Timeout` for what is a shortage of
-        // acks. Given up an eighth of what is left before that end, it says
-        // so ([`NodeError::ReplicaAcks`] with `queued`).
-        let waiting = Instant::now();
-        let wait = async {
-            if let Some(slots) = slots {
-                return self
-                    .wait_slots(slots, acks, wait_ms, generation, &wait_conn)
-                    .await;
-            }
-            let answer = self
-                .send(generation, &mut wait_conn, &acks.command(wait_ms))
-                .await
-                .map_err(|e| wait_failed(&e))?;
-            counted(acks, &answer, wait_ms, None)
-        };
-        match tokio::time::timeout(left.saturating_sub(left / 8), wait).await {
-            Ok(waited) => waited.map(|()| reply),
-            Err(_) => Err(NodeError::ReplicaAcks {
-                acked: 0,
-                wanted: acks.replicas,
-                waited: waiting.elapsed(),
-                master: None,
-                local_aof: None,
-                queued: true,
-            }),
+        let wait_ms = acks.wait_ms(timeout.saturating_sub(start.elapsed()));
+        let _counted = self.waits.start();
+        if let Some(slots) = slots {
+            self.wait_slots(slots, acks, wait_ms, generation, &wait_conn)
+                .await?;
+            return Ok(reply);
         }
+        let answer = self
+            .send(generation, &mut wait_conn, &acks.command(wait_ms))
+            .await
+            .map_err(|e| wait_failed(&e))?;
+        counted(acks, &answer, wait_ms, None)?;
+        Ok(reply)
+    }
+}
+
+/// The `WAIT`s of replica acks on one node: how many are in flight, and how
+/// many ever started. A call that ran out of time while any was in flight,
+/// at its start or since, may have queued behind it.
+#[derive(Debug, Default)]
+pub(super) struct Waits {
+    in_flight: AtomicUsize,
+    started: AtomicU64,
+}
+
+/// What [`Waits::seen`] saw when a call began.
+#[derive(Clone, Copy)]
+pub(super) struct Seen {
+    in_flight: bool,
+    started: u64,
+}
+
+impl Waits {
+    /// The state at a call's start.
+    fn seen(&self) -> Seen {
+        Seen {
+            in_flight: self.in_flight.load(Ordering::SeqCst) > 0,
+            started: self.started.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Whether a `WAIT` was in flight at `seen`, started since, or is now.
+    fn since(&self, seen: Seen) -> bool {
+        seen.in_flight
+            || self.started.load(Ordering::SeqCst) != seen.started
+            || self.in_flight.load(Ordering::SeqCst) > 0
+    }
+
+    /// One `WAIT` sent: counted in flight while the guard lives (a call
+    /// given up or cancelled drops it).
+    fn start(&self) -> InFlight<'_> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(&self.in_flight)
+    }
+}
+
+/// One `WAIT` in flight ([`Waits::start`]).
+pub(super) struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
