@@ -121,7 +121,10 @@ pub(super) async fn a_node_killed_and_restarted_while_waiting() {
     // The subject is a node killed, not a slow one: every call is answered.
     let (holder, waiter) = (cluster.patient_redlock(), cluster.patient_redlock());
     let node_timeout = redlock_tests::timing::PATIENT_NODE_TIMEOUT;
-    let ttl = Duration::from_secs(10);
+    // Far beyond every bound below: the holder's key outlives the kill and
+    // the restart on a loaded machine, so the waiter can only be served by
+    // the release.
+    let ttl = Duration::from_secs(60);
     let asked = Instant::now();
     let lock = holder
         .mutex("waiting:restart")
@@ -137,8 +140,8 @@ pub(super) async fn a_node_killed_and_restarted_while_waiting() {
                     Duration::from_secs(10),
                     // The safety-net poll is far beyond every bound below,
                     // so each wake-up seen is a real one, on a loaded machine.
-                    &RetryPolicy::deadline(ms(60_000))
-                        .with_delay(Duration::from_secs(30))
+                    &RetryPolicy::deadline(ms(240_000))
+                        .with_delay(Duration::from_secs(120))
                         .with_jitter(Duration::ZERO),
                 )
                 .await;
@@ -184,9 +187,19 @@ pub(super) async fn a_node_killed_and_restarted_while_waiting() {
             .lines()
             .find(|l| l.starts_with("total_connections_received"))
             .unwrap_or_default();
+        let since = asked.elapsed();
+        let outcome = if waiting.is_finished() {
+            let (at, lock) = waiting.await.expect("the waiter's task");
+            format!(
+                "it ended {:?} after it asked with {lock:?}",
+                at.saturating_duration_since(asked)
+            )
+        } else {
+            "it still waits".to_owned()
+        };
         panic!(
-            "the waiter did not subscribe again on the restarted node; its clients:\n{clients}\
-             channels: {channels:?}; {accepted}"
+            "the waiter did not subscribe again on the restarted node ({outcome}; {since:?} \
+             since it asked); its clients:\n{clients}channels: {channels:?}; {accepted}"
         );
     }
     holder.unlock(lock).await.unwrap();
