@@ -894,7 +894,7 @@ fn with_late_answers_read_phases_still_exclude() {
 /// holds there: at most one writer whose *call* starts after `r0`'s refusal
 /// passes it.
 #[test]
-#[ignore = "several times the default's states; run with --ignored"]
+#[ignore = "2.9 M states, about 16 s; run with --ignored"]
 fn read_phases_hold_for_writers_that_wait_as_long_as_they_like() {
     check(
         PhaseModel {
@@ -907,7 +907,7 @@ fn read_phases_hold_for_writers_that_wait_as_long_as_they_like() {
 }
 
 #[test]
-#[ignore = "several times the default's states; run with --ignored"]
+#[ignore = "21.6 M states, about 3 min; run with --ignored"]
 fn a_later_reader_does_not_pass_while_r0_reads() {
     check(
         PhaseModel {
@@ -920,7 +920,7 @@ fn a_later_reader_does_not_pass_while_r0_reads() {
 }
 
 #[test]
-#[ignore = "several times the default's states; run with --ignored"]
+#[ignore = "98.9 M states, about 14 min and 10 GB; run with --ignored"]
 fn with_late_answers_two_writers_and_a_reader_still_exclude() {
     check_exclusion(PhaseModel {
         writer_calls: [1, 1],
