@@ -13,6 +13,7 @@ pub mod http;
 pub mod http_timing;
 pub mod monitor;
 pub mod nemesis;
+pub mod probe;
 pub mod proxy;
 pub mod redis_cluster;
 pub mod replicas;

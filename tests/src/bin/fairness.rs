@@ -15,59 +15,34 @@
 //! exit), runs the processes (this binary again, `--worker`), and reports the
 //! busiest and least busy process and their ratio.
 
-use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redlock_core::{Redlock, RetryPolicy};
 use redlock_tests::Cluster;
+use redlock_tests::probe::ProbeArgs;
+
+const USAGE: &str =
+    "fairness [--kind mutex|permits] [--permits N] [--procs N] [--secs S] [--stops]";
 
 fn usage(msg: &str) -> ! {
-    eprintln!("fairness: {msg}");
-    eprintln!(
-        "usage: fairness [--kind mutex|permits] [--permits N] [--procs N] [--secs S] [--stops]"
-    );
-    std::process::exit(2)
-}
-
-/// `--name value` pairs, and flags (`--stops`) as "true".
-fn args() -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    let mut it = std::env::args().skip(1).peekable();
-    while let Some(k) = it.next() {
-        let Some(name) = k.strip_prefix("--") else {
-            usage(&format!("unexpected argument {k}"))
-        };
-        let value = match it.peek() {
-            Some(v) if !v.starts_with("--") => it.next().unwrap_or_default(),
-            _ => "true".to_owned(),
-        };
-        out.insert(name.to_owned(), value);
-    }
-    out
-}
-
-fn num(args: &HashMap<String, String>, k: &str, default: u64) -> u64 {
-    args.get(k).map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| usage(&format!("--{k} {v} is not a whole number")))
-    })
+    redlock_tests::probe::fail("fairness", USAGE, msg)
 }
 
 fn main() {
-    let args = args();
-    if args.contains_key("worker") {
+    let args = ProbeArgs::parse("fairness", USAGE);
+    if args.has("worker") {
         worker(&args);
         return;
     }
-    let kind = args.get("kind").cloned().unwrap_or_else(|| "mutex".into());
+    let kind = args.get("kind").unwrap_or("mutex").to_owned();
     if kind != "mutex" && kind != "permits" {
         usage("--kind is mutex or permits");
     }
-    let permits = num(&args, "permits", 2);
-    let procs = num(&args, "procs", 6);
-    let secs = num(&args, "secs", 25);
-    let stops = args.contains_key("stops");
+    let permits = args.num("permits", 2);
+    let procs = args.num("procs", 6);
+    let secs = args.num("secs", 25);
+    let stops = args.has("stops");
     let cluster = Cluster::start(3);
     let nodes = cluster.urls().join(",");
     let me = std::env::current_exe().unwrap_or_else(|e| usage(&format!("own path: {e}")));
@@ -149,15 +124,15 @@ fn main() {
 
 /// One process: acquire, three 15 ms sections, release, until the time is
 /// up; prints `holds=N ran_out=N errors=N`.
-fn worker(args: &HashMap<String, String>) {
+fn worker(args: &ProbeArgs) {
     let nodes: Vec<String> = args
         .get("nodes")
         .unwrap_or_else(|| usage("--nodes is required"))
         .split(',')
         .map(str::to_owned)
         .collect();
-    let permits = u32::try_from(num(args, "permits", 2)).unwrap_or(2);
-    let secs = num(args, "secs", 25);
+    let permits = u32::try_from(args.num("permits", 2)).unwrap_or(2);
+    let secs = args.num("secs", 25);
     let mutex = args.get("kind").is_none_or(|k| k == "mutex");
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| usage(&format!("runtime: {e}")));
     rt.block_on(async move {

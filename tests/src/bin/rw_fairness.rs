@@ -14,44 +14,20 @@
 //! starts the nodes (the test harness's `Cluster`, killed on exit), runs the
 //! processes (this binary again, `--worker`), and prints the table.
 
-use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redlock_core::{Access, Redlock, RetryPolicy};
 use redlock_tests::Cluster;
+use redlock_tests::probe::ProbeArgs;
 
 /// The windows the issue judges holds in.
 const WINDOW: Duration = Duration::from_secs(3);
 
+const USAGE: &str = "rw_fairness [--secs S] [--writers N] [--readers N] [--stops]";
+
 fn usage(msg: &str) -> ! {
-    eprintln!("rw_fairness: {msg}");
-    eprintln!("usage: rw_fairness [--secs S] [--writers N] [--readers N] [--stops]");
-    std::process::exit(2)
-}
-
-/// `--name value` pairs, and flags (`--stops`) as "true".
-fn args() -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    let mut it = std::env::args().skip(1).peekable();
-    while let Some(k) = it.next() {
-        let Some(name) = k.strip_prefix("--") else {
-            usage(&format!("unexpected argument {k}"))
-        };
-        let value = match it.peek() {
-            Some(v) if !v.starts_with("--") => it.next().unwrap_or_default(),
-            _ => "true".to_owned(),
-        };
-        out.insert(name.to_owned(), value);
-    }
-    out
-}
-
-fn num(args: &HashMap<String, String>, k: &str, default: u64) -> u64 {
-    args.get(k).map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| usage(&format!("--{k} {v} is not a whole number")))
-    })
+    redlock_tests::probe::fail("rw_fairness", USAGE, msg)
 }
 
 /// Milliseconds since the Unix epoch: the processes' common clock.
@@ -71,15 +47,15 @@ struct Row {
 }
 
 fn main() {
-    let args = args();
-    if args.contains_key("worker") {
+    let args = ProbeArgs::parse("rw_fairness", USAGE);
+    if args.has("worker") {
         worker(&args);
         return;
     }
-    let secs = num(&args, "secs", 25);
-    let writers = num(&args, "writers", 2);
-    let readers = num(&args, "readers", 4);
-    let stops = args.contains_key("stops");
+    let secs = args.num("secs", 25);
+    let writers = args.num("writers", 2);
+    let readers = args.num("readers", 4);
+    let stops = args.has("stops");
     let cluster = Cluster::start(3);
     let nodes = cluster.urls().join(",");
     let me = std::env::current_exe().unwrap_or_else(|e| usage(&format!("own path: {e}")));
@@ -201,20 +177,20 @@ fn report(rows: &[Row], secs: u64, stopped: usize) {
 /// One process: acquire its side, three 15 ms sections, release, until the
 /// time is up; prints `holds_ms=T,T,.. ran_out=N errors=N`, each T when a
 /// hold ended, in ms from `--start`.
-fn worker(args: &HashMap<String, String>) {
+fn worker(args: &ProbeArgs) {
     let nodes: Vec<String> = args
         .get("nodes")
         .unwrap_or_else(|| usage("--nodes is required"))
         .split(',')
         .map(str::to_owned)
         .collect();
-    let access = match args.get("worker").map(String::as_str) {
+    let access = match args.get("worker") {
         Some("write") => Access::Exclusive,
         Some("read") => Access::Shared,
         _ => usage("--worker is write or read"),
     };
-    let secs = num(args, "secs", 25);
-    let start_ms = num(args, "start", now_ms());
+    let secs = args.num("secs", 25);
+    let start_ms = args.num("start", now_ms());
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| usage(&format!("runtime: {e}")));
     rt.block_on(async move {
         let rl = Redlock::builder()
