@@ -108,3 +108,37 @@ pub fn assert_released(released: &redlock_core::Released, expected: usize) {
         released.report()
     );
 }
+
+/// A `tracing_subscriber` writer (`.with_writer({ let c = capture.clone();
+/// move || c.clone() })`) that keeps everything written, for a test to read.
+#[derive(Clone, Default, Debug)]
+pub struct LogCapture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// Forgets what was written so far.
+    pub fn clear(&self) {
+        self.bytes().clear();
+    }
+
+    fn bytes(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -9,35 +9,13 @@
 //! the same callsites from other threads at once can hide events from a
 //! thread-scoped subscriber.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlock_core::Redlock;
 use redlock_tests::Cluster;
+use redlock_tests::util::LogCapture as Capture;
 
 const PASSWORD: &str = "hunter2secret";
-
-/// A `MakeWriter` target that appends everything to a shared buffer.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn spans_are_named_and_the_password_is_never_logged() {

@@ -7,35 +7,8 @@
 //! caches each callsite's interest process-wide, so tests running beside it
 //! could hide events from a scoped one (see `core_tracing.rs`).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use redlock_tests::Cluster;
-
-/// A `MakeWriter` target that appends everything to a shared buffer.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    fn clear(&self) {
-        self.0.lock().unwrap().clear();
-    }
-}
+use redlock_tests::util::LogCapture as Capture;
 
 /// The lines of `log` at error level.
 fn errors(log: &str) -> Vec<&str> {

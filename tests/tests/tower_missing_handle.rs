@@ -5,30 +5,13 @@
 //! The test runs on a current-thread runtime so that the thread-local capturing
 //! subscriber sees everything the requests log.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
+use redlock_tests::util::LogCapture as Capture;
 use redlock_tower::RedlockLayer;
 use tower::ServiceExt;
-
-/// A `MakeWriter` target that appends everything to a shared buffer.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_missing_handle_answers_500_each_time_and_logs_one_error() {
@@ -55,7 +38,7 @@ async fn a_missing_handle_answers_500_each_time_and_logs_one_error() {
         assert_eq!(reply.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
-    let logged = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    let logged = capture.text();
     let errors: Vec<&str> = logged
         .lines()
         .filter(|l| l.contains("ERROR") && l.contains("no Redlock handle"))

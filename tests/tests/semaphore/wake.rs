@@ -2,8 +2,6 @@
 //! poll is 10 s away is served within moments of the release that frees it,
 //! and the same waiter with wake-ups off waits for its poll.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::instrument::WithSubscriber;
@@ -12,6 +10,7 @@ use redlock_core::{Access, Error, Lock, Redlock, RetryPolicy};
 use redlock_tests::{Cluster, timing};
 
 use super::{lock_calls, ms};
+use redlock_tests::util::LogCapture as Capture;
 
 /// The permits of the semaphores here: a permit's attempt runs one script on
 /// each node per permit slot.
@@ -47,21 +46,6 @@ fn waiters_flag(key: &str) -> String {
     format!("{tag}:redlock-waiters")
 }
 
-/// A `MakeWriter` target that keeps what the waiter logged.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// When a waiter began and was served, when the last release began, and the
 /// waiter's debug log (its attempts and wake-ups), shown when a test fails.
 struct Served {
@@ -85,7 +69,7 @@ impl Served {
 
     /// What the waiter logged.
     fn log(&self) -> String {
-        String::from_utf8_lossy(&self.log.0.lock().unwrap()).into_owned()
+        self.log.text()
     }
 }
 
