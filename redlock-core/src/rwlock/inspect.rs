@@ -1,7 +1,9 @@
 //! An operator's look at a read/write lock ([`Redlock::inspect_rw`]): on
 //! each node, in one script so the parts agree, the writer key (as
 //! [`Redlock::inspect`] reads a mutex's), how many readers hold a share and
-//! the longest share's PTTL, and a waiting writer's intent. Reads only.
+//! the longest share's PTTL, a waiting writer's intent, and the turns
+//! (issue 48): the readers owed or marked behind a writer, and an open read
+//! phase. Reads only.
 
 use std::time::Duration;
 
@@ -16,8 +18,10 @@ use crate::protocol::redlock::Core;
 /// One node's view of a read/write lock: the writer key (`KEYS[1]`) and its
 /// fence counter (`KEYS[2]`) as `inspect`'s script reads them, the intent's
 /// PTTL (`KEYS[3]`), and the live readers listed in the index (`KEYS[4]`)
-/// with the longest PTTL among them (-1: one has no expiry). Reader keys
-/// are in the writer key's slot (`slots`).
+/// with the longest PTTL among them (-1: one has no expiry), then the turns:
+/// how many readers the waiting hash (`KEYS[5]`) marks, and how many the
+/// read phase (`KEYS[6]`) still admits with its PTTL. Reader keys are in the
+/// writer key's slot (`slots`).
 const READ_RW_LUA: &str = r"
 local t = redis.call('TYPE', KEYS[1])
 t = t['ok'] or t
@@ -40,7 +44,13 @@ if (it['ok'] or it) == 'set' then
     end
   end
 end
-return {t, v, redis.call('PTTL', KEYS[1]), c, redis.call('PTTL', KEYS[3]), readers, longest}
+local function count(k)
+  local kt = redis.call('TYPE', k)
+  if (kt['ok'] or kt) == 'hash' then return redis.call('HLEN', k) end
+  return 0
+end
+return {t, v, redis.call('PTTL', KEYS[1]), c, redis.call('PTTL', KEYS[3]), readers, longest,
+  count(KEYS[5]), count(KEYS[6]), redis.call('PTTL', KEYS[6])}
 ";
 
 /// What one node holds for a read/write lock.
@@ -58,6 +68,16 @@ pub struct RwState {
     /// The PTTL of a refused writer's intent, which keeps new readers out
     /// ([`Duration::MAX`] without expiry); `None` when no writer waits here.
     pub intent_pttl: Option<Duration>,
+    /// How many refused readers that will try again are marked here: owed
+    /// the next read phase, or waiting behind the writer whose intent
+    /// refused them.
+    pub readers_waiting: usize,
+    /// How many readers the open read phase still admits (those that have
+    /// not held yet); 0 when no phase is open.
+    pub phase_readers: usize,
+    /// The open read phase's PTTL (no writer is admitted while it is open);
+    /// `None` when no phase is open.
+    pub phase_pttl: Option<Duration>,
 }
 
 /// The inspection's verdict on a read/write lock.
@@ -111,6 +131,9 @@ pub struct RwInspection {
     /// How many nodes hold a waiting writer's intent (new readers are
     /// refused there).
     pub writer_waiting: usize,
+    /// How many nodes have a read phase open (writers are refused there
+    /// until the readers it admits have held, or it expires).
+    pub read_phase_open: usize,
     /// The verdict.
     pub verdict: RwVerdict,
 }
@@ -122,15 +145,21 @@ impl Core {
         let names = Names::new(self.key_for(resource));
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(READ_RW_LUA)
-            .arg(4)
+            .arg(6)
             .arg(names.writer.as_bytes())
             .arg(fence_key(&names.writer))
             .arg(names.intent.as_bytes())
-            .arg(names.index.as_bytes());
+            .arg(names.index.as_bytes())
+            .arg(names.waiting.as_bytes())
+            .arg(names.phase.as_bytes());
         let nodes = self.read_nodes(&cmd, parse_rw).await;
         let writer_waiting = nodes
             .iter()
             .filter(|v| v.state.as_ref().is_ok_and(|s| s.intent_pttl.is_some()))
+            .count();
+        let read_phase_open = nodes
+            .iter()
+            .filter(|v| v.state.as_ref().is_ok_and(|s| s.phase_pttl.is_some()))
             .count();
         let verdict = judge_rw(&nodes, self.inner.quorum);
         Ok(RwInspection {
@@ -139,6 +168,7 @@ impl Core {
             quorum: self.inner.quorum,
             nodes,
             writer_waiting,
+            read_phase_open,
             verdict,
         })
     }
@@ -160,18 +190,34 @@ fn parse_rw(v: Value) -> Option<RwState> {
         return None;
     };
     let writer = parse_key_state(&items)?;
-    let [_, _, _, _, intent, readers, longest] = items.as_slice() else {
+    let [
+        _,
+        _,
+        _,
+        _,
+        intent,
+        readers,
+        longest,
+        waiting,
+        phase,
+        phase_pttl,
+    ] = items.as_slice()
+    else {
         return None;
     };
-    let Value::Int(readers) = readers else {
-        return None;
+    let count = |v: &Value| match v {
+        Value::Int(n) => usize::try_from(*n).ok(),
+        _ => None,
     };
-    let readers = usize::try_from(*readers).ok()?;
+    let readers = count(readers)?;
     Some(RwState {
         writer,
         readers,
         readers_pttl: pttl(longest)?.filter(|_| readers > 0),
         intent_pttl: pttl(intent)?,
+        readers_waiting: count(waiting)?,
+        phase_readers: count(phase)?,
+        phase_pttl: pttl(phase_pttl)?,
     })
 }
 
@@ -248,6 +294,9 @@ mod tests {
                 readers,
                 readers_pttl: (readers > 0).then_some(Duration::from_millis(900)),
                 intent_pttl: None,
+                readers_waiting: 0,
+                phase_readers: 0,
+                phase_pttl: None,
             }),
         }
     }
@@ -257,6 +306,39 @@ mod tests {
             node: "n".into(),
             state: Err(NodeError::Timeout(Duration::from_millis(50))),
         }
+    }
+
+    /// The turns' fields: marked readers, an open phase's readers and PTTL,
+    /// and no phase (-2).
+    #[test]
+    fn parses_the_turns() {
+        let reply = |phase: i64, phase_pttl: i64| {
+            Value::Array(vec![
+                Value::SimpleString("none".into()),
+                Value::Nil,
+                Value::Int(-2),
+                Value::Nil,
+                Value::Int(700),
+                Value::Int(0),
+                Value::Int(-2),
+                Value::Int(3),
+                Value::Int(phase),
+                Value::Int(phase_pttl),
+            ])
+        };
+        let s = parse_rw(reply(2, 450)).unwrap();
+        assert_eq!(s.readers_waiting, 3);
+        assert_eq!(s.phase_readers, 2);
+        assert_eq!(s.phase_pttl, Some(Duration::from_millis(450)));
+        assert_eq!(s.intent_pttl, Some(Duration::from_millis(700)));
+        let s = parse_rw(reply(0, -2)).unwrap();
+        assert_eq!((s.phase_readers, s.phase_pttl), (0, None));
+        // A reply of the old, shorter shape is refused, not misread.
+        let Value::Array(mut short) = reply(0, -2) else {
+            unreachable!()
+        };
+        short.truncate(7);
+        assert_eq!(parse_rw(Value::Array(short)), None);
     }
 
     #[test]

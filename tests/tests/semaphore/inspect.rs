@@ -203,3 +203,78 @@ async fn inspecting_a_rw_lock_shows_readers_a_waiting_writer_and_the_writer() {
     };
     assert_eq!(seen.verdict, RwVerdict::Free, "{seen:?}");
 }
+
+/// The turns in sight: a reader a writer refused, waiting to try again, is
+/// marked on every node it reached (owed the next read phase); once it has
+/// held, its mark and its place in the read phase are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspecting_a_rw_lock_shows_the_readers_a_writer_keeps_waiting() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    let ttl = Duration::from_secs(20);
+    let writer = rl
+        .rw_lock("insp:turns", Access::Exclusive)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
+    let bound = timing::liveness(timing::PATIENT_NODE_TIMEOUT * 2);
+    // Polls the inspection until `done` holds on it or `bound` passes;
+    // returns the last one.
+    let inspect_until = |done: fn(&redlock_core::RwInspection) -> bool| {
+        let rl = rl.clone();
+        async move {
+            let began = std::time::Instant::now();
+            loop {
+                let seen = rl.inspect_rw("insp:turns").await.unwrap();
+                if done(&seen) || began.elapsed() > bound {
+                    return seen;
+                }
+                tokio::time::sleep(ms(20)).await;
+            }
+        }
+    };
+    let seen = inspect_until(|s| matches!(s.verdict, RwVerdict::Written { nodes: 3, .. })).await;
+    assert!(
+        matches!(seen.verdict, RwVerdict::Written { nodes: 3, .. }),
+        "{seen:?}"
+    );
+    let reader = tokio::spawn({
+        let rl = rl.clone();
+        async move {
+            // Far from both bounds: it waits for the writer's release.
+            let retry = redlock_core::RetryPolicy::deadline(Duration::from_secs(60))
+                .with_delay(Duration::from_secs(30));
+            rl.rw_lock("insp:turns", Access::Shared)
+                .acquire_with(ttl, &retry)
+                .await
+        }
+    });
+    let marked = |s: &redlock_core::RwInspection| {
+        s.nodes
+            .iter()
+            .all(|n| n.state.as_ref().is_ok_and(|s| s.readers_waiting == 1))
+    };
+    let seen = inspect_until(marked).await;
+    assert!(
+        marked(&seen),
+        "the waiting reader is not marked everywhere: {seen:?}"
+    );
+    assert_eq!(seen.read_phase_open, 0, "{seen:?}");
+    assert!(!reader.is_finished(), "the reader held beside the writer");
+    rl.unlock(writer).await.unwrap();
+    let shared = reader.await.unwrap().unwrap();
+    let cleared = |s: &redlock_core::RwInspection| {
+        s.read_phase_open == 0
+            && s.nodes.iter().all(|n| {
+                n.state
+                    .as_ref()
+                    .is_ok_and(|s| s.readers_waiting == 0 && s.phase_readers == 0)
+            })
+    };
+    let seen = inspect_until(cleared).await;
+    assert!(
+        cleared(&seen),
+        "the held reader's turn is still listed: {seen:?}"
+    );
+    rl.unlock(shared).await.unwrap();
+}

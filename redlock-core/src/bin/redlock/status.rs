@@ -282,6 +282,9 @@ fn rw_out(seen: &RwInspection, json: bool) -> String {
                     "readers": s.readers,
                     "readers_pttl_ms": ms(s.readers_pttl),
                     "intent_pttl_ms": ms(s.intent_pttl),
+                    "readers_waiting": s.readers_waiting,
+                    "phase_readers": s.phase_readers,
+                    "phase_pttl_ms": ms(s.phase_pttl),
                 }),
                 Err(e) => json!({"node": &*n.node, "error": e.to_string()}),
             })
@@ -292,6 +295,7 @@ fn rw_out(seen: &RwInspection, json: bool) -> String {
             "quorum": seen.quorum,
             "verdict": rw_verdict_json(&seen.verdict),
             "writer_waiting": seen.writer_waiting,
+            "read_phase_open": seen.read_phase_open,
             "nodes": nodes,
         });
         return format!("{out}\n");
@@ -309,6 +313,12 @@ fn rw_out(seen: &RwInspection, json: bool) -> String {
             seen.writer_waiting
         ));
     }
+    if seen.read_phase_open > 0 {
+        out.push_str(&format!(
+            "; a read phase is open on {} node(s)",
+            seen.read_phase_open
+        ));
+    }
     out.push('\n');
     let width = seen
         .nodes
@@ -318,13 +328,21 @@ fn rw_out(seen: &RwInspection, json: bool) -> String {
         .unwrap_or(4)
         .max(4);
     out.push_str(&format!(
-        "{:<width$}  {:<16}  {:>10}  {:>7}  {:>10}  {:>10}  {:>8}\n",
-        "NODE", "WRITER", "PTTL_MS", "READERS", "READ_MS", "INTENT_MS", "FENCE"
+        "{:<width$}  {:<16}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}  {:>10}  {:>8}\n",
+        "NODE",
+        "WRITER",
+        "PTTL_MS",
+        "READERS",
+        "READ_MS",
+        "INTENT_MS",
+        "WAITING",
+        "PHASE_MS",
+        "FENCE"
     ));
     for n in &seen.nodes {
         match &n.state {
             Ok(s) => out.push_str(&format!(
-                "{:<width$}  {:<16}  {:>10}  {:>7}  {:>10}  {:>10}  {:>8}\n",
+                "{:<width$}  {:<16}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}  {:>10}  {:>8}\n",
                 n.node,
                 s.writer
                     .holder
@@ -335,6 +353,8 @@ fn rw_out(seen: &RwInspection, json: bool) -> String {
                 s.readers,
                 dash(ms(s.readers_pttl)),
                 dash(ms(s.intent_pttl)),
+                s.readers_waiting,
+                dash(ms(s.phase_pttl)),
                 dash(s.writer.fencing_counter),
             )),
             Err(e) => out.push_str(&format!("{:<width$}  error: {e}\n", n.node)),
