@@ -18,7 +18,7 @@
 //! before the next writer, and readers that came after a waiting writer
 //! (behind its intent) go after it. A writer that holds runs
 //! [`WRITER_HELD_LUA`] on every node (the readers marked there waited
-//! through its phase: all owed now); a waiting reader that holds runs
+//! through its phase: all owed now); a waiting reader that holds or gives up runs
 //! [`READER_HELD_LUA`] (its marks and its place in the phase go, and the
 //! phase ends once every reader it admits has held, else at its expiry).
 //!
@@ -198,10 +198,10 @@ end
 return 1
 "#;
 
-/// A reader that waited holds (its quorum): `KEYS` = waiting readers, read
-/// phase; `ARGV` = the reader's id. Its mark and its place in the read phase
-/// go: the phase ends once every reader it admits has held, instead of at
-/// its expiry. Not in the acquire's OK either: an attempt admitted here and
+/// A reader that waited holds (its quorum), or gives up: `KEYS` = waiting
+/// readers, read phase; `ARGV` = the reader's id. Its mark and its place in
+/// the read phase go: the phase ends once every reader it admits has held
+/// or gone, instead of at its expiry. Not in the acquire's OK either: an attempt admitted here and
 /// refused elsewhere keeps its place for the next one.
 pub(crate) const READER_HELD_LUA: &str = r#"
 redis.call('HDEL', KEYS[1], ARGV[1])

@@ -202,10 +202,13 @@ impl Core {
                         },
                     )
                     .await;
-                // A reader that waited holds: its marks and its place in a
-                // read phase go (the phase may end now), in the background;
-                // else they expire.
-                if result.is_ok() && refused.load(Ordering::Relaxed) {
+                // A reader that waited holds or gives up: its marks and its
+                // place in a read phase go (the phase may end now), in the
+                // background; lost, they expire. Left behind by a reader
+                // that gave up, a mark opened a read phase for nobody, and
+                // writers were refused for its whole window.
+                // (An attempt refused leaves a mark, so one that failed did.)
+                if !mark.is_zero() && (result.is_err() || refused.load(Ordering::Relaxed)) {
                     self.spawn_on_every_node(Call::reader_held(&names.keys(), &reader_id));
                 }
                 result

@@ -21,7 +21,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Access, Error, FencingMode, Kind, LockOptions, Primitive, Redlock};
+use redlock_core::{
+    Access, Error, FencingMode, Kind, LockOptions, Primitive, Redlock, RetryPolicy,
+};
 use redlock_tests::{Cluster, timing};
 
 use super::without_expiry;
@@ -277,7 +279,12 @@ pub(super) fn judge(case: &str, shape: Shape, fencing: Option<FencingMode>, sect
 async fn run_cases(fencing: Option<FencingMode>, tag: &str) {
     let cluster = Cluster::start(3);
     let rl = handle(&cluster, fencing);
-    let options = LockOptions::new(TTL).fence_retention(Duration::from_secs(600));
+    // Every contender must hold every round: each waits as long as the
+    // settings under test may make it (the default policy's 1.5 s ran out on
+    // a loaded machine), not the default.
+    let options = LockOptions::new(TTL)
+        .fence_retention(Duration::from_secs(600))
+        .retry(RetryPolicy::deadline(timing::liveness(TTL)));
     let mut cases = Vec::new();
     for shape in SHAPES {
         for ending in ENDINGS {

@@ -278,3 +278,72 @@ async fn inspecting_a_rw_lock_shows_the_readers_a_writer_keeps_waiting() {
     );
     rl.unlock(shared).await.unwrap();
 }
+
+/// A reader that gives up waiting leaves no mark: otherwise the writer's
+/// release opened a read phase for nobody, and the next writer was refused
+/// for the phase's whole window (seen as a `Busy` of a writer in the
+/// combination matrix on a loaded machine). Its mark would have outlived
+/// the bound below (a 30 s delay keeps it for more than 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_gives_up_leaves_no_turn_behind() {
+    let cluster = Cluster::start(3);
+    let rl = redlock(&cluster);
+    let ttl = Duration::from_secs(20);
+    let writer = rl
+        .rw_lock("insp:gave-up", Access::Exclusive)
+        .try_acquire(ttl)
+        .await
+        .unwrap();
+    let bound = timing::settled();
+    let inspect_until = |done: fn(&redlock_core::RwInspection) -> bool| {
+        let rl = rl.clone();
+        async move {
+            let began = std::time::Instant::now();
+            loop {
+                let seen = rl.inspect_rw("insp:gave-up").await.unwrap();
+                if done(&seen) || began.elapsed() > bound {
+                    return seen;
+                }
+                tokio::time::sleep(ms(20)).await;
+            }
+        }
+    };
+    let seen = inspect_until(|s| matches!(s.verdict, RwVerdict::Written { nodes: 3, .. })).await;
+    assert!(
+        matches!(seen.verdict, RwVerdict::Written { nodes: 3, .. }),
+        "{seen:?}"
+    );
+    // Two attempts: refused (marked), then given up at its deadline.
+    let gave_up = rl
+        .rw_lock("insp:gave-up", Access::Shared)
+        .acquire_with(
+            ttl,
+            &redlock_core::RetryPolicy::deadline(ms(300)).with_delay(Duration::from_secs(30)),
+        )
+        .await;
+    assert!(
+        matches!(gave_up, Err(redlock_core::Error::Busy { .. })),
+        "{gave_up:?}"
+    );
+    let unmarked = |s: &redlock_core::RwInspection| {
+        s.nodes
+            .iter()
+            .all(|n| n.state.as_ref().is_ok_and(|s| s.readers_waiting == 0))
+    };
+    let seen = inspect_until(unmarked).await;
+    assert!(
+        unmarked(&seen),
+        "the reader that gave up is still marked: {seen:?}"
+    );
+    rl.unlock(writer).await.unwrap();
+    // No reader waits: the next writer is not held back by a read phase.
+    let next = rl
+        .rw_lock("insp:gave-up", Access::Exclusive)
+        .try_acquire(ttl)
+        .await;
+    assert!(
+        next.is_ok(),
+        "a read phase for nobody refused the writer: {next:?}"
+    );
+    rl.unlock(next.unwrap()).await.unwrap();
+}
