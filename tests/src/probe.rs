@@ -50,6 +50,15 @@ impl ProbeArgs {
         self.values.contains_key(k)
     }
 
+    /// A worker's `--nodes` (comma-separated URLs); exits with 2 without it.
+    pub fn nodes(&self) -> Vec<String> {
+        self.get("nodes")
+            .unwrap_or_else(|| self.fail("--nodes is required"))
+            .split(',')
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// `--k` as a whole number, `default` when not given.
     pub fn num(&self, k: &str, default: u64) -> u64 {
         self.get(k).map_or(default, |v| {
@@ -66,3 +75,18 @@ pub fn fail(program: &str, usage: &str, msg: &str) -> ! {
     eprintln!("usage: {usage}");
     std::process::exit(2)
 }
+
+/// How every probe's worker waits (issue 48's runs): a 10 s deadline, a
+/// 100 ms delay and 100 ms of jitter; each hold is three 15 ms sections
+/// under a 1 s TTL ([`HOLD_TTL`], [`SECTION`]).
+pub fn wait_policy() -> redlock_core::RetryPolicy {
+    redlock_core::RetryPolicy::deadline(std::time::Duration::from_secs(10))
+        .with_delay(std::time::Duration::from_millis(100))
+        .with_jitter(std::time::Duration::from_millis(100))
+}
+
+/// The lock TTL of every probe's holds.
+pub const HOLD_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One of the three sections of every probe's hold.
+pub const SECTION: std::time::Duration = std::time::Duration::from_millis(15);

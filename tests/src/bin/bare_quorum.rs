@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::Redlock;
 use redlock_tests::Cluster;
 use redlock_tests::probe::ProbeArgs;
 use tracing::field::{Field, Visit};
@@ -199,12 +199,7 @@ impl<S: tracing::Subscriber> Layer<S> for SplitVotes {
 /// up; prints a `hold from=.. to=..` line per hold (wall-clock µs) and
 /// `done holds=N split=N ran_out=N errors=N`.
 fn worker(args: &ProbeArgs) {
-    let nodes: Vec<String> = args
-        .get("nodes")
-        .unwrap_or_else(|| usage("--nodes is required"))
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let nodes = args.nodes();
     let secs = args.num("secs", 10);
     let wake = args.get("wake") != Some("off");
     let split = Arc::new(AtomicU64::new(0));
@@ -224,10 +219,8 @@ fn worker(args: &ProbeArgs) {
             .wake_on_release(wake)
             .build()
             .unwrap_or_else(|e| usage(&format!("handle: {e}")));
-        let retry = RetryPolicy::deadline(Duration::from_secs(10))
-            .with_delay(Duration::from_millis(100))
-            .with_jitter(Duration::from_millis(100));
-        let ttl = Duration::from_secs(1);
+        let retry = redlock_tests::probe::wait_policy();
+        let ttl = redlock_tests::probe::HOLD_TTL;
         let until = Instant::now() + Duration::from_secs(secs);
         let (mut holds, mut ran_out, mut errors) = (0u64, 0u64, 0u64);
         // Bounded: each wait ends by its 10 s deadline.
@@ -236,7 +229,7 @@ fn worker(args: &ProbeArgs) {
                 Ok(lock) => {
                     let from = now_us();
                     for _ in 0..3 {
-                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        tokio::time::sleep(redlock_tests::probe::SECTION).await;
                     }
                     let to = now_us();
                     let _ = rl.unlock(lock).await;

@@ -18,7 +18,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redlock_core::{Redlock, RetryPolicy};
+use redlock_core::Redlock;
 use redlock_tests::Cluster;
 use redlock_tests::probe::ProbeArgs;
 
@@ -125,12 +125,7 @@ fn main() {
 /// One process: acquire, three 15 ms sections, release, until the time is
 /// up; prints `holds=N ran_out=N errors=N`.
 fn worker(args: &ProbeArgs) {
-    let nodes: Vec<String> = args
-        .get("nodes")
-        .unwrap_or_else(|| usage("--nodes is required"))
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let nodes = args.nodes();
     let permits = u32::try_from(args.num("permits", 2)).unwrap_or(2);
     let secs = args.num("secs", 25);
     let mutex = args.get("kind").is_none_or(|k| k == "mutex");
@@ -140,10 +135,8 @@ fn worker(args: &ProbeArgs) {
             .urls(nodes)
             .build()
             .unwrap_or_else(|e| usage(&format!("handle: {e}")));
-        let retry = RetryPolicy::deadline(Duration::from_secs(10))
-            .with_delay(Duration::from_millis(100))
-            .with_jitter(Duration::from_millis(100));
-        let ttl = Duration::from_secs(1);
+        let retry = redlock_tests::probe::wait_policy();
+        let ttl = redlock_tests::probe::HOLD_TTL;
         let until = Instant::now() + Duration::from_secs(secs);
         let (mut holds, mut ran_out, mut errors) = (0u64, 0u64, 0u64);
         // Bounded: each wait ends by its 10 s deadline.
@@ -159,7 +152,7 @@ fn worker(args: &ProbeArgs) {
             match primitive.acquire_with(ttl, &retry).await {
                 Ok(lock) => {
                     for _ in 0..3 {
-                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        tokio::time::sleep(redlock_tests::probe::SECTION).await;
                     }
                     let _ = rl.unlock(lock).await;
                     holds += 1;

@@ -17,7 +17,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redlock_core::{Access, Redlock, RetryPolicy};
+use redlock_core::{Access, Redlock};
 use redlock_tests::Cluster;
 use redlock_tests::probe::ProbeArgs;
 
@@ -178,12 +178,7 @@ fn report(rows: &[Row], secs: u64, stopped: usize) {
 /// time is up; prints `holds_ms=T,T,.. ran_out=N errors=N`, each T when a
 /// hold ended, in ms from `--start`.
 fn worker(args: &ProbeArgs) {
-    let nodes: Vec<String> = args
-        .get("nodes")
-        .unwrap_or_else(|| usage("--nodes is required"))
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let nodes = args.nodes();
     let access = match args.get("worker") {
         Some("write") => Access::Exclusive,
         Some("read") => Access::Shared,
@@ -197,10 +192,8 @@ fn worker(args: &ProbeArgs) {
             .urls(nodes)
             .build()
             .unwrap_or_else(|e| usage(&format!("handle: {e}")));
-        let retry = RetryPolicy::deadline(Duration::from_secs(10))
-            .with_delay(Duration::from_millis(100))
-            .with_jitter(Duration::from_millis(100));
-        let ttl = Duration::from_secs(1);
+        let retry = redlock_tests::probe::wait_policy();
+        let ttl = redlock_tests::probe::HOLD_TTL;
         let until = start_ms + secs * 1000;
         let (mut holds, mut ran_out, mut errors) = (Vec::new(), 0u64, 0u64);
         // Bounded: each wait ends by its 10 s deadline.
@@ -212,7 +205,7 @@ fn worker(args: &ProbeArgs) {
             {
                 Ok(lock) => {
                     for _ in 0..3 {
-                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        tokio::time::sleep(redlock_tests::probe::SECTION).await;
                     }
                     let _ = rl.unlock(lock).await;
                     if now_ms() <= until {

@@ -3,10 +3,29 @@
 
 use std::time::Duration;
 
-use redlock_core::{Access, PermitsVerdict, RwVerdict, Verdict, token_fingerprint};
+use redlock_core::{
+    Access, PermitsVerdict, Redlock, RwInspection, RwVerdict, Verdict, token_fingerprint,
+};
 use redlock_tests::{Cluster, timing};
 
 use super::{ms, redlock};
+
+/// Polls `inspect_rw(resource)` until `done` holds on it, or a read of node
+/// state may take ([`timing::settled`]); returns the last inspection.
+async fn inspect_rw_until(
+    rl: &Redlock,
+    resource: &str,
+    done: fn(&RwInspection) -> bool,
+) -> RwInspection {
+    let began = std::time::Instant::now();
+    loop {
+        let seen = rl.inspect_rw(resource).await.unwrap();
+        if done(&seen) || began.elapsed() > timing::settled() {
+            return seen;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+}
 
 fn counted(held: u32, free: u32) -> impl Fn(&PermitsVerdict) -> bool {
     move |v| v.held == held && v.free == free && v.unclear == 0
@@ -217,22 +236,7 @@ async fn inspecting_a_rw_lock_shows_the_readers_a_writer_keeps_waiting() {
         .try_acquire(ttl)
         .await
         .unwrap();
-    let bound = timing::liveness(timing::PATIENT_NODE_TIMEOUT * 2);
-    // Polls the inspection until `done` holds on it or `bound` passes;
-    // returns the last one.
-    let inspect_until = |done: fn(&redlock_core::RwInspection) -> bool| {
-        let rl = rl.clone();
-        async move {
-            let began = std::time::Instant::now();
-            loop {
-                let seen = rl.inspect_rw("insp:turns").await.unwrap();
-                if done(&seen) || began.elapsed() > bound {
-                    return seen;
-                }
-                tokio::time::sleep(ms(20)).await;
-            }
-        }
-    };
+    let inspect_until = |done| inspect_rw_until(&rl, "insp:turns", done);
     let seen = inspect_until(|s| matches!(s.verdict, RwVerdict::Written { nodes: 3, .. })).await;
     assert!(
         matches!(seen.verdict, RwVerdict::Written { nodes: 3, .. }),
@@ -294,20 +298,7 @@ async fn a_reader_that_gives_up_leaves_no_turn_behind() {
         .try_acquire(ttl)
         .await
         .unwrap();
-    let bound = timing::settled();
-    let inspect_until = |done: fn(&redlock_core::RwInspection) -> bool| {
-        let rl = rl.clone();
-        async move {
-            let began = std::time::Instant::now();
-            loop {
-                let seen = rl.inspect_rw("insp:gave-up").await.unwrap();
-                if done(&seen) || began.elapsed() > bound {
-                    return seen;
-                }
-                tokio::time::sleep(ms(20)).await;
-            }
-        }
-    };
+    let inspect_until = |done| inspect_rw_until(&rl, "insp:gave-up", done);
     let seen = inspect_until(|s| matches!(s.verdict, RwVerdict::Written { nodes: 3, .. })).await;
     assert!(
         matches!(seen.verdict, RwVerdict::Written { nodes: 3, .. }),
