@@ -38,7 +38,9 @@ use connection::Connections;
 pub(crate) use connection::ensure_crypto_provider;
 #[cfg(feature = "tls")]
 pub(crate) use from_url::{invalid_url, pool_from_info};
-pub(crate) use parse::{AcquireReply, parse_acquire, parse_acquire_many, parse_flag};
+pub(crate) use parse::{
+    AcquireReply, ReleaseReply, parse_acquire, parse_acquire_many, parse_flag, parse_release,
+};
 #[cfg(feature = "idempotency")]
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 pub(crate) use scripts::Shape;

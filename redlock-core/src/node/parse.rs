@@ -204,7 +204,41 @@ fn parse_time_us(v: Value) -> Result<u64, NodeError> {
         .ok_or_else(|| bad_read("TIME", &v))
 }
 
-/// The extend and release scripts answer 1 (done) or 0 (token not there).
+/// One node's answer to a release (`RELEASE_LUA` and its forms, the
+/// quiet and multi-key releases, a native compare-and-delete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseReply {
+    /// The key did not hold the token (expired, or never set there).
+    NotHeld,
+    /// The key was deleted; `heard`: how many subscribers of the resource's
+    /// channel the announcement reached on this node (0 when nothing was
+    /// announced: no waiters flag, a script that does not count, or a
+    /// `PUBLISH` refused).
+    Deleted { heard: u64 },
+}
+
+impl ReleaseReply {
+    /// Whether the node deleted the key.
+    pub(crate) fn deleted(self) -> bool {
+        matches!(self, Self::Deleted { .. })
+    }
+}
+
+/// A release's answer: 0 (token not there), else 1 plus the number of
+/// subscribers its announcement reached (`RELEASE_LUA`); the scripts that do
+/// not count answer 1.
+pub(crate) fn parse_release(v: Value) -> Result<ReleaseReply, NodeError> {
+    match v {
+        Value::Int(0) => Ok(ReleaseReply::NotHeld),
+        Value::Int(n) if n >= 1 => Ok(ReleaseReply::Deleted {
+            heard: n.abs_diff(1),
+        }),
+        other => Err(NodeError::Protocol(format!("release reply {other:?}"))),
+    }
+}
+
+/// The extend scripts (and the fence's) answer 1 (done) or 0 (token not
+/// there).
 pub(crate) fn parse_flag(v: Value) -> Result<bool, NodeError> {
     match v {
         Value::Int(1) => Ok(true),
@@ -216,6 +250,35 @@ pub(crate) fn parse_flag(v: Value) -> Result<bool, NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_answer_counts_who_heard_it() {
+        assert_eq!(parse_release(Value::Int(0)), Ok(ReleaseReply::NotHeld));
+        assert_eq!(
+            parse_release(Value::Int(1)),
+            Ok(ReleaseReply::Deleted { heard: 0 })
+        );
+        assert_eq!(
+            parse_release(Value::Int(4)),
+            Ok(ReleaseReply::Deleted { heard: 3 })
+        );
+        assert_eq!(
+            parse_release(Value::Int(i64::MAX)),
+            Ok(ReleaseReply::Deleted {
+                heard: i64::MAX.unsigned_abs() - 1
+            })
+        );
+        for bad in [
+            Value::Int(-1),
+            Value::Int(i64::MIN),
+            Value::Okay,
+            Value::Nil,
+        ] {
+            assert!(parse_release(bad).is_err());
+        }
+        // Extend still answers 1 or 0 only.
+        assert!(parse_flag(Value::Int(2)).is_err());
+    }
 
     #[test]
     fn parses_busy_and_foreign_types() {

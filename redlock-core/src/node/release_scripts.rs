@@ -38,6 +38,12 @@ use super::lua::{LuaScript, keys_cmds};
 /// otherwise keep the index on the node until it expires (as long as the
 /// longest reader it listed could). The test is on
 /// the key's text, so a lock's release runs no more commands than before.
+///
+/// It answers 0 when the key did not hold the token, else 1 plus what the
+/// `PUBLISH` answered, the number of connections subscribed to the channel
+/// (0 when nothing was announced or the `pcall` failed): the releaser learns
+/// whether its release woke waiters other than its own handle's, and then
+/// leaves them the next turn (`wait/handoff.rs`, issue 48).
 pub(crate) const RELEASE_LUA: &str = release_lua!("PUBLISH", "'redlock:released:0:'");
 
 /// The release script's text: `$publish` announces the delete on the
@@ -61,11 +67,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   if redis.call('DEL', KEYS[1], t .. '"#,
             waiters_suffix!(),
             r#"') > 1 then
-    redis.pcall('"#,
+    local n = redis.pcall('"#,
             $publish,
             "', ",
             $prefix,
             r#" .. t, '1')
+    if type(n) == 'number' then return 1 + n end
   end
   return 1
 end
@@ -90,17 +97,18 @@ const SHARD_RELEASE_LUA: &str = release_lua!("SPUBLISH", "'redlock:released:0:'"
 
 /// The release for a user whose ACL refuses the waiters flag's key
 /// (`ERR` from [`RELEASE_LUA`]): the key alone, every delete announced on
-/// the channel `ARGV[2]`, as before waiters set flags; `$publish` as in
-/// [`release_lua`].
+/// the channel `ARGV[2]`, as before waiters set flags; `$publish` and the
+/// answer as in [`release_lua`].
 macro_rules! release_unflagged_lua {
     ($publish:literal) => {
         concat!(
             r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.pcall('"#,
+  local n = redis.pcall('"#,
             $publish,
             r#"', ARGV[2], '1')
+  if type(n) == 'number' then return 1 + n end
   return 1
 end
 return 0

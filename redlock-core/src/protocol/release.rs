@@ -7,13 +7,14 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures_util::StreamExt;
 use tracing::Instrument;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
 use crate::keys::Keys;
-use crate::node::{Call, RELEASE_QUIET, parse_flag};
+use crate::node::{Call, RELEASE_QUIET, ReleaseReply, parse_release};
 use crate::protocol::fan_out::{Fan, Settled, ready_now, send_now};
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
@@ -126,10 +127,10 @@ impl Core {
         });
         let mut pending = self.fan_out(
             &call,
-            parse_flag,
+            parse_release,
             (0..self.inner.nodes.len()).filter(|&i| !skip(i)),
         );
-        let mut settled = self.settle(&mut pending, |_| false).await;
+        let mut settled = deleted_or_not(self.settle(&mut pending, |_| false).await);
         for s in settled.iter_mut().flatten() {
             // A foreign non-string value at the key is not ours to delete.
             if matches!(s.result, Err(NodeError::WrongType { .. })) {
@@ -175,12 +176,12 @@ impl Core {
     /// Each answer is also told to the lock's late answers (`late`).
     fn finish_release<F>(&self, mut pending: Fan<F>, key: &Arc<str>, late: Option<Arc<Late>>)
     where
-        F: Future<Output = Settled<bool>> + Send + 'static,
+        F: Future<Output = Settled<ReleaseReply>> + Send + 'static,
     {
         let (label, this) = (Arc::clone(key), self.clone());
-        let log = move |s: Settled<bool>| {
+        let log = move |s: Settled<ReleaseReply>| {
             if let Some(late) = &late {
-                late.release_answered(s.index, matches!(s.result, Ok(true)));
+                late.release_answered(s.index, matches!(s.result, Ok(r) if r.deleted()));
             }
             if let Err(e) = &s.result {
                 tracing::debug!(key = %label, node = %this.inner.nodes[s.index].label, error = %e, "late release failed; the key expires with its TTL");
@@ -221,11 +222,19 @@ impl Core {
         let call = Arc::new(Call::release_keys(lock.key_set(), Arc::clone(&lock.token)));
         let (n, q) = (self.inner.nodes.len(), self.inner.quorum);
         let (mut answered, mut failed) = (0, 0);
-        let mut pending = self.fan_out(&call, parse_flag, 0..n);
+        let waiting = &self.inner.waiting;
+        // Before the release can be announced: on which nodes this handle
+        // hears it itself.
+        let own = waiting.release_sent(&lock.key);
+        let mut pending = self.fan_out(&call, parse_release, 0..n);
         // Once the compare-and-deletes are on the connections, the next local
-        // waiter may attempt: its `SET`s run after them on every node.
+        // waiter may attempt: its `SET`s run after them on every node. Not
+        // while the resource is contended across handles: that waiter would
+        // attempt before this release's hand-off window (`wait/handoff.rs`).
         let first = send_now(&mut pending).await;
-        self.inner.waiting.queues.hand_over(&lock.key, &lock.token);
+        if !waiting.handoffs.contended(&lock.key, Instant::now()) {
+            waiting.queues.hand_over(&lock.key, &lock.token);
+        }
         let settled = self
             .settle_after(first, &mut pending, |s| {
                 match s.result {
@@ -236,6 +245,8 @@ impl Core {
             })
             .instrument(span.clone())
             .await;
+        self.note_hand_off(&lock.key, &own, &settled);
+        let settled = deleted_or_not(settled);
         if let Some(late) = &lock.late {
             late.release_answers(&settled);
         }
@@ -290,6 +301,55 @@ impl Core {
             }
         }
     }
+}
+
+impl Core {
+    /// A release of `key` was decided with the answers `settled`; `own`:
+    /// per node, whether this handle's own subscription hears its
+    /// announcement there ([`Waiting::release_sent`](crate::wake::Waiting::release_sent)).
+    /// If some node's announcement reached another subscriber, waiters of
+    /// another handle were woken: a hand-off window is recorded for the
+    /// resource (`wait/handoff.rs`). Where this handle expected to hear
+    /// its own announcement and the node says nobody did, it no longer
+    /// expects it.
+    fn note_hand_off(&self, key: &str, own: &[bool], settled: &[Option<Settled<ReleaseReply>>]) {
+        let waiting = &self.inner.waiting;
+        let mut woke_others = false;
+        for s in settled.iter().flatten() {
+            let mine = own.get(s.index).copied().unwrap_or(false);
+            let heard = match s.result {
+                Ok(ReleaseReply::Deleted { heard }) => heard,
+                Ok(ReleaseReply::NotHeld) => 0,
+                // Whether it ran is unknown: nothing is undone.
+                Err(_) => continue,
+            };
+            woke_others |= heard > u64::from(mine);
+            if mine && heard == 0 {
+                waiting.release_unheard(key, s.index);
+            }
+        }
+        if woke_others {
+            tracing::debug!(
+                key,
+                "release woke another handle's waiters: hand-off window"
+            );
+            waiting.handoffs.record(key, Instant::now());
+        }
+    }
+}
+
+/// A release's answers as whether each node deleted the key.
+fn deleted_or_not(settled: Vec<Option<Settled<ReleaseReply>>>) -> Vec<Option<Settled<bool>>> {
+    settled
+        .into_iter()
+        .map(|s| {
+            s.map(|s| Settled {
+                index: s.index,
+                latency: s.latency,
+                result: s.result.map(ReleaseReply::deleted),
+            })
+        })
+        .collect()
 }
 
 /// How many nodes deleted the key, in a release's answers.

@@ -34,6 +34,7 @@ use crate::queue::Place;
 use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 
+pub(crate) mod handoff;
 mod many;
 mod shared;
 
@@ -161,7 +162,19 @@ impl Core {
         // confirms later (or never: paused, down) wakes the waiter then.
         let mut readied = false;
         let mut attempt = 1;
+        // The latest hand-off this waiter waited out: each is waited once.
+        let mut handed = None;
         loop {
+            // A retrying acquire leaves the turn to the waiters this
+            // handle's last release woke in other handles (`handoff`); a
+            // single attempt is never delayed.
+            if retry.max_attempts > 1
+                && self
+                    .wait_hand_off(&waits, retry, latest_start, &mut subscriptions, &mut handed)
+                    .await
+            {
+                readied = true;
+            }
             if let Some(place) = &waits.place {
                 place.clear_kick();
             }
@@ -292,6 +305,77 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Waits out the hand-off window of `waits`' keys, if this handle's
+    /// last release of one of them woke another handle's waiters (see
+    /// `handoff`): until the window ends (not past `latest_start`), or,
+    /// waiting by wake-up, until a release by another than this handle is
+    /// heard (the woken waiter held and let go: its turn is over). To hear
+    /// it, the waiter subscribes (if it had not) and leaves the waiters
+    /// flags first. Returns whether it made and readied `subscriptions`.
+    /// `handed`: when the hand-off it last waited out was decided (a
+    /// hand-off is waited out once: not again after another's release
+    /// ended it early); updated.
+    async fn wait_hand_off<'a>(
+        &'a self,
+        waits: &Waits<'a>,
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+        subscriptions: &mut Vec<Subscription<'a>>,
+        handed: &mut Option<Instant>,
+    ) -> bool {
+        let waiting = &self.inner.waiting;
+        let node_timeout = self.inner.settings.node_timeout;
+        let now = Instant::now();
+        let window = handoff::window(node_timeout, waits.spread.then_some(retry.jitter));
+        let decided = waits
+            .keys
+            .iter()
+            .filter_map(|k| waiting.handoffs.decided(k, now))
+            .filter(|d| handed.is_none_or(|h| *d > h))
+            .max();
+        let Some((decided, until)) = decided.and_then(|d| {
+            handoff::not_before(d, window, now, latest_start).map(|until| (d, until))
+        }) else {
+            return false;
+        };
+        *handed = Some(decided);
+        tracing::debug!(
+            wait = ?until.saturating_duration_since(now),
+            "hand-off window: the turn is left to the waiters this handle's release woke"
+        );
+        let sleep = tokio::time::sleep_until(until.into());
+        if !waiting.enabled() {
+            sleep.await;
+            return false;
+        }
+        let mut readied = false;
+        if subscriptions.is_empty() {
+            subscriptions.extend(waits.keys.iter().filter_map(|k| waiting.subscribe(k)));
+            let limit = until.saturating_duration_since(now).min(node_timeout);
+            join_all(subscriptions.iter_mut().map(|s| s.ready(limit))).await;
+            readied = !subscriptions.is_empty();
+        }
+        if subscriptions.is_empty() {
+            sleep.await;
+            return false;
+        }
+        let since: Vec<Vec<u64>> = subscriptions.iter().map(Subscription::others).collect();
+        let flag = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
+        self.set_waiters_flags(waits.keys, flag).await;
+        let others = select_all(
+            subscriptions
+                .iter_mut()
+                .zip(&since)
+                .map(|(s, since)| Box::pin(s.others_released(since))),
+        );
+        let by = tokio::select! {
+            () = sleep => "its end",
+            _ = others => "another's release",
+        };
+        tracing::debug!(by, "hand-off window over");
+        readied
     }
 
     /// The mutex's retrying acquire of `key` (`Core::lock_with_retained`).

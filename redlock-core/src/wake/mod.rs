@@ -30,7 +30,7 @@
 //! when a node's subscription drops or comes back, and keeps the fallback
 //! timers of `wait/`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::DerefMut;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -49,6 +49,7 @@ use news::{Chan, NodeSub};
 use node_task::{Source, node_task};
 
 use crate::keys::channel_prefix;
+use crate::wait::handoff::HandOffs;
 
 /// How long a subscribed connection may stay silent before it is asked a
 /// `PING`; without an answer within the subscription limit it is replaced.
@@ -81,9 +82,43 @@ enum Link {
 struct Shared {
     channels: Mutex<HashMap<String, Entry>>,
     links: Mutex<Vec<Link>>,
+    /// Per node, the keys whose channel this handle's connection is
+    /// subscribed to, or may be as far as the node can tell: from the
+    /// `SUBSCRIBE`'s sending to the `UNSUBSCRIBE`'s answer, until the
+    /// connection is lost. A release counts this handle's own subscription
+    /// by it (`Waiting::release_sent`).
+    listening: Mutex<Vec<HashSet<String>>>,
 }
 
 impl Shared {
+    fn new(links: Vec<Link>) -> Self {
+        let listening = Mutex::new(vec![HashSet::new(); links.len()]);
+        Self {
+            channels: Mutex::new(HashMap::new()),
+            links: Mutex::new(links),
+            listening,
+        }
+    }
+
+    fn listening(&self) -> impl DerefMut<Target = Vec<HashSet<String>>> + '_ {
+        self.listening
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `node`'s connection is about to subscribe to these keys' channels.
+    fn listen(&self, node: usize, keys: &[String]) {
+        if let Some(set) = self.listening().get_mut(node) {
+            set.extend(keys.iter().cloned());
+        }
+    }
+
+    /// `node`'s connection unsubscribed from `key`'s channel.
+    fn unlisten(&self, node: usize, key: &str) {
+        if let Some(set) = self.listening().get_mut(node) {
+            set.remove(key);
+        }
+    }
     fn channels(&self) -> impl DerefMut<Target = HashMap<String, Entry>> + '_ {
         self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -131,6 +166,9 @@ impl Shared {
     /// have told them is lost) and fall back to their timers for it.
     fn node_down(&self, node: usize) {
         self.set_link(node, Link::Down);
+        if let Some(set) = self.listening().get_mut(node) {
+            set.clear();
+        }
         for e in self.channels().values() {
             e.state.send_if_modified(|s| match s.nodes.get_mut(node) {
                 Some(n) if *n != NodeSub::Down => {
@@ -146,11 +184,7 @@ impl Shared {
     /// `node` announced a release of `key`.
     fn wake(&self, key: &str, node: usize) {
         if let Some(e) = self.channels().get(key) {
-            e.state.send_modify(|s| {
-                if let Some(n) = s.released.get_mut(node) {
-                    *n = n.wrapping_add(1);
-                }
-            });
+            e.state.send_modify(|s| s.heard(node));
         }
     }
 }
@@ -177,6 +211,9 @@ pub(crate) struct Waiting {
     limit: Duration,
     /// How many nodes must announce a release before a waiter tries again.
     quorum: usize,
+    /// The hand-off windows of this handle's releases that woke another
+    /// handle's waiters (`wait/handoff.rs`).
+    pub(crate) handoffs: HandOffs,
 }
 
 impl Waiting {
@@ -209,16 +246,14 @@ impl Waiting {
         Self {
             queues: Queues::default(),
             enabled,
-            shared: Arc::new(Shared {
-                channels: Mutex::new(HashMap::new()),
-                links: Mutex::new(state),
-            }),
+            shared: Arc::new(Shared::new(state)),
             links,
             limit: settings
                 .node_timeout
                 .saturating_mul(10)
                 .clamp(Duration::from_secs(1), Duration::from_secs(30)),
             quorum: nodes.len() / 2 + 1,
+            handoffs: HandOffs::default(),
         }
     }
 
@@ -252,12 +287,7 @@ impl Waiting {
                             Link::Idle | Link::Connecting | Link::Up => NodeSub::Pending,
                         })
                         .collect();
-                    let released = vec![0; nodes.len()];
-                    let (tx, rx) = watch::channel(Chan {
-                        changes: 0,
-                        released,
-                        nodes,
-                    });
+                    let (tx, rx) = watch::channel(Chan::new(nodes));
                     channels.insert(channel.clone(), Entry { refs: 1, state: tx });
                     (rx, true)
                 }
@@ -275,6 +305,48 @@ impl Waiting {
             rx,
             seen,
         })
+    }
+
+    /// This handle's release of `key` is about to be sent to every node.
+    /// Returns, per node, whether this handle's connection there is (or
+    /// may be) subscribed to the key's channel: the node's announcement, if
+    /// any, reaches it, and is this handle's own, not another's (so its
+    /// waiters in a hand-off window take it for their own; see
+    /// [`Chan::heard`]).
+    pub(crate) fn release_sent(&self, key: &str) -> Vec<bool> {
+        let own: Vec<bool> = {
+            let listening = self.shared.listening();
+            // Nothing subscribed (the common case): no channel name to make.
+            if listening.iter().all(HashSet::is_empty) {
+                return Vec::new();
+            }
+            let channel = crate::slots::tagged(key);
+            (0..self.links.len())
+                .map(|n| listening.get(n).is_some_and(|set| set.contains(&*channel)))
+                .collect()
+        };
+        let channel = crate::slots::tagged(key);
+        if own.contains(&true)
+            && let Some(e) = self.shared.channels().get(&*channel)
+        {
+            e.state.send_if_modified(|s| {
+                for (n, _) in own.iter().enumerate().filter(|(_, o)| **o) {
+                    s.expect(n);
+                }
+                false
+            });
+        }
+        own
+    }
+
+    /// This handle's release of `key`, which [`Waiting::release_sent`]
+    /// expected to reach this handle's subscription on `node`, did not:
+    /// the node answered that the key was not held, or that nobody heard.
+    pub(crate) fn release_unheard(&self, key: &str, node: usize) {
+        let channel = crate::slots::tagged(key);
+        if let Some(e) = self.shared.channels().get(&*channel) {
+            e.state.send_if_modified(|s| s.unexpect(node));
+        }
     }
 
     /// Tells `node`'s task to reconcile `channel`, starting the task if there
@@ -351,6 +423,27 @@ impl Subscription<'_> {
     /// whatever they announced.
     pub(crate) fn mark_seen(&mut self) {
         self.seen = self.rx.borrow_and_update().clone();
+    }
+
+    /// Per node, how many releases by others than this handle were
+    /// announced so far (for [`Subscription::others_released`]).
+    pub(crate) fn others(&self) -> Vec<u64> {
+        self.rx.borrow().others.clone()
+    }
+
+    /// Completes once releases by others than this handle were announced,
+    /// since `since` (an earlier [`Subscription::others`]), on a quorum of
+    /// the nodes (on every subscribed one, with fewer). Cancel-safe.
+    pub(crate) async fn others_released(&mut self, since: &[u64]) {
+        let quorum = self.waiting.quorum;
+        loop {
+            if self.rx.borrow_and_update().others_released(since, quorum) {
+                return;
+            }
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Completes when the nodes that announced a release since the last

@@ -22,6 +22,15 @@ pub(super) struct Chan {
     pub(super) changes: u64,
     pub(super) released: Vec<u64>,
     pub(super) nodes: Vec<NodeSub>,
+    /// Per node, how many of this handle's own releases' announcements are
+    /// still to come (`Waiting::release_sent`): the next messages are
+    /// taken for them.
+    pub(super) expected: Vec<u64>,
+    /// Per node, how many announced releases were not this handle's own
+    /// (`released` less those taken for its own): never decreases, so that a
+    /// releaser waiting out a hand-off window can tell another's release
+    /// since a moment (`wait/handoff.rs`).
+    pub(super) others: Vec<u64>,
 }
 
 /// What one try of a failed attempt found (a permit's attempt tries each
@@ -72,6 +81,80 @@ impl Found {
 }
 
 impl Chan {
+    /// A channel of `nodes` subscriptions, nothing announced yet.
+    pub(super) fn new(nodes: Vec<NodeSub>) -> Self {
+        let n = nodes.len();
+        Self {
+            changes: 0,
+            released: vec![0; n],
+            nodes,
+            expected: vec![0; n],
+            others: vec![0; n],
+        }
+    }
+
+    /// `node` announced a release: this handle's own if one is expected
+    /// there, else another's.
+    pub(super) fn heard(&mut self, node: usize) {
+        if let Some(n) = self.released.get_mut(node) {
+            *n = n.wrapping_add(1);
+        }
+        match self.expected.get_mut(node) {
+            Some(e) if *e > 0 => *e -= 1,
+            _ => {
+                if let Some(o) = self.others.get_mut(node) {
+                    *o = o.wrapping_add(1);
+                }
+            }
+        }
+    }
+
+    /// This handle's own release was sent to `node`, which will announce it
+    /// to this handle's subscription if it deletes the key.
+    pub(super) fn expect(&mut self, node: usize) {
+        if let Some(e) = self.expected.get_mut(node) {
+            *e = e.saturating_add(1);
+        }
+    }
+
+    /// This handle's own release on `node`, expected, reached none of its
+    /// subscriptions (not held there, or nothing announced). If a message
+    /// was taken for it meanwhile, that one was another's. Returns whether
+    /// that changed what `others` says.
+    pub(super) fn unexpect(&mut self, node: usize) -> bool {
+        match self.expected.get_mut(node) {
+            Some(e) if *e > 0 => {
+                *e -= 1;
+                false
+            }
+            Some(_) => {
+                if let Some(o) = self.others.get_mut(node) {
+                    *o = o.wrapping_add(1);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether releases by others than this handle were announced, since
+    /// `since` (an earlier [`Chan::others`]), on a quorum of the nodes
+    /// (or, with fewer subscribed, on every subscribed one; at least one).
+    pub(super) fn others_released(&self, since: &[u64], quorum: usize) -> bool {
+        let heard = self
+            .others
+            .iter()
+            .zip(since)
+            .filter(|(now, then)| now != then)
+            .count();
+        let listening = self
+            .nodes
+            .iter()
+            .filter(|n| **n == NodeSub::Subscribed)
+            .count();
+        heard >= quorum.min(listening).max(1)
+    }
+
     /// Whether a waiter that last looked at `seen`, and whose attempt then
     /// found `found`, should try again: a subscription changed (whatever it
     /// would have told is lost), or enough of the nodes it found busy have
@@ -123,11 +206,7 @@ mod tests {
 
     /// Five subscribed nodes, nothing announced yet.
     fn chan() -> Chan {
-        Chan {
-            changes: 0,
-            released: vec![0; 5],
-            nodes: vec![NodeSub::Subscribed; 5],
-        }
+        Chan::new(vec![NodeSub::Subscribed; 5])
     }
 
     /// `chan` after releases announced on `nodes`.
@@ -160,11 +239,7 @@ mod tests {
     /// on both its busy nodes, though slot 1's try alone would not wake.
     #[test]
     fn a_permit_waiter_wakes_on_news_that_frees_any_slot() {
-        let seen = Chan {
-            changes: 0,
-            released: vec![0; 3],
-            nodes: vec![NodeSub::Subscribed; 3],
-        };
+        let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
         let slot = |busy: &[usize]| Try {
             busy: (0..3).map(|i| busy.contains(&i)).collect(),
             taken: 0,
@@ -212,6 +287,58 @@ mod tests {
         let mut changed = seen.clone();
         changed.changes += 1;
         assert!(changed.wakes(&seen, &found(&[0, 1, 2, 3, 4], 0), 3));
+    }
+
+    /// A releaser waiting out a hand-off window ends it at another's
+    /// release heard on a quorum, not at its own release's announcements,
+    /// whichever order they come in.
+    #[test]
+    fn own_releases_are_told_from_others() {
+        let mut c = Chan::new(vec![NodeSub::Subscribed; 3]);
+        for n in 0..3 {
+            c.expect(n);
+        }
+        // Its own announcement on node 0 came before the window began, the
+        // others' after.
+        c.heard(0);
+        let since = c.others.clone();
+        c.heard(1);
+        c.heard(2);
+        assert!(!c.others_released(&since, 2), "its own release");
+        // Another's, on two nodes.
+        c.heard(0);
+        assert!(!c.others_released(&since, 2));
+        c.heard(1);
+        assert!(c.others_released(&since, 2));
+
+        // Another's message first, then its own release proves to have
+        // reached nobody: the message was another's after all.
+        let mut c = Chan::new(vec![NodeSub::Subscribed; 3]);
+        c.expect(0);
+        c.expect(1);
+        let since = c.others.clone();
+        c.heard(0);
+        assert!(!c.others_released(&since, 2));
+        assert!(c.unexpect(0));
+        // Its own on node 1 (answered as heard: nothing to undo), then
+        // another's there.
+        c.heard(1);
+        assert!(!c.others_released(&since, 2));
+        c.heard(1);
+        assert!(c.others_released(&since, 2));
+        // An expectation undone before its message could come.
+        let mut c = Chan::new(vec![NodeSub::Subscribed; 1]);
+        c.expect(0);
+        assert!(!c.unexpect(0));
+        let since = c.others.clone();
+        c.heard(0);
+        assert!(c.others_released(&since, 1));
+        // Counters that wrapped still differ.
+        let mut c = Chan::new(vec![NodeSub::Subscribed; 1]);
+        c.others[0] = u64::MAX;
+        let since = c.others.clone();
+        c.heard(0);
+        assert!(c.others_released(&since, 2));
     }
 
     #[test]

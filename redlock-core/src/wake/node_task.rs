@@ -151,6 +151,7 @@ impl Conn<'_> {
         let desired = shared.desired();
         if !desired.is_empty() {
             let channels: Vec<String> = desired.iter().map(|k| self.channel(k)).collect();
+            shared.listen(node, &desired);
             match tokio::time::timeout(limit, sink.subscribe(&channels)).await {
                 Ok(Ok(())) => {
                     shared.set_link(node, Link::Up);
@@ -174,6 +175,7 @@ impl Conn<'_> {
                     let want = shared.wanted(&key);
                     let has = subscribed.contains(&key);
                     let sent = if want && !has {
+                        shared.listen(node, std::slice::from_ref(&key));
                         tokio::time::timeout(limit, sink.subscribe(self.channel(&key))).await
                     } else if !want && has {
                         tokio::time::timeout(limit, sink.unsubscribe(self.channel(&key))).await
@@ -192,6 +194,7 @@ impl Conn<'_> {
                         shared.confirm(node, std::slice::from_ref(&key));
                         subscribed.insert(key);
                     } else {
+                        shared.unlisten(node, &key);
                         subscribed.remove(&key);
                     }
                 }

@@ -55,6 +55,7 @@ impl Conn<'_> {
         let (node, shared, limit) = (self.node, self.shared, self.limit);
         let desired = shared.desired();
         let mut subscribed: HashSet<String> = HashSet::new();
+        shared.listen(node, &desired);
         if !self.subscribe(&conn, &desired).await {
             return Served::Broken { confirmed: false };
         }
@@ -72,6 +73,7 @@ impl Conn<'_> {
                     let want = shared.wanted(&key);
                     let has = subscribed.contains(&key);
                     let sent = if want && !has {
+                        shared.listen(node, std::slice::from_ref(&key));
                         self.subscribe(&conn, std::slice::from_ref(&key)).await
                     } else if !want && has {
                         matches!(
@@ -92,6 +94,7 @@ impl Conn<'_> {
                         shared.confirm(node, std::slice::from_ref(&key));
                         subscribed.insert(key);
                     } else {
+                        shared.unlisten(node, &key);
                         subscribed.remove(&key);
                     }
                 }

@@ -13,15 +13,8 @@ fn a_channel_names_the_database_and_the_key() {
 
 #[test]
 fn only_a_new_confirmation_wakes_the_waiters() {
-    let shared = Shared {
-        channels: Mutex::new(HashMap::new()),
-        links: Mutex::new(vec![Link::Up; 2]),
-    };
-    let (tx, rx) = watch::channel(Chan {
-        changes: 0,
-        released: vec![0; 2],
-        nodes: vec![NodeSub::Pending; 2],
-    });
+    let shared = Shared::new(vec![Link::Up; 2]);
+    let (tx, rx) = watch::channel(Chan::new(vec![NodeSub::Pending; 2]));
     shared
         .channels()
         .insert("k".into(), Entry { refs: 1, state: tx });
