@@ -5,8 +5,9 @@
 //! served among the waiters of one process, waiters that give up without
 //! blocking the next, a node killed and restarted while a waiter waits, a
 //! renewed local holder keeping its waiters queued, releases kept to their
-//! database, and the pub/sub connection idle without waiters and replaced
-//! when it dies without a word.
+//! database, the pub/sub connection idle without waiters and replaced when
+//! it dies without a word, and a releaser leaving the next turn to another
+//! handle's waiter it woke.
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use redlock_core::deadpool_redis::redis;
 use redlock_tests::{Cluster, timing};
 
 mod channels;
+mod handoff;
 mod queue;
 mod wake;
 
