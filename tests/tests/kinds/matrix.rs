@@ -284,7 +284,7 @@ async fn run_cases(fencing: Option<FencingMode>, tag: &str) {
     // a loaded machine), not the default.
     let options = LockOptions::new(TTL)
         .fence_retention(Duration::from_secs(600))
-        .retry(RetryPolicy::deadline(timing::liveness(TTL)));
+        .retry(RetryPolicy::deadline(wait()));
     let mut cases = Vec::new();
     for shape in SHAPES {
         for ending in ENDINGS {
@@ -319,25 +319,53 @@ async fn run_cases(fencing: Option<FencingMode>, tag: &str) {
     assert_hygiene(&cluster, tag);
 }
 
+/// How long a contender of the core matrix may wait for its turn: as long
+/// as the settings under test may make it, on a loaded machine.
+fn wait() -> Duration {
+    timing::liveness(TTL)
+}
+
+/// The longest a waiters flag of these cases may live: a waiter's whole
+/// wait, a TTL, three node timeouts and a second (the library's
+/// `flag_ttl`). Flags outlive the locks by design, as fence counters do.
+fn flag_bound() -> Duration {
+    wait() + TTL + timing::PATIENT_NODE_TIMEOUT * 3 + Duration::from_secs(1)
+}
+
 /// Hygiene, once every holder of `cluster` has ended: every key has an
-/// expiry now, and once the TTL has passed only fence counters are left,
-/// each with its own expiry.
+/// expiry now, and once the TTL has passed only fence counters and waiters
+/// flags are left, each with its own expiry, the flags' within their
+/// bound.
 pub(super) fn assert_hygiene(cluster: &Cluster, tag: &str) {
     assert_eq!(
         without_expiry(cluster),
         Vec::<String>::new(),
         "{tag}: keys without an expiry"
     );
+    let flag = |k: &[u8]| k.ends_with(redlock_core::__WAITERS_SUFFIX.as_bytes());
     let only_counters = cluster.wait_until(timing::liveness(TTL), |c| {
-        c.nodes()
-            .iter()
-            .all(|n| super::raw_keys(n).iter().all(|k| k.first() == Some(&0xff)))
+        c.nodes().iter().all(|n| {
+            super::raw_keys(n)
+                .iter()
+                .all(|k| k.first() == Some(&0xff) || flag(k))
+        })
     });
     assert!(
         only_counters,
         "{tag}: keys left after the TTL: {:?}",
         super::all_keys(cluster)
     );
+    for n in cluster.nodes() {
+        for k in super::raw_keys(n).into_iter().filter(|k| flag(k)) {
+            let pttl: i64 = n.raw_bytes(&[b"PTTL", &k]).unwrap();
+            assert!(
+                u128::try_from(pttl).is_ok_and(|p| p <= flag_bound().as_millis()),
+                "{tag}: waiters flag {} lives {pttl} ms, beyond {:?}",
+                String::from_utf8_lossy(&k),
+                flag_bound()
+            );
+        }
+    }
     assert_eq!(
         without_expiry(cluster),
         Vec::<String>::new(),
