@@ -245,8 +245,10 @@ mod report;
 mod slots;
 mod url;
 
-// 2. One master (`node/`), the settings that name its options, the node
-// sources, and the local wake-up plumbing (`queue/`, `wake/`).
+// 2. One master (`node/`, and `coalesce/`, which lets concurrent calls to it
+// share one), the settings that name its options, the node sources, and the
+// local wake-up plumbing (`queue/`, `wake/`).
+mod coalesce;
 mod node;
 mod node_spec;
 mod queue;
@@ -301,6 +303,13 @@ pub use inspect::{Inspection, KeyState, NodeView, Verdict, token_fingerprint};
 pub use job::JobOptions;
 pub use keys::MAX_RESOURCES;
 pub use leader::{CampaignOptions, Election, Leader, Leadership, Observer};
+/// Test-only: a node's operations as separate calls and as one batch (the
+/// `test-hooks` feature). Not part of the API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use node::coalesce_check;
+#[doc(hidden)]
+pub use node::{CoalesceStats, coalesce_stats};
 pub use node::{CompareAndDelete, NativeCommands, NativeSupport, ReplicaAcks};
 pub use node_spec::NodeSpec;
 pub use primitive::{Kind, Primitive};

@@ -167,7 +167,7 @@ impl Node {
                 }
             }
             // `run_call` sends these two itself; the same here.
-            Call::Set { set, key } => match self.send(generation, &mut conn, set).await {
+            Call::Set { set, key, .. } => match self.send(generation, &mut conn, set).await {
                 Ok(Value::Nil) => Ok(self.probe_holder(generation, &mut conn, key).await),
                 Ok(v) => Ok(v),
                 Err(e) => Err(NodeError::from_redis(&e)),
@@ -186,7 +186,7 @@ impl Node {
 
     /// The release without the waiters flag, for a user whose ACL refused
     /// the flag's key: every delete announced, as before flags.
-    async fn release_unflagged(
+    pub(super) async fn release_unflagged(
         &self,
         generation: u64,
         conn: Conn,
@@ -253,7 +253,7 @@ impl Node {
 /// differently), or either of them from the `EVAL` after `NOSCRIPT`
 /// (`NoScript`). The release then runs again without the flag, which fails
 /// the same way when the flag was not the cause.
-fn refused_flag(e: &NodeError) -> bool {
+pub(super) fn refused_flag(e: &NodeError) -> bool {
     match e {
         NodeError::Auth(m) => m.starts_with("NOPERM"),
         NodeError::Server { code, .. } => code == "ERR",

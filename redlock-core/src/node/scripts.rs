@@ -11,7 +11,7 @@ use super::release_scripts::{Announce, release_evalsha};
 use crate::keys::Many;
 
 /// Extend: compare-and-pexpire. Only the token's owner may push the expiry.
-const EXTEND_LUA: &str = r#"
+pub(super) const EXTEND_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -137,7 +137,12 @@ pub(crate) enum Call {
     /// a foreign non-string value, at the cost of a second round trip; the
     /// common path, a free key, costs each node one command instead of three
     /// (BENCHMARKS.md at 9debf85, "Client and server CPU per lock").
-    Set { set: Cmd, key: Arc<str> },
+    Set {
+        set: Cmd,
+        key: Arc<str>,
+        token: Arc<str>,
+        ttl_ms: u64,
+    },
     /// An acquire pipelined with more commands, in one round trip: a fencing
     /// lock's (the same `SET`, `PTTL` and `TYPE`, then its reads, which must
     /// follow the `SET`), and a waiter's (the waiters flag first, see
@@ -195,6 +200,9 @@ impl Call {
         Call::Set {
             set: set_nx(key, token, ttl_ms),
             key: Arc::clone(key),
+            token: token.into(),
+            // `u128` is no `ToRedisArgs`; a TTL is checked to fit a `u64` earlier.
+            ttl_ms: u64::try_from(ttl_ms).unwrap_or(u64::MAX),
         }
     }
 

@@ -1,0 +1,608 @@
+//! A node's coalescer (issue 50, node layer): the plain acquires, releases
+//! and extends that many tasks send to one single-server node while its
+//! connection is busy go out together as one [`BATCH`] script call, which
+//! answers each operation with exactly the reply its own call would have
+//! had, so that the protocol's parsers and reports do not change.
+//!
+//! `coalesce/` decides what goes alone and what is batched; this is the
+//! call on the connection. Which calls take part ([`Node::coalesces`]):
+//!
+//! - the mutex's acquire, `SET key token NX PX ttl` ([`Call::Set`]): alone,
+//!   a refusal costs a second round trip for the holder's `PTTL` and
+//!   `TYPE`; in a batch, the script reads them at once;
+//! - the release ([`Call::Release`], database 0): per key, the release
+//!   script itself ([`RELEASE_LUA`], wrapped as a Lua function), so its
+//!   waiters flag, readers index, `PUBLISH` and reply are the same;
+//! - the extend ([`EXTEND`]): per key, [`EXTEND_LUA`], wrapped the same way.
+//!
+//! Everything else keeps today's path, unchanged: cluster nodes (one call
+//! per slot), replica acks (a `WAIT` per write), native commands, fenced and
+//! waiting acquires (pipelines), other databases, scripts over several keys.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, Value};
+use tokio::sync::oneshot;
+
+use super::cluster::Conn;
+use super::lua::LuaScript;
+use super::release_scripts::RELEASE_LUA;
+use super::scripts::{EXTEND, EXTEND_LUA};
+use super::{Call, Node};
+use crate::coalesce::{Coalescer, Limits, Pending, Turn};
+use crate::error::NodeError;
+
+/// At most this many operations per batch: a node runs a script alone, so
+/// a batch is kept short enough not to hold up other clients' calls (the
+/// batched renewal's bound, and Redisson's).
+pub(crate) const BATCH_OPS: usize = 100;
+
+/// At most this many bytes of keys and arguments per batch.
+pub(crate) const BATCH_BYTES: usize = 64 * 1024;
+
+/// The batch script: for each `i`, operation `i` on `KEYS[i]`, with its
+/// token `ARGV[2i-1]` and its code `ARGV[2i]`: `r` a release, `s<ms>` an
+/// acquire for `<ms>`, `e<ms>` an extend to `<ms>`. Its reply is an array of
+/// each operation's reply, as its own call answers:
+///
+/// - release: what [`RELEASE_LUA`] returns (the same text, as a function);
+/// - extend: what [`EXTEND_LUA`] returns (likewise);
+/// - acquire: `OK` when `SET NX PX` set the key, else `{nil, PTTL, TYPE}`,
+///   the `[SET, PTTL, TYPE]` replies a refused `SET` and its probe give.
+///
+/// Each operation runs under `pcall`: one that fails (a key of another type)
+/// answers with its error, as its own call would, and the others go on.
+static BATCH_LUA: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+local function release(KEYS, ARGV)
+{RELEASE_LUA}
+end
+local function extend(KEYS, ARGV)
+{EXTEND_LUA}
+end
+local function acquire(KEYS, ARGV)
+  local r = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  if r then return r end
+  return {{false, redis.pcall('PTTL', KEYS[1]), redis.pcall('TYPE', KEYS[1])}}
+end
+local out = {{}}
+for i = 1, #KEYS do
+  local token, code = ARGV[2 * i - 1], ARGV[2 * i]
+  local c = string.byte(code)
+  local ok, r
+  if c == 114 then
+    ok, r = pcall(release, {{KEYS[i]}}, {{token}})
+  elseif c == 115 then
+    ok, r = pcall(acquire, {{KEYS[i]}}, {{token, string.sub(code, 2)}})
+  else
+    ok, r = pcall(extend, {{KEYS[i]}}, {{token, string.sub(code, 2)}})
+  end
+  if ok or type(r) == 'table' then
+    out[i] = r
+  else
+    out[i] = redis.error_reply(tostring(r))
+  end
+end
+return out
+"#
+    )
+});
+
+pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(&BATCH_LUA));
+
+/// What an operation asks of its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OpCode {
+    /// `SET key token NX PX ms`.
+    Acquire(u64),
+    /// The release script.
+    Release,
+    /// The extend script, to `ms` (as the call's argument gave it).
+    Extend(Arc<str>),
+}
+
+impl OpCode {
+    /// Its code in the batch script's `ARGV`.
+    fn arg(&self) -> String {
+        match self {
+            OpCode::Acquire(ms) => format!("s{ms}"),
+            OpCode::Release => "r".to_owned(),
+            OpCode::Extend(ms) => format!("e{ms}"),
+        }
+    }
+}
+
+/// One operation of a batch: what it asks, and where its answer goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Op {
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    pub(crate) code: OpCode,
+}
+
+/// The answer to a queued operation: its reply (error replies made errors,
+/// as `Node::send` makes them), and the connection its batch went out on,
+/// with whether the node answered on it.
+pub(super) struct Answer {
+    pub(super) result: Result<Value, NodeError>,
+    pub(super) generation: u64,
+    pub(super) answered: bool,
+}
+
+/// An operation in the queue.
+pub(super) struct Queued {
+    op: Op,
+    tx: oneshot::Sender<Answer>,
+    /// The connection its caller found (a batch goes on the newest of its
+    /// operations'), and how long its caller waits.
+    generation: u64,
+    conn: Conn,
+    timeout: Duration,
+    /// When its caller stops waiting, at the latest.
+    until: Option<Instant>,
+}
+
+impl Pending for Queued {
+    fn bytes(&self) -> usize {
+        // The key, the token, the code, and RESP's framing of each.
+        self.op
+            .key
+            .len()
+            .saturating_add(self.op.token.len())
+            .saturating_add(48)
+    }
+
+    fn abandoned(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// The batches sent and the operations they carried, since the process
+/// started, across every node (for the bench: [`stats`]).
+static BATCHES: AtomicU64 = AtomicU64::new(0);
+static BATCHED: AtomicU64 = AtomicU64::new(0);
+static LARGEST: AtomicU64 = AtomicU64::new(0);
+
+/// The coalesced calls of this process so far, across every node and
+/// handle: for the bench (`bench coalesced`), not part of the API.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoalesceStats {
+    /// Batch calls sent (an operation that went alone is not one).
+    pub batches: u64,
+    /// The operations they carried, in all.
+    pub operations: u64,
+    /// The most operations one of them carried.
+    pub largest: u64,
+}
+
+/// The coalesced calls of this process so far (see [`CoalesceStats`]).
+#[doc(hidden)]
+pub fn coalesce_stats() -> CoalesceStats {
+    CoalesceStats {
+        batches: BATCHES.load(Ordering::Relaxed),
+        operations: BATCHED.load(Ordering::Relaxed),
+        largest: LARGEST.load(Ordering::Relaxed),
+    }
+}
+
+/// A node's coalescer on one runtime.
+pub(super) type NodeCoalescer = Coalescer<Queued>;
+
+impl Node {
+    /// This node's coalescer on the current runtime (`None` outside one):
+    /// one per runtime, as its connection (`per_runtime.rs`).
+    fn coalescer_here(&self) -> Option<Arc<NodeCoalescer>> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        Some(self.coalescers.with(&rt, new_coalescer, |c| Arc::clone(c)))
+    }
+}
+
+/// A new node coalescer, whose batches each go out from a task of their
+/// own on the runtime of the call that ended before them.
+fn new_coalescer() -> Arc<NodeCoalescer> {
+    Arc::new(Coalescer::new(
+        Limits {
+            ops: BATCH_OPS,
+            bytes: BATCH_BYTES,
+        },
+        Box::new(|turn: Turn<Queued>, batch: Vec<Queued>| {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(drive(turn, batch));
+                }
+                // Nothing can send: every queued caller is told so.
+                Err(_) => {
+                    drop(batch);
+                    turn.give_up();
+                }
+            }
+        }),
+    ))
+}
+
+/// A batch's driver: sends it, answers each operation, and goes on with
+/// the next batch until nothing is queued.
+async fn drive(mut turn: Turn<Queued>, mut batch: Vec<Queued>) {
+    loop {
+        send_batch(batch).await;
+        match turn.next() {
+            Some(next) => batch = next,
+            None => return,
+        }
+    }
+}
+
+/// The batch script's call for `ops`: `EVALSHA`, or with `eval` the `EVAL`
+/// fallback (built only after a `NOSCRIPT`).
+fn batch_cmd<'a>(ops: impl Iterator<Item = &'a Op> + Clone, eval: bool) -> Cmd {
+    let mut cmd = if eval {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(BATCH.body);
+        cmd
+    } else {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&BATCH.sha);
+        cmd
+    };
+    cmd.arg(ops.clone().count());
+    for o in ops.clone() {
+        cmd.arg(&*o.key);
+    }
+    for o in ops {
+        cmd.arg(&*o.token).arg(o.code.arg());
+    }
+    cmd
+}
+
+/// Sends the batch of `ops` (`EVALSHA`, then `EVAL` on `NOSCRIPT`) and
+/// splits the reply into one result per operation. `Err`: the whole call
+/// failed, with whether the node answered.
+pub(crate) async fn run_batch<'a>(
+    conn: &mut Conn,
+    ops: impl Iterator<Item = &'a Op> + Clone,
+) -> Result<Vec<Result<Value, NodeError>>, (NodeError, bool)> {
+    let n = ops.clone().count();
+    let first = conn
+        .send_packed_command(&batch_cmd(ops.clone(), false))
+        .await;
+    let noscript = match &first {
+        Ok(Value::ServerError(e)) => e.code() == "NOSCRIPT",
+        Err(e) => e.code() == Some("NOSCRIPT"),
+        Ok(_) => false,
+    };
+    let reply = if noscript {
+        // Rare: a restarted or flushed node. The `EVAL` loads the script.
+        let no_script = |e: NodeError| {
+            NodeError::NoScript(format!(
+                "EVALSHA said NOSCRIPT and the EVAL fallback failed: {e}"
+            ))
+        };
+        match conn.send_packed_command(&batch_cmd(ops, true)).await {
+            Ok(Value::ServerError(e)) => {
+                return Err((no_script(NodeError::from_redis(&e.into())), true));
+            }
+            Err(e) if e.code().is_some() => {
+                return Err((no_script(NodeError::from_redis(&e)), true));
+            }
+            other => other,
+        }
+    } else {
+        first
+    };
+    match reply {
+        Ok(Value::Array(items)) if items.len() == n => Ok(items
+            .into_iter()
+            .map(|item| match item {
+                Value::ServerError(e) => Err(NodeError::from_redis(&e.into())),
+                v => Ok(v),
+            })
+            .collect()),
+        Ok(Value::ServerError(e)) => Err((NodeError::from_redis(&e.into()), true)),
+        Ok(other) => Err((
+            NodeError::Protocol(format!("batch reply for {n} operations: {other:?}")),
+            true,
+        )),
+        Err(e) => {
+            let answered = e.code().is_some();
+            Err((NodeError::from_redis(&e), answered))
+        }
+    }
+}
+
+/// Sends one batch on the newest connection its callers found, bounded by
+/// the latest of their deadlines (after it, nobody waits for it), and
+/// answers each operation.
+async fn send_batch(batch: Vec<Queued>) {
+    let Some(newest) = batch.iter().max_by_key(|q| q.generation) else {
+        return;
+    };
+    let (generation, mut conn) = (newest.generation, newest.conn.clone());
+    let until = batch.iter().map(|q| q.until).max().flatten();
+    let n = batch.len();
+    let size = u64::try_from(n).unwrap_or(u64::MAX);
+    BATCHES.fetch_add(1, Ordering::Relaxed);
+    BATCHED.fetch_add(size, Ordering::Relaxed);
+    LARGEST.fetch_max(size, Ordering::Relaxed);
+    let call = run_batch(&mut conn, batch.iter().map(|q| &q.op));
+    let outcome = match until {
+        Some(until) => tokio::time::timeout_at(until.into(), call).await.ok(),
+        None => Some(call.await),
+    };
+    match outcome {
+        Some(Ok(results)) => {
+            for (q, result) in batch.into_iter().zip(results) {
+                let _ = q.tx.send(Answer {
+                    result,
+                    generation,
+                    answered: true,
+                });
+            }
+        }
+        Some(Err((e, answered))) => {
+            for q in batch {
+                let _ = q.tx.send(Answer {
+                    result: Err(e.clone()),
+                    generation,
+                    answered,
+                });
+            }
+        }
+        None => {
+            for q in batch {
+                let _ = q.tx.send(Answer {
+                    result: Err(NodeError::Timeout(q.timeout)),
+                    generation,
+                    answered: false,
+                });
+            }
+        }
+    }
+}
+
+/// What becomes of a call on a node with a coalescer; each with the
+/// connection the call found, given back.
+pub(super) enum Entered {
+    /// It does not take part: today's path.
+    No(Conn),
+    /// It goes alone, now, holding the turn until its command answers.
+    Alone(Turn<Queued>, Conn),
+    /// It was queued: its answer comes here.
+    Queued(oneshot::Receiver<Answer>, Conn),
+}
+
+impl Node {
+    /// The operation `call` is in a batch, if it may be coalesced on this
+    /// node (see the module docs).
+    pub(super) fn coalesces(&self, call: &Call) -> Option<Op> {
+        if self.pool.is_cluster()
+            || self.native_may_run(call)
+            || (self.replica_acks.is_some() && super::replicas::waits(call))
+        {
+            return None;
+        }
+        match call {
+            Call::Set {
+                key, token, ttl_ms, ..
+            } => Some(Op {
+                key: Arc::clone(key),
+                token: Arc::clone(token),
+                code: OpCode::Acquire(*ttl_ms),
+            }),
+            Call::Release { key, token, .. } if self.db == 0 => Some(Op {
+                key: Arc::clone(key),
+                token: Arc::clone(token),
+                code: OpCode::Release,
+            }),
+            Call::Script {
+                script, key, args, ..
+            } if std::ptr::eq(*script, &*EXTEND) => match args.as_slice() {
+                [token, ms] => Some(Op {
+                    key: Arc::clone(key),
+                    token: token.as_str().into(),
+                    code: OpCode::Extend(ms.as_str().into()),
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// `call` arrives at this node's coalescer on connection `generation`:
+    /// it goes alone, is queued, or does not take part.
+    pub(super) fn enter(
+        &self,
+        call: &Call,
+        generation: u64,
+        conn: Conn,
+        timeout: Duration,
+    ) -> Entered {
+        let Some(op) = self.coalesces(call) else {
+            return Entered::No(conn);
+        };
+        let Some(coalescer) = self.coalescer_here() else {
+            return Entered::No(conn);
+        };
+        let mut rx = None;
+        let turn = coalescer.enter(|| {
+            let (tx, r) = oneshot::channel();
+            rx = Some(r);
+            Queued {
+                op,
+                tx,
+                generation,
+                conn: conn.clone(),
+                timeout,
+                until: Instant::now().checked_add(timeout),
+            }
+        });
+        match (turn, rx) {
+            (Some(turn), _) => Entered::Alone(turn, conn),
+            (None, Some(rx)) => Entered::Queued(rx, conn),
+            (None, None) => Entered::No(conn),
+        }
+    }
+
+    /// [`Node::queued_answer`], given up with [`NodeError::Timeout`] when
+    /// polled at or after `deadline` (`None`: the caller bounds it), as
+    /// `Node::run_inner` gives up a call it sends itself. Boxed there: a
+    /// node call's future keeps only a pointer for it.
+    pub(super) async fn queued_until(
+        &self,
+        call: &Call,
+        rx: oneshot::Receiver<Answer>,
+        conn: Conn,
+        timeout: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Value, NodeError> {
+        let answer = super::ByDeadline {
+            inner: self.queued_answer(call, rx, conn),
+            deadline,
+        };
+        answer.await.unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+
+    /// A queued call's answer, as its own call would have given it.
+    pub(super) async fn queued_answer(
+        &self,
+        call: &Call,
+        rx: oneshot::Receiver<Answer>,
+        conn: Conn,
+    ) -> Result<Value, NodeError> {
+        let Ok(answer) = rx.await else {
+            return Err(NodeError::Io(
+                "the batch this call was queued in ended without an answer (its task was \
+                 cancelled: the runtime is shutting down)"
+                    .into(),
+            ));
+        };
+        if answer.answered {
+            self.answered(answer.generation);
+        }
+        match (answer.result, call) {
+            // An ACL that refuses the waiters flag's key: as the release
+            // alone does (`run_written`).
+            (Err(e), Call::Release { key, token, .. }) if super::dispatch::refused_flag(&e) => {
+                Box::pin(self.release_unflagged(answer.generation, conn, key, token)).await
+            }
+            (result, _) => result,
+        }
+    }
+}
+
+/// Test-only (the `test-hooks` feature): one node's operations run as
+/// separate calls and as one batch, for the test that they answer alike.
+/// Not part of the API.
+#[cfg(feature = "test-hooks")]
+pub mod check {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use redis::Value;
+
+    use super::{Op, OpCode, run_batch};
+    use crate::error::{Error, NodeError};
+    use crate::node::{Call, EXTEND, Node};
+
+    /// One operation on one key.
+    #[derive(Debug, Clone)]
+    pub enum CheckOp {
+        /// The mutex's acquire, `SET key token NX PX ttl_ms`.
+        Acquire {
+            /// The key.
+            key: String,
+            /// The token.
+            token: String,
+            /// The TTL in ms.
+            ttl_ms: u64,
+        },
+        /// The release.
+        Release {
+            /// The key.
+            key: String,
+            /// The token.
+            token: String,
+        },
+        /// The extend.
+        Extend {
+            /// The key.
+            key: String,
+            /// The token.
+            token: String,
+            /// The new TTL in ms.
+            ttl_ms: u64,
+        },
+    }
+
+    impl CheckOp {
+        fn call(&self) -> Call {
+            match self {
+                CheckOp::Acquire { key, token, ttl_ms } => {
+                    Call::acquire(&key.as_str().into(), token, u128::from(*ttl_ms))
+                }
+                CheckOp::Release { key, token } => {
+                    Call::release(key.as_str().into(), token.as_str().into())
+                }
+                CheckOp::Extend { key, token, ttl_ms } => Call::script(
+                    &EXTEND,
+                    key.as_str().into(),
+                    vec![token.clone(), ttl_ms.to_string()],
+                ),
+            }
+        }
+
+        fn op(&self) -> Op {
+            let (key, token, code) = match self {
+                CheckOp::Acquire { key, token, ttl_ms } => (key, token, OpCode::Acquire(*ttl_ms)),
+                CheckOp::Release { key, token } => (key, token, OpCode::Release),
+                CheckOp::Extend { key, token, ttl_ms } => {
+                    (key, token, OpCode::Extend(ttl_ms.to_string().into()))
+                }
+            };
+            Op {
+                key: Arc::from(key.as_str()),
+                token: Arc::from(token.as_str()),
+                code,
+            }
+        }
+    }
+
+    /// `ops` on the node at `url`, one call each, one after the other, as
+    /// the library sends a call that finds the node idle.
+    pub async fn alone(
+        url: &str,
+        ops: &[CheckOp],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Value, NodeError>>, Error> {
+        let node = Node::from_url(url)?;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            out.push(node.run(&op.call(), timeout).await.0);
+        }
+        Ok(out)
+    }
+
+    /// `ops` on the node at `url` as one batch call, each operation's reply
+    /// as it reaches its caller.
+    pub async fn batched(
+        url: &str,
+        ops: &[CheckOp],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Value, NodeError>>, Error> {
+        let node = Node::from_url(url)?;
+        let mut used = None;
+        let mut conn = match node.connection(timeout, &mut used).await {
+            Ok((_, conn)) => conn,
+            Err(e) => return Ok(vec![Err(e); ops.len()]),
+        };
+        let batch: Vec<Op> = ops.iter().map(CheckOp::op).collect();
+        match tokio::time::timeout(timeout, run_batch(&mut conn, batch.iter())).await {
+            Ok(Ok(results)) => Ok(results),
+            Ok(Err((e, _))) => Ok(vec![Err(e); ops.len()]),
+            Err(_) => Ok(vec![Err(NodeError::Timeout(timeout)); ops.len()]),
+        }
+    }
+}
