@@ -4,6 +4,7 @@
 
 mod algorithm;
 mod batch;
+mod coalesced;
 mod faults;
 mod fence_retention;
 mod fencing;

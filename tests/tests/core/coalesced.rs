@@ -1,0 +1,304 @@
+//! Coalescing (issue 50) on real servers: a node's batch call over k keys,
+//! some free, some held by other tokens, some of foreign types, some read
+//! shares and waited-for keys, answers each operation exactly as k separate
+//! calls do, and leaves the node in the same state (keys, expiries, readers
+//! index, waiters flags, release announcements). And many tasks' locks,
+//! whose calls the nodes coalesce, each keep their own outcome.
+//!
+//! Two servers start from the same state: one gets the operations as
+//! separate calls, the other as one batch.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use redlock_core::coalesce_check::{CheckOp, alone, batched};
+use redlock_core::{NodeError, Redlock};
+use redlock_tests::servers::valkey_or_skip;
+use redlock_tests::timing::{self, PATIENT_NODE_TIMEOUT};
+use redlock_tests::{Cluster, RedisNode};
+
+const TTL_MS: u64 = 60_000;
+
+/// The channel a release of the waited-for key is announced on.
+const WAITED_CHANNEL: &str = "redlock:released:0:{waited}";
+
+/// The same starting state on a node: a key held by another token, keys
+/// held by ours, foreign types, a read share in its readers index, and a
+/// key with its waiters flag.
+fn prepare(node: &RedisNode) {
+    let ttl = TTL_MS.to_string();
+    for args in [
+        vec!["SET", "held", "other", "PX", &ttl],
+        vec!["SET", "mine", "t", "PX", &ttl],
+        vec!["SET", "mine2", "t", "PX", &ttl],
+        vec!["HSET", "hash", "f", "v"],
+        vec!["RPUSH", "list", "x"],
+        vec!["SET", "{r}:redlock-reader:t", "t", "PX", &ttl],
+        vec!["SADD", "{r}:redlock-readers", "{r}:redlock-reader:t"],
+        vec!["SET", "{r}:redlock-reader:u", "u", "PX", &ttl],
+        vec!["SADD", "{r}:redlock-readers", "{r}:redlock-reader:u"],
+        vec!["SET", "waited", "t", "PX", &ttl],
+        vec!["SET", "{waited}:redlock-waiters", "1", "PX", &ttl],
+    ] {
+        node.cmd(&args);
+    }
+}
+
+/// Every key the operations touch.
+const KEYS: &[&str] = &[
+    "free",
+    "held",
+    "mine",
+    "mine2",
+    "hash",
+    "list",
+    "nokey",
+    "{r}:redlock-reader:t",
+    "{r}:redlock-reader:u",
+    "{r}:redlock-readers",
+    "waited",
+    "{waited}:redlock-waiters",
+];
+
+fn acquire(key: &str, token: &str) -> CheckOp {
+    CheckOp::Acquire {
+        key: key.into(),
+        token: token.into(),
+        ttl_ms: 30_000,
+    }
+}
+
+fn release(key: &str, token: &str) -> CheckOp {
+    CheckOp::Release {
+        key: key.into(),
+        token: token.into(),
+    }
+}
+
+fn extend(key: &str, token: &str) -> CheckOp {
+    CheckOp::Extend {
+        key: key.into(),
+        token: token.into(),
+        ttl_ms: 45_000,
+    }
+}
+
+/// k operations of every kind and outcome, in an order where later ones
+/// see what earlier ones did (the free key is taken, then released, then
+/// taken by another token).
+fn operations() -> Vec<CheckOp> {
+    vec![
+        acquire("free", "t"),
+        acquire("held", "t"),
+        acquire("mine", "t"),
+        acquire("hash", "t"),
+        acquire("list", "t"),
+        extend("mine", "t"),
+        extend("held", "t"),
+        extend("hash", "t"),
+        extend("nokey", "t"),
+        release("held", "t"),
+        release("hash", "t"),
+        release("list", "t"),
+        release("mine2", "t"),
+        release("{r}:redlock-reader:t", "t"),
+        release("{r}:redlock-reader:u", "t"),
+        release("waited", "t"),
+        release("free", "t"),
+        acquire("free", "t2"),
+        release("nokey", "t"),
+        extend("free", "t"),
+    ]
+}
+
+/// A reply with what depends on when it ran taken out: a holder's `PTTL`
+/// in a refused acquire's reply is "some time left" (its exact value
+/// differs from one server to the other by the time between the two runs).
+fn normal(r: &Result<Value, NodeError>) -> String {
+    match r {
+        Ok(Value::Array(items)) => {
+            let items: Vec<Value> = items
+                .iter()
+                .map(|v| match v {
+                    Value::Int(p) if *p > 0 => Value::Int(1),
+                    other => other.clone(),
+                })
+                .collect();
+            format!("Ok({items:?})")
+        }
+        Ok(v) => format!("Ok({v:?})"),
+        // A script error's text may name the script's line.
+        Err(NodeError::Server { code, .. }) => format!("Err(Server {code})"),
+        Err(e) => format!("Err({e:?})"),
+    }
+}
+
+/// What a node holds at `key`: its type, a string's value, a set's members,
+/// and whether it expires (`PTTL` -1 or -2, or "some").
+fn state(node: &RedisNode, key: &str) -> String {
+    let ty: String = node.raw(&["TYPE", key]).unwrap();
+    let value = match ty.as_str() {
+        "string" => format!("{:?}", node.get(key)),
+        "set" => {
+            let mut m: Vec<String> = node.raw(&["SMEMBERS", key]).unwrap();
+            m.sort();
+            format!("{m:?}")
+        }
+        _ => String::new(),
+    };
+    let pttl = match node.pttl(key) {
+        p if p > 0 => "expires".to_owned(),
+        p => p.to_string(),
+    };
+    format!("{key}: {ty} {value} {pttl}")
+}
+
+/// A connection to `node` for a subscriber (see [`heard`]).
+fn subscriber(node: &RedisNode) -> redis::Connection {
+    let client = redis::Client::open(node.url()).unwrap();
+    let conn = client.get_connection().unwrap();
+    conn.set_read_timeout(Some(timing::liveness(PATIENT_NODE_TIMEOUT)))
+        .unwrap();
+    conn
+}
+
+/// The channel of the next announcement `sub` hears.
+fn heard(sub: &mut redis::PubSub<'_>) -> String {
+    let msg = sub.get_message().unwrap();
+    msg.get_channel_name().to_owned()
+}
+
+async fn same_answers_as_separate_calls(bin: Option<&Path>) {
+    let start = || match bin {
+        Some(b) => RedisNode::start_binary(b, &[], &[]),
+        None => RedisNode::start(),
+    };
+    let (one, other) = (start(), start());
+    prepare(&one);
+    prepare(&other);
+    // Subscribed to the waited-for key's channel while the operations run
+    // (a `PubSub` unsubscribes when dropped).
+    let (mut conn_one, mut conn_other) = (subscriber(&one), subscriber(&other));
+    let mut sub_one = conn_one.as_pubsub();
+    let mut sub_other = conn_other.as_pubsub();
+    sub_one.subscribe(WAITED_CHANNEL).unwrap();
+    sub_other.subscribe(WAITED_CHANNEL).unwrap();
+    let ops = operations();
+    let separate = alone(&one.url(), &ops, PATIENT_NODE_TIMEOUT).await.unwrap();
+    let batch = batched(&other.url(), &ops, PATIENT_NODE_TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(separate.len(), ops.len());
+    assert_eq!(batch.len(), ops.len());
+    for ((op, s), b) in ops.iter().zip(&separate).zip(&batch) {
+        assert_eq!(normal(s), normal(b), "{op:?}: alone {s:?}, batched {b:?}");
+    }
+    // The test means something: each kind of answer is there.
+    let shown: Vec<String> = separate.iter().map(normal).collect();
+    for want in ["Ok(ok)", "Ok(int(0))", "Ok(int(1))", "Ok([nil", "WrongType"] {
+        assert!(
+            shown.iter().any(|s| s.contains(want)),
+            "no {want} among {shown:?}"
+        );
+    }
+    for key in KEYS {
+        assert_eq!(state(&one, key), state(&other, key));
+    }
+    // The waited-for key's release was announced by both.
+    assert_eq!(heard(&mut sub_one), WAITED_CHANNEL);
+    assert_eq!(heard(&mut sub_other), WAITED_CHANNEL);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_each_key_as_its_own_call_on_redis() {
+    same_answers_as_separate_calls(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_each_key_as_its_own_call_on_valkey() {
+    let Some(bin) = valkey_or_skip("a_batch_answers_each_key_as_its_own_call_on_valkey") else {
+        return;
+    };
+    same_answers_as_separate_calls(Some(&bin)).await;
+}
+
+/// Many tasks at once, whose calls the nodes coalesce: every distinct key
+/// is locked and released by its own task, and on one shared key the tasks
+/// never hold it together; nothing is left on the nodes once the releases
+/// still on their way have landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_locks_keep_their_own_outcomes() {
+    let cluster = Cluster::start(3);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(PATIENT_NODE_TIMEOUT)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let before = redlock_core::coalesce_stats();
+    // Distinct keys: each task's lock is its own.
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                let key = format!("co:{i}");
+                for _ in 0..5 {
+                    // Decided at quorum: a node may say "not held" when this
+                    // lock's `SET` there came after the last release's (it
+                    // was refused), with or without coalescing.
+                    let lock = rl.mutex(&key).try_acquire(ttl).await.unwrap();
+                    rl.unlock(lock).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // One key: at most one holder at a time, each refusal its own.
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (rl, inside) = (rl.clone(), Arc::clone(&inside));
+            tokio::spawn(async move {
+                let mut held = 0;
+                for _ in 0..5 {
+                    if let Ok(lock) = rl.mutex("co:shared").try_acquire(ttl).await {
+                        assert_eq!(
+                            inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                            0,
+                            "two holders at once"
+                        );
+                        held += 1;
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        rl.unlock(lock).await.unwrap();
+                    }
+                }
+                held
+            })
+        })
+        .collect();
+    let mut held = 0;
+    for t in tasks {
+        held += t.await.unwrap();
+    }
+    assert!(held > 0, "nobody ever held the shared key");
+    let after = redlock_core::coalesce_stats();
+    eprintln!(
+        "coalesced: {} batches of {} operations (largest {})",
+        after.batches - before.batches,
+        after.operations - before.operations,
+        after.largest
+    );
+    // Every release was decided at quorum; the last node's may still be on
+    // its way (CONTRIBUTING, timing rule 4).
+    for node in cluster.nodes() {
+        let clean = redlock_tests::util::eventually(timing::settle(PATIENT_NODE_TIMEOUT), || {
+            node.keys().iter().all(|k| !k.starts_with("co:"))
+        })
+        .await;
+        assert!(clean, "keys left on a node: {:?}", node.keys());
+    }
+}
