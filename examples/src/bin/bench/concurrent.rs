@@ -24,6 +24,9 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let mut time = [0.0f64; 3];
     let mut cpu = [Duration::ZERO; 3];
     let mut costs = [cost::Cost::default(); 3];
+    // The library's coalesced node calls (issue 50): batches sent, the
+    // operations they carried, and the largest.
+    let (mut batches, mut batched, mut largest) = (0u64, 0u64, 0u64);
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for round in 0..rounds {
         let mut rate = [0.0f64; 3];
@@ -33,6 +36,7 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
                 continue;
             }
             let before = cost::snapshot(&setup.pools).await?;
+            let stats0 = redlock_core::coalesce_stats();
             let cpu0 = cpu_time();
             let start = Instant::now();
             let contenders = (lib.clone(), raw.clone(), rsl.clone());
@@ -66,6 +70,12 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             .await?;
             time[who] += start.elapsed().as_secs_f64();
             cpu[who] += cpu_time() - cpu0;
+            if who == 0 {
+                let stats = redlock_core::coalesce_stats();
+                batches += stats.batches - stats0.batches;
+                batched += stats.operations - stats0.operations;
+                largest = largest.max(stats.largest);
+            }
             let after = cost::snapshot(&setup.pools).await?;
             costs[who].add(before, after);
             total[who] += pairs;
@@ -186,6 +196,32 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         let at = |w: usize| per_pair(w, value(&costs[w])) / if per_node { n } else { 1.0 };
         row3(name, at(0), at(1), at(2), unit);
     }
+    // Each pair is an acquire and a release on every node.
+    let ops = (total[0] * 2 * setup.pools.len() as u64).max(1);
+    println!(
+        "| {:<38} | {:>12.1} | {:>12} | {:<8} | {:>6} | {:>12} | {:>6} |",
+        "  coalesced batches: mean operations",
+        batched as f64 / batches.max(1) as f64,
+        "",
+        "ops",
+        "",
+        "",
+        ""
+    );
+    println!(
+        "| {:<38} | {:>12} | {:>12} | {:<8} | {:>6} | {:>12} | {:>6} |",
+        "  coalesced batches: largest", largest, "", "ops", "", "", ""
+    );
+    println!(
+        "| {:<38} | {:>12.1} | {:>12} | {:<8} | {:>6} | {:>12} | {:>6} |",
+        "  node operations sent in a batch",
+        100.0 * batched as f64 / ops as f64,
+        "",
+        "%",
+        "",
+        "",
+        ""
+    );
     let left = keys_left(setup, rounds).await?;
     row3(
         "keys left on the nodes after 2 s",
