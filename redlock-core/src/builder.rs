@@ -334,6 +334,22 @@ impl RedlockBuilder {
         self
     }
 
+    /// Coalesces the plain acquires, releases and extends that many tasks
+    /// send to one single-server node while its connection is busy: they go
+    /// out together in one write, each answered as its own call would be
+    /// (default: off). A lone call goes out at once, as without it.
+    ///
+    /// Experimental (issue 50): measured at 0.82–1.01 times the raw loop's
+    /// 64-task throughput against 0.96–0.98 without it, so it is not yet
+    /// worth turning on, and a release queued behind a busy connection can
+    /// be overtaken by a waiter's acquire sent directly (a `Busy` more, never
+    /// two holders). Cluster nodes, replica acks, native commands, fenced
+    /// and waiting acquires keep their own calls either way.
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.settings.coalesce = on;
+        self
+    }
+
     /// Which of the nodes' own compare-and-set and compare-and-delete commands
     /// replace the Lua scripts where a node has them (default:
     /// [`NativeCommands::Extend`](crate::NativeCommands::Extend)): extend by

@@ -292,6 +292,9 @@ pub(crate) struct Settings {
     pub(crate) wake_on_release: bool,
     /// Where release and extend may use the nodes' own commands.
     pub(crate) native_commands: crate::node::NativeCommands,
+    /// Whether plain calls queued behind a node's busy connection go out
+    /// together (`node/coalesce.rs`; off by default, issue 50).
+    pub(crate) coalesce: bool,
     /// The opt-in `key` label of the metrics (none by default).
     pub(crate) metrics_key: Option<crate::metrics::KeyLabel>,
 }
@@ -312,6 +315,7 @@ impl Default for Settings {
             fence_counter_ttl: crate::fencing::DEFAULT_FENCE_COUNTER_TTL,
             wake_on_release: true,
             native_commands: crate::node::NativeCommands::default(),
+            coalesce: false,
             metrics_key: None,
         }
     }

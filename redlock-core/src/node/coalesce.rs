@@ -504,7 +504,8 @@ impl Node {
     /// The operation `call` is in a batch, if it may be coalesced on this
     /// node (see the module docs).
     pub(super) fn coalesces(&self, call: &Call) -> Option<Op> {
-        if self.pool.is_cluster()
+        if !self.coalesce
+            || self.pool.is_cluster()
             || self.native_may_run(call)
             || (self.replica_acks.is_some() && super::replicas::waits(call))
         {

@@ -127,6 +127,9 @@ pub(crate) struct Node {
     /// The node's coalescer per runtime (`coalesce.rs`): its plain calls
     /// queued behind a busy connection go out together.
     coalescers: crate::per_runtime::PerRuntime<Arc<coalesce::NodeCoalescer>>,
+    /// Whether calls take part in the coalescer (the handle's setting, given
+    /// by `Inner::new`; off by default).
+    pub(crate) coalesce: bool,
 }
 
 /// Where a node's release announcements are heard (`wake/`).
@@ -156,6 +159,7 @@ impl Node {
             replids: cluster_acks::Replids::default(),
             waits: replicas::Waits::default(),
             coalescers: crate::per_runtime::PerRuntime::default(),
+            coalesce: false,
         }
     }
 

@@ -32,6 +32,7 @@ impl Inner {
     pub(crate) fn new(mut nodes: Vec<Node>, settings: Settings) -> Self {
         for node in &mut nodes {
             node.native = settings.native_commands;
+            node.coalesce = settings.coalesce;
         }
         Self {
             quorum: quorum(nodes.len()),

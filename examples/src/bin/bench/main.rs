@@ -199,6 +199,9 @@ fn redlock(setup: &Setup) -> Result<Redlock, Error> {
         .cloned()
         .fold(Redlock::builder(), |b, p| b.pool(p))
         .node_timeout(*NODE_TIMEOUT)
+        // The experimental coalescer (issue 50), off by default as in the
+        // library: `REDLOCK_BENCH_COALESCE=1` turns it on.
+        .coalesce(env_or("REDLOCK_BENCH_COALESCE", 0.0) == 1.0)
         .build()
 }
 
