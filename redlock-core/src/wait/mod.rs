@@ -34,7 +34,6 @@ use crate::queue::Place;
 use crate::settings::RetryPolicy;
 use crate::wake::{Found, Subscription};
 
-pub(crate) mod handoff;
 mod many;
 mod shared;
 
@@ -328,7 +327,8 @@ impl Core {
         let waiting = &self.inner.waiting;
         let node_timeout = self.inner.settings.node_timeout;
         let now = Instant::now();
-        let window = handoff::window(node_timeout, waits.spread.then_some(retry.jitter));
+        let window =
+            crate::wake::handoff::window(node_timeout, waits.spread.then_some(retry.jitter));
         let decided = waits
             .keys
             .iter()
@@ -336,7 +336,7 @@ impl Core {
             .filter(|d| handed.is_none_or(|h| *d > h))
             .max();
         let Some((decided, until)) = decided.and_then(|d| {
-            handoff::not_before(d, window, now, latest_start).map(|until| (d, until))
+            crate::wake::handoff::not_before(d, window, now, latest_start).map(|until| (d, until))
         }) else {
             return false;
         };

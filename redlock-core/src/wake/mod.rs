@@ -41,6 +41,7 @@ use crate::node::{Node, PubSubAt};
 use crate::queue::Queues;
 use crate::settings::Settings;
 
+pub(crate) mod handoff;
 mod news;
 mod node_task;
 mod shard;
@@ -49,7 +50,7 @@ use news::{Chan, NodeSub};
 use node_task::{Source, node_task};
 
 use crate::keys::channel_prefix;
-use crate::wait::handoff::HandOffs;
+use handoff::HandOffs;
 
 /// How long a subscribed connection may stay silent before it is asked a
 /// `PING`; without an answer within the subscription limit it is replaced.

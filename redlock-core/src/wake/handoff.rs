@@ -9,8 +9,8 @@
 //! announcement reached (`node::RELEASE_LUA`), the releaser takes away its
 //! own handle's subscription on each node, and when some node still had
 //! another's, it records a *hand-off window* for the resource: its retrying
-//! acquires of the resource ([`Core::retry_loop`](crate::protocol::redlock::Core),
-//! the local queue's head included) make no attempt until the window ends,
+//! acquires of the resource (the one retry loop, `wait/`, the local queue's
+//! head included) make no attempt until the window ends,
 //! or until a release by someone else is heard (the woken waiter held and
 //! let go). A single attempt (`try_acquire`) is never delayed.
 //!
