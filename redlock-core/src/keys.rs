@@ -120,6 +120,28 @@ pub(crate) fn waiters_flag(key: &str) -> String {
     derived(key, WAITERS_SUFFIX)
 }
 
+/// The name a mutex waiter writes in its key's waiters flag: `w` and its
+/// id in 16 hex digits (an attempt adds `:` and its token). The last waiter
+/// to set the flag on a node before a release is named in that release's
+/// announcement (`RELEASE_LUA` publishes the flag's value, but never the
+/// name the releasing holder's own attempt wrote), and the waiter named
+/// tries first (`wait/`, issue 48 item 7). A flag set by a permit or share
+/// waiter, or by an older client, holds `1`, which names nobody.
+pub(crate) fn waiter_name(id: u64) -> String {
+    format!("w{id:016x}")
+}
+
+/// The waiter an announcement names ([`waiter_name`], alone or followed by
+/// `:` and the token of the attempt that wrote it), if any.
+pub(crate) fn named_waiter(payload: &[u8]) -> Option<u64> {
+    let hex = payload.strip_prefix(b"w")?;
+    let (hex, rest) = hex.split_at_checked(16)?;
+    if !(rest.is_empty() || rest.starts_with(b":")) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+}
+
 /// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without
 /// building it.
 pub(crate) fn is_reserved(prefix: &str, resource: &str) -> bool {
@@ -149,5 +171,25 @@ mod tests {
         // A lock key that merely contains the infix after other text.
         assert!(!is_reader_key("redlock:x:redlock-reader:abc"));
         assert_eq!(reader_infix_len!(), READER_INFIX.len().to_string());
+    }
+
+    #[test]
+    fn a_waiter_name_reads_back_and_nothing_else_names_a_waiter() {
+        for id in [0, 1, 0xdead_beef, u64::MAX] {
+            assert_eq!(named_waiter(waiter_name(id).as_bytes()), Some(id));
+            let with_token = format!("{}:0123abcd", waiter_name(id));
+            assert_eq!(named_waiter(with_token.as_bytes()), Some(id));
+        }
+        for other in [
+            &b"1"[..],
+            b"",
+            b"w",
+            b"w123",
+            b"x0000000000000001",
+            b"w000000000000000g",
+            b"w00000000000000011",
+        ] {
+            assert_eq!(named_waiter(other), None, "{other:?}");
+        }
     }
 }

@@ -348,7 +348,7 @@ mod tests {
     fn a_call_waits_on_each_slot_it_wrote() {
         let set = Call::acquire(&"k".into(), "t", 100);
         assert_eq!(written_keys(&set), vec![b"k".to_vec()]);
-        let fence = Call::waiting_acquire("k2", "t", 100, Some(b"\xfffence:{k2}"), 50);
+        let fence = Call::waiting_acquire("k2", "t", 100, Some(b"\xfffence:{k2}"), 50, None);
         let keys = written_keys(&fence);
         assert_eq!(keys.len(), 1);
         assert_eq!(slot_of(&keys[0]), slot_of(b"k2"));

@@ -39,6 +39,14 @@ use super::lua::{LuaScript, keys_cmds};
 /// longest reader it listed could). The test is on
 /// the key's text, so a lock's release runs no more commands than before.
 ///
+/// The announcement carries the flag's value: the name of the last mutex
+/// waiter that set it (`keys::waiter_name`), which tries first
+/// (`wait/`, issue 48 item 7), or `1`, which names nobody. A name written
+/// by the attempt that took this lock (it ends with `:` and the token) is
+/// the releasing holder's own, who waits no more: the release names nobody
+/// instead. Reading the flag costs the release one `GET` more, only when
+/// the key held the token.
+///
 /// It answers 0 when the key did not hold the token, else 1 plus what the
 /// `PUBLISH` answered, the number of connections subscribed to the channel
 /// (0 when nothing was announced or the `pcall` failed): the releaser learns
@@ -64,14 +72,17 @@ if string.sub(KEYS[1], #t + 1, #t + "#,
             r#"', KEYS[1])
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], t .. '"#,
+  local f = t .. '"#,
             waiters_suffix!(),
-            r#"') > 1 then
+            r#"'
+  local w = redis.pcall('GET', f)
+  if type(w) ~= 'string' or string.sub(w, -#ARGV[1] - 1) == ':' .. ARGV[1] then w = '1' end
+  if redis.call('DEL', KEYS[1], f) > 1 then
     local n = redis.pcall('"#,
             $publish,
             "', ",
             $prefix,
-            r#" .. t, '1')
+            r#" .. t, w)
     if type(n) == 'number' then return 1 + n end
   end
   return 1

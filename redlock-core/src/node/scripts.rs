@@ -220,14 +220,19 @@ impl Call {
     /// finds the flag and announces itself (`RELEASE_LUA`). A waiter usually
     /// finds the key held, so its `PTTL` and `TYPE` come in the same round
     /// trip too. `fence_key` as for [`Call::fenced_acquire`].
+    ///
+    /// With `name` (a mutex waiter's, `keys::waiter_name`), the flag holds it
+    /// afterwards whether or not it was there before: the last waiter to set
+    /// it is the one the next release names.
     pub(crate) fn waiting_acquire(
         key: &str,
         token: &str,
         ttl_ms: u128,
         fence_key: Option<&[u8]>,
         flag_ms: u64,
+        name: Option<&str>,
     ) -> Self {
-        Self::acquire_pipeline(key, token, ttl_ms, fence_key, Some(flag_ms))
+        Self::acquire_pipeline(key, token, ttl_ms, fence_key, Some((flag_ms, name)))
     }
 
     fn acquire_pipeline(
@@ -235,13 +240,16 @@ impl Call {
         token: &str,
         ttl_ms: u128,
         fence_key: Option<&[u8]>,
-        flag_ms: Option<u64>,
+        flag: Option<(u64, Option<&str>)>,
     ) -> Self {
         let mut pipeline = redis::pipe();
         let mut skip = 0;
-        if let Some(ms) = flag_ms {
-            push_flag(&mut pipeline, key, ms);
-            skip = FLAG_COMMANDS;
+        if let Some((ms, name)) = flag {
+            // The attempt's own token after the name: the release of the
+            // lock it may win then knows the name for its holder's own, and
+            // names nobody instead (`RELEASE_LUA`).
+            let value = name.map(|n| format!("{n}:{token}"));
+            skip = push_flag(&mut pipeline, key, ms, value.as_deref());
         }
         pipeline
             .add_command(set_nx(key, token, ttl_ms))
@@ -258,10 +266,10 @@ impl Call {
     /// The waiters flags of `keys`, set for `flag_ms` (or kept, if they live
     /// longer), alone: a multi-resource waiter's, sent and answered before
     /// its attempt's script (see [`Call::waiting_acquire`]).
-    pub(crate) fn waiters_flags(keys: &[Arc<str>], flag_ms: u64) -> Self {
+    pub(crate) fn waiters_flags(keys: &[Arc<str>], flag_ms: u64, name: Option<&str>) -> Self {
         let mut pipeline = redis::pipe();
         for key in keys {
-            push_flag(&mut pipeline, key, flag_ms);
+            push_flag(&mut pipeline, key, flag_ms, name);
         }
         Call::Acquire { pipeline, skip: 0 }
     }
@@ -277,25 +285,35 @@ impl Call {
     }
 }
 
-/// How many commands set one waiters flag ([`push_flag`]).
-const FLAG_COMMANDS: usize = 2;
-
 /// Sets `key`'s waiters flag for `ms`: created if absent, else lengthened if
 /// shorter, so that of several waiters the one that waits longest keeps it.
-fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64) {
+/// With `name`, the flag holds that name afterwards (`SET .. XX KEEPTTL`
+/// keeps the expiry); without, a flag made here holds `1`, which names
+/// nobody. Returns how many commands it added.
+fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64, name: Option<&str>) -> usize {
     let flag = crate::keys::waiters_flag(key);
     let ms = ms.max(1);
     pipeline
         .cmd("SET")
         .arg(&flag)
-        .arg(1)
+        .arg(name.unwrap_or("1"))
         .arg("NX")
         .arg("PX")
-        .arg(ms)
-        .cmd("PEXPIRE")
-        .arg(&flag)
-        .arg(ms)
-        .arg("GT");
+        .arg(ms);
+    let named = match name {
+        Some(name) => {
+            pipeline
+                .cmd("SET")
+                .arg(&flag)
+                .arg(name)
+                .arg("XX")
+                .arg("KEEPTTL");
+            1
+        }
+        None => 0,
+    };
+    pipeline.cmd("PEXPIRE").arg(&flag).arg(ms).arg("GT");
+    2 + named
 }
 
 /// Spec step 2's `SET key token NX PX ttl`.

@@ -90,6 +90,7 @@ impl Core {
             latest_start,
             &tries,
             |attempt, flag| {
+                let flag = flag.map(|f: crate::wait::Flag| f.ttl);
                 self.permit_attempt(&resource, &key, permits, ttl, (attempt, flag), &tries)
             },
         )

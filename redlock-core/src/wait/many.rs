@@ -34,12 +34,43 @@ impl Core {
         .await
     }
 
-    /// Sets the waiters flags of `keys` on every node, for `flag`, and
+    /// Sets the waiters flags of `keys` on `nodes`, for `flag`, with the
+    /// waiter's `name` in them (if it has one), in the background: nothing
+    /// waits for the answers.
+    pub(super) fn spawn_waiters_flags(
+        &self,
+        keys: &[Arc<str>],
+        flag: Duration,
+        name: Option<u64>,
+        nodes: Vec<usize>,
+    ) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
+        let name = name.map(crate::keys::waiter_name);
+        let call = Arc::new(Call::waiters_flags(keys, flag_ms, name.as_deref()));
+        let this = self.clone();
+        rt.spawn(async move {
+            let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
+            let mut pending = this.fan_out(&call, ignore, nodes.into_iter());
+            this.settle(&mut pending, |_| false).await;
+        });
+    }
+
+    /// Sets the waiters flags of `keys` on every node, for `flag` (with the
+    /// waiter's `name` in them, if it has one: `keys::waiter_name`), and
     /// waits for the answers (at most a node timeout). A node that refuses
     /// them or does not answer only loses the wake-up there.
-    pub(super) async fn set_waiters_flags(&self, keys: &[Arc<str>], flag: Duration) {
+    pub(super) async fn set_waiters_flags(
+        &self,
+        keys: &[Arc<str>],
+        flag: Duration,
+        name: Option<u64>,
+    ) {
         let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
-        let call = Arc::new(Call::waiters_flags(keys, flag_ms));
+        let name = name.map(crate::keys::waiter_name);
+        let call = Arc::new(Call::waiters_flags(keys, flag_ms, name.as_deref()));
         let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
         let mut pending = self.fan_out(&call, ignore, 0..self.inner.nodes.len());
         self.settle(&mut pending, |_| false).await;

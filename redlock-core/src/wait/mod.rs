@@ -32,7 +32,7 @@ use crate::protocol::redlock::Core;
 use crate::protocol::steps::{may_retry, retry_delay};
 use crate::queue::Place;
 use crate::settings::RetryPolicy;
-use crate::wake::{Found, Subscription};
+use crate::wake::{Found, Naming, Subscription};
 
 mod many;
 mod shared;
@@ -61,6 +61,10 @@ pub(crate) struct Waits<'a> {
     /// attempt's tries, filled by the attempt. The waiter wakes on news
     /// that frees any one of them, not just the one its error names.
     tries: Option<&'a Mutex<Vec<Report>>>,
+    /// A mutex waiter's name (`keys::waiter_name`), which its attempts
+    /// write in the waiters flag: a release names the last waiter that set
+    /// it, and only that one tries at once (issue 48, item 7).
+    name: Option<u64>,
 }
 
 impl<'a> Waits<'a> {
@@ -74,11 +78,13 @@ impl<'a> Waits<'a> {
             place: None,
             spread: false,
             tries: None,
+            name: None,
         }
     }
 
-    /// A mutex of one key, waiting in its process's queue at `place`.
-    pub(crate) fn queued(keys: &'a [Arc<str>], ttl: Duration, place: Place<'a>) -> Self {
+    /// A mutex of one key, waiting in its process's queue at `place`, whose
+    /// attempts write `name` in the waiters flag.
+    pub(crate) fn queued(keys: &'a [Arc<str>], ttl: Duration, place: Place<'a>, name: u64) -> Self {
         Self {
             keys,
             ttl,
@@ -86,6 +92,7 @@ impl<'a> Waits<'a> {
             place: Some(place),
             spread: false,
             tries: None,
+            name: Some(name),
         }
     }
 
@@ -99,6 +106,7 @@ impl<'a> Waits<'a> {
             place: None,
             spread: false,
             tries: None,
+            name: None,
         }
     }
 
@@ -112,6 +120,7 @@ impl<'a> Waits<'a> {
             place: None,
             spread: true,
             tries: None,
+            name: None,
         }
     }
 
@@ -151,7 +160,7 @@ impl Core {
         mut attempt_once: F,
     ) -> Result<Lock, Error>
     where
-        F: FnMut(u32, Option<Duration>) -> Fut,
+        F: FnMut(u32, Option<Flag>) -> Fut,
         Fut: Future<Output = Result<Lock, Error>>,
     {
         let waiting = &self.inner.waiting;
@@ -163,16 +172,20 @@ impl Core {
         let mut attempt = 1;
         // The latest hand-off this waiter waited out: each is waited once.
         let mut handed = None;
+        // The next attempt is the turn a release named this waiter to: its
+        // flags leave its name out, so that the next release names another
+        // waiter, not the holder.
+        let mut unnamed = false;
         loop {
             // A retrying acquire leaves the turn to the waiters this
             // handle's last release woke in other handles (`handoff`); a
             // single attempt is never delayed.
-            if retry.max_attempts > 1
-                && self
+            if retry.max_attempts > 1 {
+                let (made, named) = self
                     .wait_hand_off(&waits, retry, latest_start, &mut subscriptions, &mut handed)
-                    .await
-            {
-                readied = true;
+                    .await;
+                readied |= made;
+                unnamed |= named;
             }
             if let Some(place) = &waits.place {
                 place.clear_kick();
@@ -188,11 +201,15 @@ impl Core {
             if !subscriptions.is_empty() {
                 let ttl = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
                 if waits.inline_flag {
-                    flag = Some(ttl);
+                    flag = Some(Flag {
+                        ttl,
+                        named: waits.name.is_some() && !unnamed,
+                    });
                 } else {
-                    self.set_waiters_flags(waits.keys, ttl).await;
+                    self.set_waiters_flags(waits.keys, ttl, None).await;
                 }
             }
+            unnamed = false;
             let err = match attempt_once(attempt, flag).await {
                 Ok(lock) => {
                     if let Some(place) = waits.place.take() {
@@ -269,39 +286,159 @@ impl Core {
                 channels = ?subscriptions.iter().map(Subscription::describe).collect::<Vec<_>>(),
                 "waiter sleeps"
             );
-            let released = async {
-                match subscriptions.as_mut_slice() {
-                    [] => std::future::pending().await,
-                    [one] => one.woken(&found).await,
-                    many => {
-                        select_all(many.iter_mut().map(|s| Box::pin(s.woken(&found)))).await;
+            let woken = {
+                let released = async {
+                    match subscriptions.as_mut_slice() {
+                        [] => std::future::pending().await,
+                        [one] => one.woken(&found).await,
+                        many => {
+                            select_all(many.iter_mut().map(|s| Box::pin(s.woken(&found)))).await;
+                        }
+                    }
+                };
+                let kicked = async {
+                    match &waits.place {
+                        Some(place) => place.kicked().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let slept = Instant::now();
+                let (woken, by) = tokio::select! {
+                    () = tokio::time::sleep_until(wake.into()) => (false, "its fallback timer"),
+                    () = released => (true, "releases heard"),
+                    () = kicked => (false, "a local release"),
+                };
+                tracing::debug!(by, after = ?slept.elapsed(), ?found, "waiter woken");
+                woken
+            };
+            if !woken {
+                continue;
+            }
+            match self.decide_turn(&waits, &mut subscriptions, retry).await {
+                AfterWake::Now { named } => unnamed = named,
+                AfterWake::Pending => {}
+                AfterWake::Spread(spread) => {
+                    sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
+                }
+                AfterWake::Defer => {
+                    unnamed = self
+                        .defer_turn(&waits, &mut subscriptions, retry, latest_start)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// What a waiter woken by releases heard does next ([`after_wake_up`]),
+    /// once a quorum of the nodes announced the release (whom it named), or,
+    /// at most a node timeout later, with what was heard by then: waiters
+    /// that decided on different nodes' names could both go.
+    async fn decide_turn(
+        &self,
+        waits: &Waits<'_>,
+        subscriptions: &mut [Subscription<'_>],
+        retry: &RetryPolicy,
+    ) -> AfterWake {
+        let decided = after_wake_up(waits, subscriptions, retry, false);
+        let (AfterWake::Pending, [sub]) = (decided, &mut *subscriptions) else {
+            return decided;
+        };
+        let until = Instant::now().checked_add(self.inner.settings.node_timeout);
+        loop {
+            let more = changed_before(sub, until).await;
+            let decided = after_wake_up(waits, std::slice::from_ref(sub), retry, !more);
+            if decided != AfterWake::Pending {
+                return decided;
+            }
+        }
+    }
+
+    /// Leaves the turn to the waiter a release named ([`AfterWake::Defer`]),
+    /// for a mutex waiter (one key): says this one still waits, its name on
+    /// the flags for the next release to name it, and listens on. Returns
+    /// when a release names it (true: its attempt then leaves its name out)
+    /// or nobody, when a subscription changed, or when a poll delay of its
+    /// policy passed with no release heard on a quorum (the named one gone,
+    /// paused, or holding long: false). The poll starts anew at each release
+    /// that names another, so while the turns pass from one named waiter to
+    /// the next, the waiters that defer make no attempt to race them.
+    ///
+    /// The name goes on each node once the release has been heard there: a
+    /// flag written on a node before the release ran there is deleted by it
+    /// (and named this waiter on that node alone), so that the next release
+    /// found different names on different nodes and nobody went.
+    async fn defer_turn<'a>(
+        &'a self,
+        waits: &Waits<'a>,
+        subscriptions: &mut [Subscription<'a>],
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+    ) -> bool {
+        let [sub] = subscriptions else {
+            return false;
+        };
+        let node_timeout = self.inner.settings.node_timeout;
+        let found = Found::all_busy(self.inner.nodes.len());
+        let poll_from = |now: Instant| {
+            [now.checked_add(retry_delay(retry)), latest_start]
+                .into_iter()
+                .flatten()
+                .min()
+        };
+        let mut poll = poll_from(Instant::now());
+        let nodes = self.inner.nodes.len();
+        // The release deferred to, reaching the nodes one by one: the nodes
+        // it has not reached yet (whose announcement is that release's,
+        // not news), until a node timeout after it was heard.
+        let mut late = vec![true; nodes];
+        let mut late_until = Instant::now().checked_add(node_timeout);
+        let mut first = true;
+        loop {
+            let Some(fresh) = sub.fresh_nodes() else {
+                return false;
+            };
+            let now = Instant::now();
+            let in_time = late_until.is_none_or(|t| now < t);
+            let (reached, news): (Vec<usize>, Vec<usize>) = fresh
+                .into_iter()
+                .partition(|&i| first || (in_time && late.get(i) == Some(&true)));
+            first = false;
+            if !reached.is_empty() {
+                sub.mark_nodes_seen(&reached);
+                for &i in &reached {
+                    if let Some(l) = late.get_mut(i) {
+                        *l = false;
                     }
                 }
-            };
-            let kicked = async {
-                match &waits.place {
-                    Some(place) => place.kicked().await,
-                    None => std::future::pending().await,
+                let ttl = flag_ttl(waits.ttl, retry, node_timeout, now, latest_start);
+                self.spawn_waiters_flags(waits.keys, ttl, waits.name, reached);
+            }
+            if !news.is_empty() && sub.wakes_now(&found) {
+                match self
+                    .decide_turn(waits, std::slice::from_mut(sub), retry)
+                    .await
+                {
+                    AfterWake::Defer => {
+                        tracing::debug!("another waiter named again: its turn");
+                        let now = Instant::now();
+                        poll = poll_from(now);
+                        late = vec![true; nodes];
+                        late_until = now.checked_add(node_timeout);
+                        first = true;
+                        continue;
+                    }
+                    AfterWake::Now { named } => return named,
+                    AfterWake::Pending => return false,
+                    AfterWake::Spread(spread) => {
+                        sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
+                        return false;
+                    }
                 }
-            };
-            let slept = Instant::now();
-            let (woken, by) = tokio::select! {
-                () = tokio::time::sleep_until(wake.into()) => (false, "its fallback timer"),
-                () = released => (true, "releases heard"),
-                () = kicked => (false, "a local release"),
-            };
-            tracing::debug!(
-                by,
-                after = ?slept.elapsed(),
-                ?found,
-                "waiter woken"
-            );
-            if woken && waits.spread && !retry.jitter.is_zero() {
-                let spread = rand::rng().random_range(Duration::ZERO..=retry.jitter);
-                if let Some(until) = Instant::now().checked_add(spread) {
-                    let until = latest_start.map_or(until, |l| until.min(l));
-                    tokio::time::sleep_until(until.into()).await;
-                }
+            }
+            let heard = changed_before(sub, poll).await;
+            if !heard {
+                tracing::debug!("deferring waiter's poll");
+                return false;
             }
         }
     }
@@ -312,8 +449,11 @@ impl Core {
     /// waiting by wake-up, until a release by another than this handle is
     /// heard (the woken waiter held and let go: its turn is over). To hear
     /// it, the waiter subscribes (if it had not) and leaves the waiters
-    /// flags first. Returns whether it made and readied `subscriptions`.
-    /// `handed`: when the hand-off it last waited out was decided (a
+    /// flags first. A release by another that ends the window woke the
+    /// others too: this waiter then does what they do
+    /// ([`after_wake_up`]). Returns whether it made and readied
+    /// `subscriptions`, and whether a release named it (see
+    /// [`Core::defer_turn`]). `handed`: when the hand-off it last waited out was decided (a
     /// hand-off is waited out once: not again after another's release
     /// ended it early); updated.
     async fn wait_hand_off<'a>(
@@ -323,7 +463,7 @@ impl Core {
         latest_start: Option<Instant>,
         subscriptions: &mut Vec<Subscription<'a>>,
         handed: &mut Option<Instant>,
-    ) -> bool {
+    ) -> (bool, bool) {
         let waiting = &self.inner.waiting;
         let node_timeout = self.inner.settings.node_timeout;
         let now = Instant::now();
@@ -338,7 +478,7 @@ impl Core {
         let Some((decided, until)) = decided.and_then(|d| {
             crate::wake::handoff::not_before(d, window, now, latest_start).map(|until| (d, until))
         }) else {
-            return false;
+            return (false, false);
         };
         *handed = Some(decided);
         tracing::debug!(
@@ -348,7 +488,7 @@ impl Core {
         let sleep = tokio::time::sleep_until(until.into());
         if !waiting.enabled() {
             sleep.await;
-            return false;
+            return (false, false);
         }
         let mut readied = false;
         if subscriptions.is_empty() {
@@ -359,23 +499,44 @@ impl Core {
         }
         if subscriptions.is_empty() {
             sleep.await;
-            return false;
+            return (false, false);
         }
         let since: Vec<Vec<u64>> = subscriptions.iter().map(Subscription::others).collect();
         let flag = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
-        self.set_waiters_flags(waits.keys, flag).await;
-        let others = select_all(
-            subscriptions
-                .iter_mut()
-                .zip(&since)
-                .map(|(s, since)| Box::pin(s.others_released(since))),
-        );
-        let by = tokio::select! {
-            () = sleep => "its end",
-            _ = others => "another's release",
+        self.set_waiters_flags(waits.keys, flag, None).await;
+        let by_release = {
+            let others = select_all(
+                subscriptions
+                    .iter_mut()
+                    .zip(&since)
+                    .map(|(s, since)| Box::pin(s.others_released(since))),
+            );
+            tokio::select! {
+                () = sleep => false,
+                _ = others => true,
+            }
         };
-        tracing::debug!(by, "hand-off window over");
-        readied
+        tracing::debug!(by_release, "hand-off window over");
+        // The release that ended the window woke the other waiters too (and
+        // may have named one of them): this one is woken like them, and
+        // leaves the named one its head start. Trying at once, it raced the
+        // named waiter and split the votes at a bare quorum (issue 48, item 7).
+        if !by_release {
+            return (readied, false);
+        }
+        let named = match self.decide_turn(waits, subscriptions, retry).await {
+            AfterWake::Now { named } => named,
+            AfterWake::Pending => false,
+            AfterWake::Spread(spread) => {
+                sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
+                false
+            }
+            AfterWake::Defer => {
+                self.defer_turn(waits, subscriptions, retry, latest_start)
+                    .await
+            }
+        };
+        (readied, named)
     }
 
     /// The mutex's retrying acquire of `key` (`Core::lock_with_retained`).
@@ -395,8 +556,10 @@ impl Core {
     ) -> Result<Lock, Error> {
         let keys = [Arc::clone(key)];
         let waiting = &self.inner.waiting;
-        let attempt = |n, flag| self.attempt_flagged(resource, key, ttl, n, flag);
         if retry.max_attempts <= 1 || !waiting.enabled() {
+            let attempt = |n, flag: Option<Flag>| {
+                self.attempt_flagged(resource, key, ttl, n, flag.map(|f| (f.ttl, None)))
+            };
             return self
                 .retry_loop(
                     Waits::polling(&keys, ttl.key),
@@ -426,9 +589,109 @@ impl Core {
                 return self.attempt(resource, key, ttl, 1).await;
             }
         }
-        let waits = Waits::queued(&keys, ttl.key, place);
+        let name = rand::random::<u64>();
+        let flag_value = crate::keys::waiter_name(name);
+        let attempt = |n, flag: Option<Flag>| {
+            let flag = flag.map(|f| (f.ttl, f.named.then_some(flag_value.as_str())));
+            self.attempt_flagged(resource, key, ttl, n, flag)
+        };
+        let waits = Waits::queued(&keys, ttl.key, place, name);
         self.retry_loop(waits, retry, latest_start, subscriptions, attempt)
             .await
+    }
+}
+
+/// What a waiter's attempt sets on each node before it asks: the waiters
+/// flag for `ttl`, and with `named`, the waiter's name in it (a mutex
+/// waiter's, see [`Waits::name`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Flag {
+    pub(crate) ttl: Duration,
+    pub(crate) named: bool,
+}
+
+/// What a waiter woken by releases heard does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterWake {
+    /// Tries at once; `named`: the releases named it, so its attempt leaves
+    /// its name out of the flags.
+    Now { named: bool },
+    /// Sleeps this long, then tries.
+    Spread(Duration),
+    /// Leaves the turn to the waiter the releases named: listens for the
+    /// next release, and tries after a poll delay if none comes first
+    /// (`Core::defer_turn`).
+    Defer,
+    /// Too few of the release's announcements heard to tell whom it named
+    /// (`Core::decide_turn` waits for more).
+    Pending,
+}
+
+/// What a waiter woken by releases heard does next (issue 48, item 7: at a
+/// bare quorum, waiters that all tried on the same release split the votes):
+///
+/// - a mutex waiter the releases named (on a quorum) tries at once: the lock
+///   is handed to it, and no other woken waiter races it;
+/// - a mutex waiter that another was named before leaves it the turn
+///   ([`AfterWake::Defer`]): it waits for the next release, or a poll delay
+///   of its policy, so a named waiter that is dead or paused costs the
+///   others one poll delay at most;
+/// - a permit's or share's waiter (which no release names), and a mutex
+///   waiter woken by releases that name nobody (no waiter flagged since the
+///   holder's own attempt; an older client's release; a native delete's),
+///   sleeps a random part of the jitter, since every waiter was woken at
+///   once;
+/// - a mutex waiter of a set (which names nobody) tries at once, as before
+///   names; so does any waiter whose policy has no jitter.
+fn after_wake_up(
+    waits: &Waits<'_>,
+    subscriptions: &[Subscription<'_>],
+    retry: &RetryPolicy,
+    partial: bool,
+) -> AfterWake {
+    let naming = waits.name.map_or(Naming::Nobody, |me| {
+        let each = subscriptions.iter().map(|s| s.naming(me, partial));
+        each.fold(Naming::Nobody, |all, one| match (all, one) {
+            (Naming::Me, _) | (_, Naming::Me) => Naming::Me,
+            (Naming::Other, _) | (_, Naming::Other) => Naming::Other,
+            (Naming::Pending, _) | (_, Naming::Pending) => Naming::Pending,
+            _ => Naming::Nobody,
+        })
+    });
+    let jitter = retry.jitter;
+    let spread = || rand::rng().random_range(Duration::ZERO..=jitter);
+    match naming {
+        Naming::Me => AfterWake::Now { named: true },
+        _ if jitter.is_zero() => AfterWake::Now { named: false },
+        Naming::Pending if partial => AfterWake::Spread(spread()),
+        Naming::Pending => AfterWake::Pending,
+        Naming::Other => AfterWake::Defer,
+        Naming::Nobody if waits.spread || waits.name.is_some() => AfterWake::Spread(spread()),
+        Naming::Nobody => AfterWake::Now { named: false },
+    }
+}
+
+/// Whether `sub`'s channel changed before `until` (false once `until`
+/// passed; without `until`, it waits for the change).
+async fn changed_before(sub: &mut Subscription<'_>, until: Option<Instant>) -> bool {
+    let timer = async {
+        match until {
+            Some(t) => tokio::time::sleep_until(t.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = timer => false,
+        () = sub.changed() => true,
+    }
+}
+
+/// Sleeps until `until`, but not past `latest_start`; not at all without
+/// `until` (past the end of time).
+async fn sleep_until_at_most(until: Option<Instant>, latest_start: Option<Instant>) {
+    if let Some(until) = until {
+        let until = latest_start.map_or(until, |l| until.min(l));
+        tokio::time::sleep_until(until.into()).await;
     }
 }
 

@@ -45,7 +45,7 @@ impl Core {
         attempt_once: F,
     ) -> Result<Lock, Error>
     where
-        F: FnMut(u32, Option<Duration>) -> Fut,
+        F: FnMut(u32, Option<super::Flag>) -> Fut,
         Fut: Future<Output = Result<Lock, Error>>,
     {
         let keys: [Arc<str>; 1] = [key.into()];
@@ -67,7 +67,7 @@ impl Core {
         attempt_once: F,
     ) -> Result<Lock, Error>
     where
-        F: FnMut(u32, Option<Duration>) -> Fut,
+        F: FnMut(u32, Option<super::Flag>) -> Fut,
         Fut: Future<Output = Result<Lock, Error>>,
     {
         let keys: [Arc<str>; 1] = [key.into()];

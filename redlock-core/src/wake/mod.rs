@@ -45,8 +45,8 @@ pub(crate) mod handoff;
 mod news;
 mod node_task;
 mod shard;
-pub(crate) use news::Found;
 use news::{Chan, NodeSub};
+pub(crate) use news::{Found, Naming};
 use node_task::{Source, node_task};
 
 use crate::keys::channel_prefix;
@@ -182,10 +182,12 @@ impl Shared {
         }
     }
 
-    /// `node` announced a release of `key`.
-    fn wake(&self, key: &str, node: usize) {
+    /// `node` announced a release of `key`, with `payload` (the waiters
+    /// flag's value: the waiter it names, if any).
+    fn wake(&self, key: &str, node: usize, payload: &[u8]) {
         if let Some(e) = self.channels().get(key) {
-            e.state.send_modify(|s| s.heard(node));
+            let name = crate::keys::named_waiter(payload);
+            e.state.send_modify(|s| s.heard(node, name));
         }
     }
 }
@@ -424,6 +426,55 @@ impl Subscription<'_> {
     /// whatever they announced.
     pub(crate) fn mark_seen(&mut self) {
         self.seen = self.rx.borrow_and_update().clone();
+    }
+
+    /// Whom the releases announced since the waiter's last attempt name,
+    /// for the waiter `me` (see `Chan::naming`).
+    pub(crate) fn naming(&self, me: u64, partial: bool) -> Naming {
+        self.rx
+            .borrow()
+            .naming(&self.seen, me, self.waiting.quorum, partial)
+    }
+
+    /// The nodes that announced a release since the waiter last marked
+    /// them seen (`None`: a subscription changed since, and what it would
+    /// have told is lost).
+    pub(crate) fn fresh_nodes(&self) -> Option<Vec<usize>> {
+        let now = self.rx.borrow();
+        if now.changes != self.seen.changes {
+            return None;
+        }
+        Some(
+            (0..now.released.len())
+                .filter(|&i| now.released.get(i) != self.seen.released.get(i))
+                .collect(),
+        )
+    }
+
+    /// Marks `nodes`' announcements so far seen, the other nodes' not.
+    pub(crate) fn mark_nodes_seen(&mut self, nodes: &[usize]) {
+        let now = self.rx.borrow_and_update();
+        for &i in nodes {
+            if let (Some(seen), Some(now)) = (self.seen.released.get_mut(i), now.released.get(i)) {
+                *seen = *now;
+            }
+        }
+    }
+
+    /// Whether the announcements since those marked seen, with what the
+    /// last attempt `found`, may have freed a quorum (see `Chan::wakes`).
+    pub(crate) fn wakes_now(&self, found: &Found) -> bool {
+        self.rx
+            .borrow()
+            .wakes(&self.seen, found, self.waiting.quorum)
+    }
+
+    /// Completes at the next change of the channel's state (an
+    /// announcement, a subscription lost or regained). Cancel-safe.
+    pub(crate) async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Per node, how many releases by others than this handle were

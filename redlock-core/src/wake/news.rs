@@ -31,6 +31,24 @@ pub(super) struct Chan {
     /// releaser waiting out a hand-off window can tell another's release
     /// since a moment (`wait/handoff.rs`).
     pub(super) others: Vec<u64>,
+    /// Per node, the waiter its latest announced release named
+    /// (`keys::waiter_name`: the last mutex waiter to set the key's flag
+    /// there), if it named one.
+    pub(super) named: Vec<Option<u64>>,
+}
+
+/// Whom the releases a waiter was woken by name (issue 48, item 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// This waiter: it tries at once.
+    Me,
+    /// Another waiter: the named one tries first, and this one leaves it
+    /// the turn.
+    Other,
+    /// Nobody (a permit's or share's release, or an older client's).
+    Nobody,
+    /// Too few of the release's announcements heard yet to tell.
+    Pending,
 }
 
 /// What one try of a failed attempt found (a permit's attempt tries each
@@ -71,6 +89,17 @@ impl Found {
         Self::from_reports(report)
     }
 
+    /// As if an attempt found every one of `nodes` busy and took none: news
+    /// wakes only once a quorum of them announced.
+    pub(crate) fn all_busy(nodes: usize) -> Self {
+        Self {
+            tries: vec![Try {
+                busy: vec![true; nodes],
+                taken: 0,
+            }],
+        }
+    }
+
     /// From the reports of every try of a failed attempt (a permit's slots):
     /// news that frees any one of them wakes the waiter.
     pub(crate) fn from_reports<'r>(reports: impl IntoIterator<Item = &'r Report>) -> Self {
@@ -78,6 +107,21 @@ impl Found {
             tries: reports.into_iter().map(Try::of).collect(),
         }
     }
+}
+
+/// The waiter that goes, of the `names` a release gave on the nodes heard:
+/// the one most nodes named; of several as often named, one picked by a
+/// mix of all the names, so that the pick is the same for every waiter that
+/// heard them and favours no waiter's id.
+fn chosen(names: &[u64]) -> Option<u64> {
+    let salt = names.iter().fold(0u64, |acc, n| acc ^ n.rotate_left(17));
+    let count = |n: u64| names.iter().filter(|&&m| m == n).count();
+    let most = names.iter().map(|&n| count(n)).max()?;
+    names
+        .iter()
+        .copied()
+        .filter(|&n| count(n) == most)
+        .min_by_key(|&n| (n ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 impl Chan {
@@ -90,14 +134,18 @@ impl Chan {
             nodes,
             expected: vec![0; n],
             others: vec![0; n],
+            named: vec![None; n],
         }
     }
 
-    /// `node` announced a release: this handle's own if one is expected
-    /// there, else another's.
-    pub(super) fn heard(&mut self, node: usize) {
+    /// `node` announced a release, naming the waiter `name` (if it named
+    /// one): this handle's own if one is expected there, else another's.
+    pub(super) fn heard(&mut self, node: usize, name: Option<u64>) {
         if let Some(n) = self.released.get_mut(node) {
             *n = n.wrapping_add(1);
+        }
+        if let Some(n) = self.named.get_mut(node) {
+            *n = name;
         }
         match self.expected.get_mut(node) {
             Some(e) if *e > 0 => *e -= 1,
@@ -182,6 +230,44 @@ impl Chan {
             return (0..self.released.len()).any(heard);
         }
         busy_tries.any(|t| self.frees(t, &heard, quorum))
+    }
+
+    /// Whom the releases announced since `seen` name, for the waiter `me`.
+    /// Each node counts with the name its latest release gave, and every
+    /// waiter that heard the same nodes picks the same one ([`chosen`]):
+    /// the nodes' flags may name different waiters (each node keeps the
+    /// last that wrote it there). `Pending` while fewer than a quorum of the
+    /// nodes (of the subscribed ones, with fewer subscribed; at least one)
+    /// were heard, unless `partial`: waiters that had heard different nodes
+    /// could pick different ones.
+    pub(super) fn naming(&self, seen: &Chan, me: u64, quorum: usize, partial: bool) -> Naming {
+        let heard: Vec<usize> = (0..self.released.len())
+            .filter(|&i| self.released.get(i) != seen.released.get(i))
+            .collect();
+        let names: Vec<u64> = heard
+            .iter()
+            .filter_map(|&i| self.named.get(i).copied().flatten())
+            .collect();
+        let listening = self
+            .nodes
+            .iter()
+            .filter(|n| **n == NodeSub::Subscribed)
+            .count();
+        if names.is_empty() {
+            return if heard.is_empty() {
+                Naming::Pending
+            } else {
+                Naming::Nobody
+            };
+        }
+        if !partial && heard.len() < quorum.min(listening).max(1) {
+            return Naming::Pending;
+        }
+        if chosen(&names) == Some(me) {
+            Naming::Me
+        } else {
+            Naming::Other
+        }
     }
 
     /// Whether the releases `heard` on the nodes try `found` found busy, with
@@ -300,15 +386,15 @@ mod tests {
         }
         // Its own announcement on node 0 came before the window began, the
         // others' after.
-        c.heard(0);
+        c.heard(0, None);
         let since = c.others.clone();
-        c.heard(1);
-        c.heard(2);
+        c.heard(1, None);
+        c.heard(2, None);
         assert!(!c.others_released(&since, 2), "its own release");
         // Another's, on two nodes.
-        c.heard(0);
+        c.heard(0, None);
         assert!(!c.others_released(&since, 2));
-        c.heard(1);
+        c.heard(1, None);
         assert!(c.others_released(&since, 2));
 
         // Another's message first, then its own release proves to have
@@ -317,28 +403,95 @@ mod tests {
         c.expect(0);
         c.expect(1);
         let since = c.others.clone();
-        c.heard(0);
+        c.heard(0, None);
         assert!(!c.others_released(&since, 2));
         assert!(c.unexpect(0));
         // Its own on node 1 (answered as heard: nothing to undo), then
         // another's there.
-        c.heard(1);
+        c.heard(1, None);
         assert!(!c.others_released(&since, 2));
-        c.heard(1);
+        c.heard(1, None);
         assert!(c.others_released(&since, 2));
         // An expectation undone before its message could come.
         let mut c = Chan::new(vec![NodeSub::Subscribed; 1]);
         c.expect(0);
         assert!(!c.unexpect(0));
         let since = c.others.clone();
-        c.heard(0);
+        c.heard(0, None);
         assert!(c.others_released(&since, 1));
         // Counters that wrapped still differ.
         let mut c = Chan::new(vec![NodeSub::Subscribed; 1]);
         c.others[0] = u64::MAX;
         let since = c.others.clone();
-        c.heard(0);
+        c.heard(0, None);
         assert!(c.others_released(&since, 2));
+    }
+
+    /// Every waiter that heard the same announcements picks the same named
+    /// waiter, once a quorum of the nodes were heard; releases that name
+    /// nobody are as before names existed.
+    #[test]
+    fn a_release_names_the_waiter_that_tries_first() {
+        let (me, other) = (7, 9);
+        let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
+        let mut c = seen.clone();
+        assert_eq!(c.naming(&seen, me, 2, false), Naming::Pending);
+        c.heard(0, Some(me));
+        assert_eq!(
+            c.naming(&seen, me, 2, false),
+            Naming::Pending,
+            "one node of three"
+        );
+        assert_eq!(c.naming(&seen, me, 2, true), Naming::Me);
+        assert_eq!(c.naming(&seen, other, 2, true), Naming::Other);
+        c.heard(1, Some(me));
+        assert_eq!(c.naming(&seen, me, 2, false), Naming::Me);
+        assert_eq!(c.naming(&seen, other, 2, false), Naming::Other);
+        // Node 2 named another: two nodes of three still name `me`.
+        c.heard(2, Some(other));
+        assert_eq!(c.naming(&seen, me, 2, false), Naming::Me);
+        assert_eq!(c.naming(&seen, other, 2, false), Naming::Other);
+        // Releases before the attempt do not count.
+        assert_eq!(c.naming(&c, me, 2, true), Naming::Pending);
+        let mut legacy = seen.clone();
+        legacy.heard(0, None);
+        legacy.heard(1, None);
+        assert_eq!(legacy.naming(&seen, me, 2, false), Naming::Nobody);
+        // With two subscriptions down, the one subscribed node decides.
+        let mut down = seen.clone();
+        down.nodes[2] = NodeSub::Down;
+        down.nodes[1] = NodeSub::Down;
+        down.heard(0, Some(me));
+        assert_eq!(down.naming(&seen, me, 2, false), Naming::Me);
+    }
+
+    /// Two nodes named two waiters: exactly one of them goes, whichever
+    /// order the names came in, and over many pairs each side wins about
+    /// half the time (the pick favours no id).
+    #[test]
+    fn of_two_named_waiters_exactly_one_goes() {
+        let mut low_wins = 0;
+        for k in 0..1000u64 {
+            let (a, b) = (
+                k.wrapping_mul(0x2545_f491_4f6c_dd1d),
+                k.wrapping_mul(31) + 5,
+            );
+            let seen = Chan::new(vec![NodeSub::Subscribed; 2]);
+            let mut ab = seen.clone();
+            ab.heard(0, Some(a));
+            ab.heard(1, Some(b));
+            let mut ba = seen.clone();
+            ba.heard(0, Some(b));
+            ba.heard(1, Some(a));
+            for c in [&ab, &ba] {
+                let goes = [a, b].map(|w| c.naming(&seen, w, 2, false) == Naming::Me);
+                assert_eq!(goes.iter().filter(|g| **g).count(), 1, "{a} {b}");
+            }
+            if ab.naming(&seen, a.min(b), 2, false) == Naming::Me {
+                low_wins += 1;
+            }
+        }
+        assert!((350..650).contains(&low_wins), "{low_wins} of 1000");
     }
 
     #[test]

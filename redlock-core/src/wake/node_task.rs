@@ -202,7 +202,7 @@ impl Conn<'_> {
                     Some(m) => {
                         heard = Instant::now();
                         if let Some(key) = m.get_channel_name().strip_prefix(self.prefix) {
-                            shared.wake(key, node);
+                            shared.wake(key, node, m.get_payload_bytes());
                         }
                     }
                     None => return Served::Broken { confirmed: true },

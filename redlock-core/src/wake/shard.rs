@@ -104,8 +104,8 @@ impl Conn<'_> {
                     };
                     heard = Instant::now();
                     let key = channel_of(&push).and_then(|c| c.strip_prefix(self.prefix).map(str::to_owned));
-                    match (push.kind, key) {
-                        (PushKind::SMessage, Some(key)) => shared.wake(&key, node),
+                    match (&push.kind, key) {
+                        (PushKind::SMessage, Some(key)) => shared.wake(&key, node, payload_of(&push)),
                         (PushKind::Disconnection, _) => {
                             tracing::debug!(node, "cluster member's connection dropped; subscribing anew");
                             return Served::Broken { confirmed: true };
@@ -161,6 +161,15 @@ impl Conn<'_> {
 }
 
 /// The channel a push names (its first item).
+/// A shard message's payload (its second item), or nothing.
+fn payload_of(push: &PushInfo) -> &[u8] {
+    match push.data.get(1) {
+        Some(Value::BulkString(b)) => b,
+        Some(Value::SimpleString(s)) => s.as_bytes(),
+        _ => &[],
+    }
+}
+
 fn channel_of(push: &PushInfo) -> Option<&str> {
     match push.data.first() {
         Some(Value::BulkString(b)) => std::str::from_utf8(b).ok(),

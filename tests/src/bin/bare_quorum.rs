@@ -50,6 +50,9 @@ struct Tally {
     span: (u64, u64),
     /// The longest time no process held, in microseconds.
     longest_gap: u64,
+    /// Every time from one hold's end to the next one's start
+    /// (microseconds).
+    handovers: Vec<u64>,
 }
 
 fn main() {
@@ -79,26 +82,30 @@ fn main() {
         into.secs += tally.secs;
         let gap = longest_gap(&tally.intervals, tally.span);
         into.longest_gap = into.longest_gap.max(gap);
+        let handover = handovers(&tally.intervals);
+        into.handovers.extend(&handover);
         println!(
             "round {round} wake_on_release={wake}: holds={} split_votes={} waits_ran_out={} \
-             other_errors={} longest_gap_ms={}",
+             other_errors={} longest_gap_ms={} handover_ms={}",
             tally.holds,
             tally.split,
             tally.ran_out,
             tally.errors,
-            gap / 1000
+            gap / 1000,
+            spread_ms(handover)
         );
     }
     println!("procs={procs} secs_per_round={secs} rounds_per_mode={rounds} (node 2 of 3 down)");
     for (name, t) in [("wake-ups on ", &on), ("wake-ups off", &off)] {
         println!(
             "  {name}: holds/s={:.1} split_votes={} waits_ran_out={} other_errors={} \
-             longest_gap_ms={}",
+             longest_gap_ms={} handover_ms={}",
             t.holds as f64 / t.secs.max(1) as f64,
             t.split,
             t.ran_out,
             t.errors,
-            t.longest_gap / 1000
+            t.longest_gap / 1000,
+            spread_ms(t.handovers.clone())
         );
     }
 }
@@ -144,6 +151,36 @@ fn run_round(me: &std::path::Path, nodes: &str, procs: u64, secs: u64, wake: boo
     }
     tally.span = (begin, now_us());
     tally
+}
+
+/// From each hold's end to the next hold's start (holds in order of their
+/// start), in microseconds.
+fn handovers(intervals: &[(u64, u64)]) -> Vec<u64> {
+    let mut sorted = intervals.to_vec();
+    sorted.sort_unstable();
+    sorted
+        .windows(2)
+        .map(|w| w[1].0.saturating_sub(w[0].1))
+        .collect()
+}
+
+/// Microsecond times as `mean/p50/p90/p99` milliseconds.
+fn spread_ms(mut us: Vec<u64>) -> String {
+    us.sort_unstable();
+    let ms = |v: u64| v as f64 / 1000.0;
+    let at = |q: usize| {
+        us.get((us.len().saturating_sub(1)) * q / 100)
+            .copied()
+            .unwrap_or(0)
+    };
+    let mean = us.iter().sum::<u64>() as f64 / us.len().max(1) as f64;
+    format!(
+        "{:.1}/{:.1}/{:.1}/{:.1}",
+        mean / 1000.0,
+        ms(at(50)),
+        ms(at(90)),
+        ms(at(99))
+    )
 }
 
 /// The longest time within `span` that no interval covers, in microseconds.
@@ -205,44 +242,61 @@ fn worker(args: &ProbeArgs) {
     let split = Arc::new(AtomicU64::new(0));
     let filter = tracing_subscriber::filter::Targets::new()
         .with_target("redlock_core", tracing::Level::DEBUG);
-    let subscriber = Registry::default().with(SplitVotes(Arc::clone(&split)).with_filter(filter));
+    // `REDLOCK_PROBE_LOG=1`: every process also prints the library's debug
+    // events, with wall-clock microseconds, to stderr (for reading a run).
+    let log = std::env::var_os("REDLOCK_PROBE_LOG").map(|_| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("redlock_core", tracing::Level::DEBUG)
+                    .with_target("bare_quorum", tracing::Level::DEBUG),
+            )
+    });
+    let subscriber = Registry::default()
+        .with(SplitVotes(Arc::clone(&split)).with_filter(filter))
+        .with(log);
     if tracing::subscriber::set_global_default(subscriber).is_err() {
         usage("a tracing subscriber was already set");
     }
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| usage(&format!("runtime: {e}")));
-    rt.block_on(async move {
-        let rl = Redlock::builder()
-            .urls(nodes)
-            // The down node refuses connections at once; a short timeout
-            // keeps a stalled connect from counting against the others.
-            .node_timeout(Duration::from_millis(200))
-            .wake_on_release(wake)
-            .build()
-            .unwrap_or_else(|e| usage(&format!("handle: {e}")));
-        let retry = redlock_tests::probe::wait_policy();
-        let ttl = redlock_tests::probe::HOLD_TTL;
-        let until = Instant::now() + Duration::from_secs(secs);
-        let (mut holds, mut ran_out, mut errors) = (0u64, 0u64, 0u64);
-        // Bounded: each wait ends by its 10 s deadline.
-        while Instant::now() < until {
-            match rl.mutex("bare-quorum").acquire_with(ttl, &retry).await {
-                Ok(lock) => {
-                    let from = now_us();
-                    for _ in 0..3 {
-                        tokio::time::sleep(redlock_tests::probe::SECTION).await;
+    let me = args.num("worker", 0);
+    rt.block_on(tracing::Instrument::instrument(
+        async move {
+            let rl = Redlock::builder()
+                .urls(nodes)
+                // The down node refuses connections at once; a short timeout
+                // keeps a stalled connect from counting against the others.
+                .node_timeout(Duration::from_millis(200))
+                .wake_on_release(wake)
+                .build()
+                .unwrap_or_else(|e| usage(&format!("handle: {e}")));
+            let retry = redlock_tests::probe::wait_policy();
+            let ttl = redlock_tests::probe::HOLD_TTL;
+            let until = Instant::now() + Duration::from_secs(secs);
+            let (mut holds, mut ran_out, mut errors) = (0u64, 0u64, 0u64);
+            // Bounded: each wait ends by its 10 s deadline.
+            while Instant::now() < until {
+                match rl.mutex("bare-quorum").acquire_with(ttl, &retry).await {
+                    Ok(lock) => {
+                        let from = now_us();
+                        for _ in 0..3 {
+                            tokio::time::sleep(redlock_tests::probe::SECTION).await;
+                        }
+                        let to = now_us();
+                        let _ = rl.unlock(lock).await;
+                        println!("hold from={from} to={to}");
+                        holds += 1;
                     }
-                    let to = now_us();
-                    let _ = rl.unlock(lock).await;
-                    println!("hold from={from} to={to}");
-                    holds += 1;
+                    Err(redlock_core::Error::Busy { .. }) => ran_out += 1,
+                    Err(_) => errors += 1,
                 }
-                Err(redlock_core::Error::Busy { .. }) => ran_out += 1,
-                Err(_) => errors += 1,
             }
-        }
-        println!(
-            "done holds={holds} split={} ran_out={ran_out} errors={errors}",
-            split.load(Ordering::Relaxed)
-        );
-    });
+            println!(
+                "done holds={holds} split={} ran_out={ran_out} errors={errors}",
+                split.load(Ordering::Relaxed)
+            );
+        },
+        tracing::debug_span!("worker", me),
+    ));
 }

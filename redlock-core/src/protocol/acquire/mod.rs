@@ -132,15 +132,15 @@ impl Core {
     }
 
     /// [`Redlock::attempt`]; with `flag`, a waiter's, which first sets the
-    /// key's waiters flag for that long on every node (see
-    /// [`Call::waiting_acquire`]).
+    /// key's waiters flag for that long on every node, with the waiter's
+    /// name if it has one (see [`Call::waiting_acquire`]).
     pub(crate) async fn attempt_flagged(
         &self,
         resource: &Arc<str>,
         key: &Arc<str>,
         ttl: Ttl,
         attempt: u32,
-        flag: Option<Duration>,
+        flag: Option<(Duration, Option<&str>)>,
     ) -> Result<Lock, Error> {
         let span = acquire_span(resource, attempt, ttl);
         self.attempt_steps(resource, key, ttl, flag)
@@ -157,7 +157,7 @@ impl Core {
         resource: &Arc<str>,
         key: &Arc<str>,
         ttl: Ttl,
-        flag: Option<Duration>,
+        flag: Option<(Duration, Option<&str>)>,
     ) -> Result<Lock, Error> {
         let token = new_token()?;
         let ttl_ms = ttl.key.as_millis();
@@ -165,9 +165,9 @@ impl Core {
         let call = Arc::new(match (flag, &fencing) {
             (None, None) => Call::acquire(key, &token, ttl_ms),
             (None, Some(fence)) => Call::fenced_acquire(key, &token, ttl_ms, fence),
-            (Some(flag), fence) => {
+            (Some((flag, name)), fence) => {
                 let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
-                Call::waiting_acquire(key, &token, ttl_ms, fence.as_deref(), flag_ms)
+                Call::waiting_acquire(key, &token, ttl_ms, fence.as_deref(), flag_ms, name)
             }
         });
         let start = Instant::now();

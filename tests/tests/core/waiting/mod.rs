@@ -17,6 +17,7 @@ use redlock_tests::{Cluster, timing};
 
 mod channels;
 mod handoff;
+mod named;
 mod queue;
 mod wake;
 
