@@ -120,26 +120,48 @@ pub(crate) fn waiters_flag(key: &str) -> String {
     derived(key, WAITERS_SUFFIX)
 }
 
-/// The name a mutex waiter writes in its key's waiters flag: `w` and its
-/// id in 16 hex digits (an attempt adds `:` and its token). The last waiter
-/// to set the flag on a node before a release is named in that release's
-/// announcement (`RELEASE_LUA` publishes the flag's value, but never the
-/// name the releasing holder's own attempt wrote), and the waiter named
-/// tries first (`wait/`, issue 48 item 7). A flag set by a permit or share
-/// waiter, or by an older client, holds `1`, which names nobody.
-pub(crate) fn waiter_name(id: u64) -> String {
-    format!("w{id:016x}")
+/// A mutex waiter as its key's waiters flag names it: its id, and how many
+/// turns it has left to other waiters (`wait/`, issue 48 item 7).
+///
+/// Written as `w`, the id in 16 hex digits and the turns in 8 (an attempt
+/// adds `:` and its token). A release announces the flag's value
+/// (`RELEASE_LUA`), but never a name the releasing holder's own attempt
+/// wrote, and of the names a release gave on the nodes the one that left
+/// the most turns goes next. A flag set by a permit or share waiter, or by
+/// an older client, holds `1`, which names nobody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Named {
+    pub(crate) id: u64,
+    pub(crate) turns: u32,
 }
 
-/// The waiter an announcement names ([`waiter_name`], alone or followed by
-/// `:` and the token of the attempt that wrote it), if any.
-pub(crate) fn named_waiter(payload: &[u8]) -> Option<u64> {
-    let hex = payload.strip_prefix(b"w")?;
-    let (hex, rest) = hex.split_at_checked(16)?;
-    if !(rest.is_empty() || rest.starts_with(b":")) {
-        return None;
+impl Named {
+    /// The flag's value naming this waiter.
+    pub(crate) fn value(self) -> String {
+        format!("w{:016x}{:08x}", self.id, self.turns)
     }
-    u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+
+    /// The waiter an announcement names, if any.
+    pub(crate) fn parse(payload: &[u8]) -> Option<Self> {
+        let hex = payload.strip_prefix(b"w")?;
+        let (id, rest) = hex.split_at_checked(16)?;
+        let (turns, rest) = rest.split_at_checked(8)?;
+        if !(rest.is_empty() || rest.starts_with(b":")) {
+            return None;
+        }
+        Some(Self {
+            id: u64::from_str_radix(hex_text(id)?, 16).ok()?,
+            turns: u32::from_str_radix(hex_text(turns)?, 16).ok()?,
+        })
+    }
+}
+
+/// `b` as text, if it is hex digits only (no sign, unlike what
+/// `from_str_radix` takes).
+fn hex_text(b: &[u8]) -> Option<&str> {
+    std::str::from_utf8(b)
+        .ok()
+        .filter(|t| t.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// Whether the key `prefix` + `resource` ends with [`WAITERS_SUFFIX`], without
@@ -175,21 +197,24 @@ mod tests {
 
     #[test]
     fn a_waiter_name_reads_back_and_nothing_else_names_a_waiter() {
-        for id in [0, 1, 0xdead_beef, u64::MAX] {
-            assert_eq!(named_waiter(waiter_name(id).as_bytes()), Some(id));
-            let with_token = format!("{}:0123abcd", waiter_name(id));
-            assert_eq!(named_waiter(with_token.as_bytes()), Some(id));
+        for (id, turns) in [(0, 0), (1, 7), (0xdead_beef, 0x1234), (u64::MAX, u32::MAX)] {
+            let named = Named { id, turns };
+            assert_eq!(named.value().len(), 25);
+            assert_eq!(Named::parse(named.value().as_bytes()), Some(named));
+            let with_token = format!("{}:0123abcd", named.value());
+            assert_eq!(Named::parse(with_token.as_bytes()), Some(named));
         }
         for other in [
             &b"1"[..],
             b"",
             b"w",
             b"w123",
-            b"x0000000000000001",
-            b"w000000000000000g",
-            b"w00000000000000011",
+            b"x000000000000000100000000",
+            b"w000000000000000g00000000",
+            b"w0000000000000001000000001",
+            b"w0000000000000001+0000000",
         ] {
-            assert_eq!(named_waiter(other), None, "{other:?}");
+            assert_eq!(Named::parse(other), None, "{other:?}");
         }
     }
 }

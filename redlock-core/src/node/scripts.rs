@@ -221,9 +221,9 @@ impl Call {
     /// finds the key held, so its `PTTL` and `TYPE` come in the same round
     /// trip too. `fence_key` as for [`Call::fenced_acquire`].
     ///
-    /// With `name` (a mutex waiter's, `keys::waiter_name`), the flag holds it
-    /// afterwards whether or not it was there before: the last waiter to set
-    /// it is the one the next release names.
+    /// With `name` (a mutex waiter's, `keys::Named`), a flag it makes names
+    /// the waiter; one already there keeps its name (a waiter that has been
+    /// waiting longer, deferring, writes its own: [`Call::defer_flag`]).
     pub(crate) fn waiting_acquire(
         key: &str,
         token: &str,
@@ -266,10 +266,10 @@ impl Call {
     /// The waiters flags of `keys`, set for `flag_ms` (or kept, if they live
     /// longer), alone: a multi-resource waiter's, sent and answered before
     /// its attempt's script (see [`Call::waiting_acquire`]).
-    pub(crate) fn waiters_flags(keys: &[Arc<str>], flag_ms: u64, name: Option<&str>) -> Self {
+    pub(crate) fn waiters_flags(keys: &[Arc<str>], flag_ms: u64) -> Self {
         let mut pipeline = redis::pipe();
         for key in keys {
-            push_flag(&mut pipeline, key, flag_ms, name);
+            push_flag(&mut pipeline, key, flag_ms, None);
         }
         Call::Acquire { pipeline, skip: 0 }
     }
@@ -287,9 +287,9 @@ impl Call {
 
 /// Sets `key`'s waiters flag for `ms`: created if absent, else lengthened if
 /// shorter, so that of several waiters the one that waits longest keeps it.
-/// With `name`, the flag holds that name afterwards (`SET .. XX KEEPTTL`
-/// keeps the expiry); without, a flag made here holds `1`, which names
-/// nobody. Returns how many commands it added.
+/// A flag made here holds `name` (a mutex waiter's, `keys::Named`), or `1`,
+/// which names nobody; one already there keeps its value. Returns how many
+/// commands it added.
 fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64, name: Option<&str>) -> usize {
     let flag = crate::keys::waiters_flag(key);
     let ms = ms.max(1);
@@ -299,21 +299,45 @@ fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64, name: Option<&str>) ->
         .arg(name.unwrap_or("1"))
         .arg("NX")
         .arg("PX")
-        .arg(ms);
-    let named = match name {
-        Some(name) => {
-            pipeline
-                .cmd("SET")
-                .arg(&flag)
-                .arg(name)
-                .arg("XX")
-                .arg("KEEPTTL");
-            1
-        }
-        None => 0,
-    };
-    pipeline.cmd("PEXPIRE").arg(&flag).arg(ms).arg("GT");
-    2 + named
+        .arg(ms)
+        .cmd("PEXPIRE")
+        .arg(&flag)
+        .arg(ms)
+        .arg("GT");
+    2
+}
+
+/// A deferring mutex waiter's flag (`wait/`, issue 48 item 7): `KEYS[1]`
+/// names `ARGV[1]` (a `keys::Named` value) if it named nobody or a waiter
+/// that left fewer turns (the turns are the 8 hex digits after the id, so
+/// their text orders as their number), and lives `ARGV[2]` ms or longer.
+/// So each node's flag names its most patient waiter.
+const DEFER_FLAG_LUA: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if v == '1' or (string.byte(v) == 119 and string.sub(v, 18, 25) < string.sub(ARGV[1], 18, 25)) then
+  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+return 1
+"#;
+
+static DEFER_FLAG: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(DEFER_FLAG_LUA));
+
+impl Call {
+    /// A deferring mutex waiter's flag of `key`, naming it as `named` (a
+    /// `keys::Named` value) for `flag_ms` ([`DEFER_FLAG_LUA`]).
+    pub(crate) fn defer_flag(key: &str, named: &str, flag_ms: u64) -> Self {
+        let flag = crate::keys::waiters_flag(key);
+        Call::keys(
+            &DEFER_FLAG,
+            &[flag.as_bytes()],
+            &[named.as_bytes(), flag_ms.max(1).to_string().as_bytes()],
+        )
+    }
 }
 
 /// Spec step 2's `SET key token NX PX ttl`.

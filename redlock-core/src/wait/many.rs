@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::Waits;
 use crate::error::{Error, NodeError};
-use crate::keys::Many;
+use crate::keys::{Many, Named};
 use crate::node::Call;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
@@ -34,22 +34,22 @@ impl Core {
         .await
     }
 
-    /// Sets the waiters flags of `keys` on `nodes`, for `flag`, with the
-    /// waiter's `name` in them (if it has one), in the background: nothing
-    /// waits for the answers.
-    pub(super) fn spawn_waiters_flags(
+    /// Sets a deferring mutex waiter's flag of `key` on `nodes`, for `flag`,
+    /// naming it as `named` if the flag named nobody or a less patient
+    /// waiter (`Call::defer_flag`), in the background: nothing waits for the
+    /// answers.
+    pub(super) fn spawn_defer_flags(
         &self,
-        keys: &[Arc<str>],
+        key: &str,
         flag: Duration,
-        name: Option<u64>,
+        named: Named,
         nodes: Vec<usize>,
     ) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
-        let name = name.map(crate::keys::waiter_name);
-        let call = Arc::new(Call::waiters_flags(keys, flag_ms, name.as_deref()));
+        let call = Arc::new(Call::defer_flag(key, &named.value(), flag_ms));
         let this = self.clone();
         rt.spawn(async move {
             let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
@@ -58,19 +58,12 @@ impl Core {
         });
     }
 
-    /// Sets the waiters flags of `keys` on every node, for `flag` (with the
-    /// waiter's `name` in them, if it has one: `keys::waiter_name`), and
+    /// Sets the waiters flags of `keys` on every node, for `flag`, and
     /// waits for the answers (at most a node timeout). A node that refuses
     /// them or does not answer only loses the wake-up there.
-    pub(super) async fn set_waiters_flags(
-        &self,
-        keys: &[Arc<str>],
-        flag: Duration,
-        name: Option<u64>,
-    ) {
+    pub(super) async fn set_waiters_flags(&self, keys: &[Arc<str>], flag: Duration) {
         let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
-        let name = name.map(crate::keys::waiter_name);
-        let call = Arc::new(Call::waiters_flags(keys, flag_ms, name.as_deref()));
+        let call = Arc::new(Call::waiters_flags(keys, flag_ms));
         let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
         let mut pending = self.fan_out(&call, ignore, 0..self.inner.nodes.len());
         self.settle(&mut pending, |_| false).await;

@@ -26,6 +26,7 @@ use futures_util::future::{join_all, select_all};
 use rand::Rng;
 
 use crate::error::{Error, Report};
+use crate::keys::Named;
 use crate::protocol::acquire::Ttl;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
@@ -176,13 +177,22 @@ impl Core {
         // flags leave its name out, so that the next release names another
         // waiter, not the holder.
         let mut unnamed = false;
+        // How many turns this waiter has left to named others: of the
+        // waiters a release names, the one that left the most goes.
+        let mut turns = 0u32;
         loop {
             // A retrying acquire leaves the turn to the waiters this
             // handle's last release woke in other handles (`handoff`); a
             // single attempt is never delayed.
             if retry.max_attempts > 1 {
                 let (made, named) = self
-                    .wait_hand_off(&waits, retry, latest_start, &mut subscriptions, &mut handed)
+                    .wait_hand_off(
+                        &waits,
+                        retry,
+                        latest_start,
+                        &mut subscriptions,
+                        (&mut handed, &mut turns),
+                    )
                     .await;
                 readied |= made;
                 unnamed |= named;
@@ -201,12 +211,16 @@ impl Core {
             if !subscriptions.is_empty() {
                 let ttl = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
                 if waits.inline_flag {
+                    let name = waits
+                        .name
+                        .filter(|_| !unnamed)
+                        .map(|id| Named { id, turns });
                     flag = Some(Flag {
                         ttl,
-                        named: waits.name.is_some() && !unnamed,
+                        name: name.map(Named::value),
                     });
                 } else {
-                    self.set_waiters_flags(waits.keys, ttl, None).await;
+                    self.set_waiters_flags(waits.keys, ttl).await;
                 }
             }
             unnamed = false;
@@ -322,7 +336,7 @@ impl Core {
                 }
                 AfterWake::Defer => {
                     unnamed = self
-                        .defer_turn(&waits, &mut subscriptions, retry, latest_start)
+                        .defer_turn(&waits, &mut subscriptions, retry, latest_start, &mut turns)
                         .await;
                 }
             }
@@ -373,10 +387,15 @@ impl Core {
         subscriptions: &mut [Subscription<'a>],
         retry: &RetryPolicy,
         latest_start: Option<Instant>,
+        turns: &mut u32,
     ) -> bool {
-        let [sub] = subscriptions else {
+        let ([sub], Some(id)) = (subscriptions, waits.name) else {
             return false;
         };
+        let Some(key) = waits.keys.first() else {
+            return false;
+        };
+        *turns = turns.saturating_add(1);
         let node_timeout = self.inner.settings.node_timeout;
         let found = Found::all_busy(self.inner.nodes.len());
         let poll_from = |now: Instant| {
@@ -411,7 +430,8 @@ impl Core {
                     }
                 }
                 let ttl = flag_ttl(waits.ttl, retry, node_timeout, now, latest_start);
-                self.spawn_waiters_flags(waits.keys, ttl, waits.name, reached);
+                let named = Named { id, turns: *turns };
+                self.spawn_defer_flags(key, ttl, named, reached);
             }
             if !news.is_empty() && sub.wakes_now(&found) {
                 match self
@@ -420,6 +440,7 @@ impl Core {
                 {
                     AfterWake::Defer => {
                         tracing::debug!("another waiter named again: its turn");
+                        *turns = turns.saturating_add(1);
                         let now = Instant::now();
                         poll = poll_from(now);
                         late = vec![true; nodes];
@@ -462,7 +483,7 @@ impl Core {
         retry: &RetryPolicy,
         latest_start: Option<Instant>,
         subscriptions: &mut Vec<Subscription<'a>>,
-        handed: &mut Option<Instant>,
+        (handed, turns): (&mut Option<Instant>, &mut u32),
     ) -> (bool, bool) {
         let waiting = &self.inner.waiting;
         let node_timeout = self.inner.settings.node_timeout;
@@ -503,7 +524,7 @@ impl Core {
         }
         let since: Vec<Vec<u64>> = subscriptions.iter().map(Subscription::others).collect();
         let flag = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
-        self.set_waiters_flags(waits.keys, flag, None).await;
+        self.set_waiters_flags(waits.keys, flag).await;
         let by_release = {
             let others = select_all(
                 subscriptions
@@ -532,7 +553,7 @@ impl Core {
                 false
             }
             AfterWake::Defer => {
-                self.defer_turn(waits, subscriptions, retry, latest_start)
+                self.defer_turn(waits, subscriptions, retry, latest_start, turns)
                     .await
             }
         };
@@ -590,10 +611,9 @@ impl Core {
             }
         }
         let name = rand::random::<u64>();
-        let flag_value = crate::keys::waiter_name(name);
-        let attempt = |n, flag: Option<Flag>| {
-            let flag = flag.map(|f| (f.ttl, f.named.then_some(flag_value.as_str())));
-            self.attempt_flagged(resource, key, ttl, n, flag)
+        let attempt = |n, flag: Option<Flag>| async move {
+            let flag = flag.as_ref().map(|f| (f.ttl, f.name.as_deref()));
+            self.attempt_flagged(resource, key, ttl, n, flag).await
         };
         let waits = Waits::queued(&keys, ttl.key, place, name);
         self.retry_loop(waits, retry, latest_start, subscriptions, attempt)
@@ -602,12 +622,12 @@ impl Core {
 }
 
 /// What a waiter's attempt sets on each node before it asks: the waiters
-/// flag for `ttl`, and with `named`, the waiter's name in it (a mutex
-/// waiter's, see [`Waits::name`]).
-#[derive(Debug, Clone, Copy)]
+/// flag for `ttl`, and `name` in it if it makes it (a mutex waiter's, see
+/// [`Waits::name`]).
+#[derive(Debug, Clone)]
 pub(crate) struct Flag {
     pub(crate) ttl: Duration,
-    pub(crate) named: bool,
+    pub(crate) name: Option<String>,
 }
 
 /// What a waiter woken by releases heard does next.

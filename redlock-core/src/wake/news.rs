@@ -2,6 +2,7 @@
 //! and when that is news enough to try again.
 
 use crate::error::{NodeStatus, Report};
+use crate::keys::Named;
 
 /// One node's part in a channel's subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub(super) struct Chan {
     /// Per node, the waiter its latest announced release named
     /// (`keys::waiter_name`: the last mutex waiter to set the key's flag
     /// there), if it named one.
-    pub(super) named: Vec<Option<u64>>,
+    pub(super) named: Vec<Option<Named>>,
 }
 
 /// Whom the releases a waiter was woken by name (issue 48, item 7).
@@ -110,18 +111,24 @@ impl Found {
 }
 
 /// The waiter that goes, of the `names` a release gave on the nodes heard:
-/// the one most nodes named; of several as often named, one picked by a
-/// mix of all the names, so that the pick is the same for every waiter that
-/// heard them and favours no waiter's id.
-fn chosen(names: &[u64]) -> Option<u64> {
-    let salt = names.iter().fold(0u64, |acc, n| acc ^ n.rotate_left(17));
-    let count = |n: u64| names.iter().filter(|&&m| m == n).count();
-    let most = names.iter().map(|&n| count(n)).max()?;
-    names
+/// the one that left the most turns to others (so the longest waiting goes
+/// first); of several as patient, the one most nodes named; of several
+/// still, one picked by a mix of all the names. Every waiter that heard the
+/// same names picks the same one, and the pick favours no waiter's id.
+fn chosen(names: &[Named]) -> Option<u64> {
+    let turns = names.iter().map(|n| n.turns).max()?;
+    let ids: Vec<u64> = names
         .iter()
+        .filter(|n| n.turns == turns)
+        .map(|n| n.id)
+        .collect();
+    let salt = ids.iter().fold(0u64, |acc, n| acc ^ n.rotate_left(17));
+    let count = |id: u64| ids.iter().filter(|&&m| m == id).count();
+    let most = ids.iter().map(|&id| count(id)).max()?;
+    ids.iter()
         .copied()
-        .filter(|&n| count(n) == most)
-        .min_by_key(|&n| (n ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .filter(|&id| count(id) == most)
+        .min_by_key(|&id| (id ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 impl Chan {
@@ -140,7 +147,7 @@ impl Chan {
 
     /// `node` announced a release, naming the waiter `name` (if it named
     /// one): this handle's own if one is expected there, else another's.
-    pub(super) fn heard(&mut self, node: usize, name: Option<u64>) {
+    pub(super) fn heard(&mut self, node: usize, name: Option<Named>) {
         if let Some(n) = self.released.get_mut(node) {
             *n = n.wrapping_add(1);
         }
@@ -244,7 +251,7 @@ impl Chan {
         let heard: Vec<usize> = (0..self.released.len())
             .filter(|&i| self.released.get(i) != seen.released.get(i))
             .collect();
-        let names: Vec<u64> = heard
+        let names: Vec<Named> = heard
             .iter()
             .filter_map(|&i| self.named.get(i).copied().flatten())
             .collect();
@@ -433,10 +440,11 @@ mod tests {
     #[test]
     fn a_release_names_the_waiter_that_tries_first() {
         let (me, other) = (7, 9);
+        let named = |id| Some(Named { id, turns: 0 });
         let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
         let mut c = seen.clone();
         assert_eq!(c.naming(&seen, me, 2, false), Naming::Pending);
-        c.heard(0, Some(me));
+        c.heard(0, named(me));
         assert_eq!(
             c.naming(&seen, me, 2, false),
             Naming::Pending,
@@ -444,11 +452,11 @@ mod tests {
         );
         assert_eq!(c.naming(&seen, me, 2, true), Naming::Me);
         assert_eq!(c.naming(&seen, other, 2, true), Naming::Other);
-        c.heard(1, Some(me));
+        c.heard(1, named(me));
         assert_eq!(c.naming(&seen, me, 2, false), Naming::Me);
         assert_eq!(c.naming(&seen, other, 2, false), Naming::Other);
         // Node 2 named another: two nodes of three still name `me`.
-        c.heard(2, Some(other));
+        c.heard(2, named(other));
         assert_eq!(c.naming(&seen, me, 2, false), Naming::Me);
         assert_eq!(c.naming(&seen, other, 2, false), Naming::Other);
         // Releases before the attempt do not count.
@@ -461,7 +469,7 @@ mod tests {
         let mut down = seen.clone();
         down.nodes[2] = NodeSub::Down;
         down.nodes[1] = NodeSub::Down;
-        down.heard(0, Some(me));
+        down.heard(0, named(me));
         assert_eq!(down.naming(&seen, me, 2, false), Naming::Me);
     }
 
@@ -476,13 +484,14 @@ mod tests {
                 k.wrapping_mul(0x2545_f491_4f6c_dd1d),
                 k.wrapping_mul(31) + 5,
             );
+            let named = |id| Some(Named { id, turns: 3 });
             let seen = Chan::new(vec![NodeSub::Subscribed; 2]);
             let mut ab = seen.clone();
-            ab.heard(0, Some(a));
-            ab.heard(1, Some(b));
+            ab.heard(0, named(a));
+            ab.heard(1, named(b));
             let mut ba = seen.clone();
-            ba.heard(0, Some(b));
-            ba.heard(1, Some(a));
+            ba.heard(0, named(b));
+            ba.heard(1, named(a));
             for c in [&ab, &ba] {
                 let goes = [a, b].map(|w| c.naming(&seen, w, 2, false) == Naming::Me);
                 assert_eq!(goes.iter().filter(|g| **g).count(), 1, "{a} {b}");
@@ -492,6 +501,19 @@ mod tests {
             }
         }
         assert!((350..650).contains(&low_wins), "{low_wins} of 1000");
+    }
+
+    /// Of the names a release gave, the waiter that left the most turns
+    /// goes, however many nodes named the others.
+    #[test]
+    fn the_waiter_that_left_the_most_turns_goes() {
+        let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
+        let mut c = seen.clone();
+        c.heard(0, Some(Named { id: 1, turns: 2 }));
+        c.heard(1, Some(Named { id: 1, turns: 2 }));
+        c.heard(2, Some(Named { id: 2, turns: 5 }));
+        assert_eq!(c.naming(&seen, 2, 2, false), Naming::Me);
+        assert_eq!(c.naming(&seen, 1, 2, false), Naming::Other);
     }
 
     #[test]

@@ -57,11 +57,22 @@ fn wakes_only() -> RetryPolicy {
         .with_jitter(ms(100))
 }
 
-/// Two waiters of other handles wait; the second to flag is named on every
-/// node. The release hands it the lock: it holds while the first, which
-/// defers to it until the next release or its poll (far off), has not.
-/// Before names, both tried on the same release, and either could hold
-/// first.
+/// Waits until every node has run `want` acquire attempts (`TYPE`s)
+/// since `base`: each attempt has been answered.
+async fn until_attempts(cluster: &Cluster, base: &[u64], want: u64) {
+    let done = eventually(timing::settled(), || {
+        (0..cluster.len()).all(|n| set_calls(cluster, n) >= base[n] + want)
+    })
+    .await;
+    assert!(done, "the waiters did not make their {want} attempts");
+}
+
+/// Two waiters of other handles wait; the first to flag the key is named
+/// on every node (a waiter's attempt writes its name only where the flag
+/// is not there yet). The release hands it the lock: it holds while the
+/// second, which defers to it until the next release or its poll (far
+/// off), has not. Before names, both tried on the same release, and either
+/// could hold first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_release_hands_the_mutex_to_the_waiter_it_names() {
     let cluster = Cluster::start(3);
@@ -73,6 +84,7 @@ pub(super) async fn a_release_hands_the_mutex_to_the_waiter_it_names() {
     let key = "named:mutex";
     let held = h.mutex(key).try_acquire(far()).await.unwrap();
     held_everywhere(&cluster, key, held.token());
+    let base: Vec<u64> = (0..cluster.len()).map(|n| set_calls(&cluster, n)).collect();
     let policy = wakes_only();
     let first = {
         let policy = policy.clone();
@@ -81,25 +93,32 @@ pub(super) async fn a_release_hands_the_mutex_to_the_waiter_it_names() {
             (lock, w1)
         })
     };
+    // Each waiter's first attempt, then the one after it subscribed, which
+    // flags.
+    until_attempts(&cluster, &base, 2).await;
     let n1 = until_named(&cluster, key, None).await;
     let second = tokio::spawn(async move {
         let lock = w2.mutex(key).acquire_with(far(), &policy).await;
         (lock, w2)
     });
-    let n2 = until_named(&cluster, key, Some(&n1)).await;
-    assert_ne!(n1, n2);
+    until_attempts(&cluster, &base, 4).await;
+    assert_eq!(
+        named_everywhere(&cluster, key).as_deref(),
+        Some(n1.as_str()),
+        "the second waiter's attempt took the name"
+    );
     h.unlock(held).await.unwrap();
-    let (lock, w2) = tokio::time::timeout(woken_within(), second)
+    let (lock, w1) = tokio::time::timeout(woken_within(), first)
         .await
         .expect("the named waiter was not handed the lock")
         .unwrap();
     let lock = lock.expect("the named waiter's acquire");
     assert!(
-        !first.is_finished(),
+        !second.is_finished(),
         "the waiter the release did not name held too (or gave up)"
     );
-    first.abort();
-    w2.unlock(lock).await.unwrap();
+    second.abort();
+    w1.unlock(lock).await.unwrap();
 }
 
 /// The named waiter is gone (the flag names a waiter that no longer waits):
@@ -121,10 +140,11 @@ pub(super) async fn a_gone_named_waiter_costs_the_others_one_spread() {
         (Instant::now(), lock, w)
     });
     let mine = until_named(&cluster, key, None).await;
+    // A waiter that left many turns, so that it is the one named.
     let gone = if mine == "w00000000000000ff" {
-        "w00000000000000fe"
+        "w00000000000000fe00000100"
     } else {
-        "w00000000000000ff"
+        "w00000000000000ff00000100"
     };
     for node in cluster.nodes() {
         let set: Option<String> = node
