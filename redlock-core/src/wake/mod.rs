@@ -10,6 +10,9 @@
 //! found it and published), so no waiter sleeps through a release
 //! (`tests/models/tests/model_wake_flag.rs` checks it, with the wrong orders as
 //! negative controls), and a release nobody waits for publishes nothing.
+//! The announcement carries the flag's value, which names a mutex waiter
+//! ([`Named`](crate::keys::Named)): of the woken, the one named tries first
+//! and the others defer to it (`wait/`).
 //!
 //! One pub/sub connection per node per [`Redlock`](crate::Redlock) handle,
 //! outside the deadpool pool (a subscribed connection cannot run commands),
