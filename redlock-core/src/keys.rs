@@ -156,6 +156,33 @@ impl Named {
     }
 }
 
+/// What a release's announcement says of the next waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// `1`: a flag set by a permit or share waiter, a set's, an older
+    /// client's, or a native delete's announcement (which does not read the
+    /// flag): as before names.
+    Legacy,
+    /// [`NAMES_NOBODY`]: the flag named the releasing holder itself.
+    Nobody,
+    /// The waiter that goes next, if the most patient ([`Named`]).
+    Named(Named),
+}
+
+/// What a release announces when its flag named the releasing holder
+/// itself (its own attempt wrote it): nobody.
+pub(crate) const NAMES_NOBODY: &str = "0";
+
+impl Heard {
+    /// What `payload` says.
+    pub(crate) fn parse(payload: &[u8]) -> Self {
+        if payload == NAMES_NOBODY.as_bytes() {
+            return Self::Nobody;
+        }
+        Named::parse(payload).map_or(Self::Legacy, Self::Named)
+    }
+}
+
 /// `b` as text, if it is hex digits only (no sign, unlike what
 /// `from_str_radix` takes).
 fn hex_text(b: &[u8]) -> Option<&str> {
@@ -215,6 +242,8 @@ mod tests {
             b"w0000000000000001+0000000",
         ] {
             assert_eq!(Named::parse(other), None, "{other:?}");
+            assert_eq!(Heard::parse(other), Heard::Legacy, "{other:?}");
         }
+        assert_eq!(Heard::parse(b"0"), Heard::Nobody);
     }
 }

@@ -43,8 +43,8 @@ use super::lua::{LuaScript, keys_cmds};
 /// waiter that set it (`keys::waiter_name`), which tries first
 /// (`wait/`, issue 48 item 7), or `1`, which names nobody. A name written
 /// by the attempt that took this lock (it ends with `:` and the token) is
-/// the releasing holder's own, who waits no more: the release names nobody
-/// instead. Reading the flag costs the release one `GET` more, only when
+/// the releasing holder's own, who waits no more: the release announces
+/// `0` (`keys::NAMES_NOBODY`) instead. Reading the flag costs the release one `GET` more, only when
 /// the key held the token.
 ///
 /// It answers 0 when the key did not hold the token, else 1 plus what the
@@ -76,7 +76,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
             waiters_suffix!(),
             r#"'
   local w = redis.pcall('GET', f)
-  if type(w) ~= 'string' or string.sub(w, -#ARGV[1] - 1) == ':' .. ARGV[1] then w = '1' end
+  if type(w) ~= 'string' then w = '1' elseif string.sub(w, -#ARGV[1] - 1) == ':' .. ARGV[1] then w = '0' end
   if redis.call('DEL', KEYS[1], f) > 1 then
     local n = redis.pcall('"#,
             $publish,

@@ -657,25 +657,26 @@ enum AfterWake {
 ///   of its policy, so a named waiter that is dead or paused costs the
 ///   others one poll delay at most;
 /// - a permit's or share's waiter (which no release names), and a mutex
-///   waiter woken by releases that name nobody (no waiter flagged since the
-///   holder's own attempt; an older client's release; a native delete's),
-///   sleeps a random part of the jitter, since every waiter was woken at
-///   once;
-/// - a mutex waiter of a set (which names nobody) tries at once, as before
-///   names; so does any waiter whose policy has no jitter.
+///   waiter woken by a release whose flag named its own holder (no waiter
+///   wrote it since the holder's attempt), sleeps a random part of the
+///   jitter, since every waiter was woken at once;
+/// - a mutex waiter woken by releases that do not name (a set's, an older
+///   client's, a native delete's) tries at once, as before names; so does
+///   any waiter whose policy has no jitter.
 fn after_wake_up(
     waits: &Waits<'_>,
     subscriptions: &[Subscription<'_>],
     retry: &RetryPolicy,
     partial: bool,
 ) -> AfterWake {
-    let naming = waits.name.map_or(Naming::Nobody, |me| {
+    let naming = waits.name.map_or(Naming::Legacy, |me| {
         let each = subscriptions.iter().map(|s| s.naming(me, partial));
-        each.fold(Naming::Nobody, |all, one| match (all, one) {
+        each.fold(Naming::Legacy, |all, one| match (all, one) {
             (Naming::Me, _) | (_, Naming::Me) => Naming::Me,
             (Naming::Other, _) | (_, Naming::Other) => Naming::Other,
             (Naming::Pending, _) | (_, Naming::Pending) => Naming::Pending,
-            _ => Naming::Nobody,
+            (Naming::Nobody, _) | (_, Naming::Nobody) => Naming::Nobody,
+            _ => Naming::Legacy,
         })
     });
     let jitter = retry.jitter;
@@ -686,8 +687,9 @@ fn after_wake_up(
         Naming::Pending if partial => AfterWake::Spread(spread()),
         Naming::Pending => AfterWake::Pending,
         Naming::Other => AfterWake::Defer,
-        Naming::Nobody if waits.spread || waits.name.is_some() => AfterWake::Spread(spread()),
-        Naming::Nobody => AfterWake::Now { named: false },
+        Naming::Nobody => AfterWake::Spread(spread()),
+        Naming::Legacy if waits.spread => AfterWake::Spread(spread()),
+        Naming::Legacy => AfterWake::Now { named: false },
     }
 }
 

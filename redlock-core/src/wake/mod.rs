@@ -189,7 +189,7 @@ impl Shared {
     /// flag's value: the waiter it names, if any).
     fn wake(&self, key: &str, node: usize, payload: &[u8]) {
         if let Some(e) = self.channels().get(key) {
-            let name = crate::keys::Named::parse(payload);
+            let name = crate::keys::Heard::parse(payload);
             e.state.send_modify(|s| s.heard(node, name));
         }
     }

@@ -2,7 +2,7 @@
 //! and when that is news enough to try again.
 
 use crate::error::{NodeStatus, Report};
-use crate::keys::Named;
+use crate::keys::{Heard, Named};
 
 /// One node's part in a channel's subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub(super) struct Chan {
     /// Per node, the waiter its latest announced release named
     /// (`keys::waiter_name`: the last mutex waiter to set the key's flag
     /// there), if it named one.
-    pub(super) named: Vec<Option<Named>>,
+    pub(super) named: Vec<Heard>,
 }
 
 /// Whom the releases a waiter was woken by name (issue 48, item 7).
@@ -46,8 +46,11 @@ pub(crate) enum Naming {
     /// Another waiter: the named one tries first, and this one leaves it
     /// the turn.
     Other,
-    /// Nobody (a permit's or share's release, or an older client's).
+    /// Nobody: the flag named the releasing holder itself.
     Nobody,
+    /// Names are not in use (a permit's or share's release, a set's, an
+    /// older client's, a native delete's).
+    Legacy,
     /// Too few of the release's announcements heard yet to tell.
     Pending,
 }
@@ -141,13 +144,13 @@ impl Chan {
             nodes,
             expected: vec![0; n],
             others: vec![0; n],
-            named: vec![None; n],
+            named: vec![Heard::Legacy; n],
         }
     }
 
     /// `node` announced a release, naming the waiter `name` (if it named
     /// one): this handle's own if one is expected there, else another's.
-    pub(super) fn heard(&mut self, node: usize, name: Option<Named>) {
+    pub(super) fn heard(&mut self, node: usize, name: Heard) {
         if let Some(n) = self.released.get_mut(node) {
             *n = n.wrapping_add(1);
         }
@@ -251,9 +254,16 @@ impl Chan {
         let heard: Vec<usize> = (0..self.released.len())
             .filter(|&i| self.released.get(i) != seen.released.get(i))
             .collect();
-        let names: Vec<Named> = heard
+        let said: Vec<Heard> = heard
             .iter()
-            .filter_map(|&i| self.named.get(i).copied().flatten())
+            .filter_map(|&i| self.named.get(i).copied())
+            .collect();
+        let names: Vec<Named> = said
+            .iter()
+            .filter_map(|h| match h {
+                Heard::Named(n) => Some(*n),
+                _ => None,
+            })
             .collect();
         let listening = self
             .nodes
@@ -263,8 +273,10 @@ impl Chan {
         if names.is_empty() {
             return if heard.is_empty() {
                 Naming::Pending
-            } else {
+            } else if said.contains(&Heard::Nobody) {
                 Naming::Nobody
+            } else {
+                Naming::Legacy
             };
         }
         if !partial && heard.len() < quorum.min(listening).max(1) {
@@ -393,15 +405,15 @@ mod tests {
         }
         // Its own announcement on node 0 came before the window began, the
         // others' after.
-        c.heard(0, None);
+        c.heard(0, Heard::Legacy);
         let since = c.others.clone();
-        c.heard(1, None);
-        c.heard(2, None);
+        c.heard(1, Heard::Legacy);
+        c.heard(2, Heard::Legacy);
         assert!(!c.others_released(&since, 2), "its own release");
         // Another's, on two nodes.
-        c.heard(0, None);
+        c.heard(0, Heard::Legacy);
         assert!(!c.others_released(&since, 2));
-        c.heard(1, None);
+        c.heard(1, Heard::Legacy);
         assert!(c.others_released(&since, 2));
 
         // Another's message first, then its own release proves to have
@@ -410,27 +422,27 @@ mod tests {
         c.expect(0);
         c.expect(1);
         let since = c.others.clone();
-        c.heard(0, None);
+        c.heard(0, Heard::Legacy);
         assert!(!c.others_released(&since, 2));
         assert!(c.unexpect(0));
         // Its own on node 1 (answered as heard: nothing to undo), then
         // another's there.
-        c.heard(1, None);
+        c.heard(1, Heard::Legacy);
         assert!(!c.others_released(&since, 2));
-        c.heard(1, None);
+        c.heard(1, Heard::Legacy);
         assert!(c.others_released(&since, 2));
         // An expectation undone before its message could come.
         let mut c = Chan::new(vec![NodeSub::Subscribed; 1]);
         c.expect(0);
         assert!(!c.unexpect(0));
         let since = c.others.clone();
-        c.heard(0, None);
+        c.heard(0, Heard::Legacy);
         assert!(c.others_released(&since, 1));
         // Counters that wrapped still differ.
         let mut c = Chan::new(vec![NodeSub::Subscribed; 1]);
         c.others[0] = u64::MAX;
         let since = c.others.clone();
-        c.heard(0, None);
+        c.heard(0, Heard::Legacy);
         assert!(c.others_released(&since, 2));
     }
 
@@ -440,7 +452,7 @@ mod tests {
     #[test]
     fn a_release_names_the_waiter_that_tries_first() {
         let (me, other) = (7, 9);
-        let named = |id| Some(Named { id, turns: 0 });
+        let named = |id| Heard::Named(Named { id, turns: 0 });
         let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
         let mut c = seen.clone();
         assert_eq!(c.naming(&seen, me, 2, false), Naming::Pending);
@@ -462,9 +474,13 @@ mod tests {
         // Releases before the attempt do not count.
         assert_eq!(c.naming(&c, me, 2, true), Naming::Pending);
         let mut legacy = seen.clone();
-        legacy.heard(0, None);
-        legacy.heard(1, None);
-        assert_eq!(legacy.naming(&seen, me, 2, false), Naming::Nobody);
+        legacy.heard(0, Heard::Legacy);
+        legacy.heard(1, Heard::Legacy);
+        assert_eq!(legacy.naming(&seen, me, 2, false), Naming::Legacy);
+        let mut nobody = seen.clone();
+        nobody.heard(0, Heard::Nobody);
+        nobody.heard(1, Heard::Legacy);
+        assert_eq!(nobody.naming(&seen, me, 2, false), Naming::Nobody);
         // With two subscriptions down, the one subscribed node decides.
         let mut down = seen.clone();
         down.nodes[2] = NodeSub::Down;
@@ -484,7 +500,7 @@ mod tests {
                 k.wrapping_mul(0x2545_f491_4f6c_dd1d),
                 k.wrapping_mul(31) + 5,
             );
-            let named = |id| Some(Named { id, turns: 3 });
+            let named = |id| Heard::Named(Named { id, turns: 3 });
             let seen = Chan::new(vec![NodeSub::Subscribed; 2]);
             let mut ab = seen.clone();
             ab.heard(0, named(a));
@@ -509,9 +525,9 @@ mod tests {
     fn the_waiter_that_left_the_most_turns_goes() {
         let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
         let mut c = seen.clone();
-        c.heard(0, Some(Named { id: 1, turns: 2 }));
-        c.heard(1, Some(Named { id: 1, turns: 2 }));
-        c.heard(2, Some(Named { id: 2, turns: 5 }));
+        c.heard(0, Heard::Named(Named { id: 1, turns: 2 }));
+        c.heard(1, Heard::Named(Named { id: 1, turns: 2 }));
+        c.heard(2, Heard::Named(Named { id: 2, turns: 5 }));
         assert_eq!(c.naming(&seen, 2, 2, false), Naming::Me);
         assert_eq!(c.naming(&seen, 1, 2, false), Naming::Other);
     }
