@@ -123,11 +123,10 @@ pub(crate) fn waiters_flag(key: &str) -> String {
 /// A mutex waiter as its key's waiters flag names it: its id, and how many
 /// turns it has left to other waiters (`wait/`, issue 48 item 7).
 ///
-/// Written as `w`, the id in 16 hex digits and the turns in 8 (an attempt
-/// adds `:` and its token). A release announces the flag's value
-/// (`RELEASE_LUA`), but never a name the releasing holder's own attempt
-/// wrote, and of the names a release gave on the nodes the one that left
-/// the most turns goes next. A flag set by a permit or share waiter, or by
+/// Written as `w`, the id in 16 hex digits and the turns in 8. A release
+/// announces the flag's value (`RELEASE_LUA`; a holder's attempt took its
+/// own name off: `NAME_FLAG_LUA`), and of the names a release gave on the
+/// nodes the one that left the most turns goes next. A flag set by a permit or share waiter, or by
 /// an older client, holds `1`, which names nobody.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Named {
@@ -163,22 +162,13 @@ pub(crate) enum Heard {
     /// client's, or a native delete's announcement (which does not read the
     /// flag): as before names.
     Legacy,
-    /// [`NAMES_NOBODY`]: the flag named the releasing holder itself.
-    Nobody,
     /// The waiter that goes next, if the most patient ([`Named`]).
     Named(Named),
 }
 
-/// What a release announces when its flag named the releasing holder
-/// itself (its own attempt wrote it): nobody.
-pub(crate) const NAMES_NOBODY: &str = "0";
-
 impl Heard {
     /// What `payload` says.
     pub(crate) fn parse(payload: &[u8]) -> Self {
-        if payload == NAMES_NOBODY.as_bytes() {
-            return Self::Nobody;
-        }
         Named::parse(payload).map_or(Self::Legacy, Self::Named)
     }
 }
@@ -244,6 +234,5 @@ mod tests {
             assert_eq!(Named::parse(other), None, "{other:?}");
             assert_eq!(Heard::parse(other), Heard::Legacy, "{other:?}");
         }
-        assert_eq!(Heard::parse(b"0"), Heard::Nobody);
     }
 }

@@ -111,7 +111,11 @@ impl Node {
         mut conn: Conn,
     ) -> Result<Value, NodeError> {
         match call {
-            Call::Acquire { pipeline, skip } => {
+            Call::Acquire {
+                pipeline,
+                skip,
+                tail,
+            } => {
                 // Error replies stay in the array: `parse_acquire` judges by the
                 // `SET` reply first, and a refused `PTTL` or `TYPE` does not undo
                 // a `SET` that ran. A refused waiters flag (an ACL, OOM) is
@@ -125,7 +129,10 @@ impl Node {
                     self.answered(generation);
                 }
                 replies
-                    .map(|mut r| Value::Array(r.split_off((*skip).min(r.len()))))
+                    .map(|mut r| {
+                        r.truncate(r.len().saturating_sub(*tail));
+                        Value::Array(r.split_off((*skip).min(r.len())))
+                    })
                     .map_err(|e| NodeError::from_redis(&e))
             }
             Call::Keys {

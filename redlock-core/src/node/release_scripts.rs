@@ -41,11 +41,9 @@ use super::lua::{LuaScript, keys_cmds};
 ///
 /// The announcement carries the flag's value: the name of the last mutex
 /// waiter that set it (`keys::waiter_name`), which tries first
-/// (`wait/`, issue 48 item 7), or `1`, which names nobody. A name written
-/// by the attempt that took this lock (it ends with `:` and the token) is
-/// the releasing holder's own, who waits no more: the release announces
-/// `0` (`keys::NAMES_NOBODY`) instead. Reading the flag costs the release one `GET` more, only when
-/// the key held the token.
+/// (`wait/`, issue 48 item 7), or `1`, which names nobody (a holder's
+/// attempt takes its own name off the flag: `NAME_FLAG_LUA`). Reading the
+/// flag costs the release one `GET` more, only when the key held the token.
 ///
 /// It answers 0 when the key did not hold the token, else 1 plus what the
 /// `PUBLISH` answered, the number of connections subscribed to the channel
@@ -76,7 +74,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
             waiters_suffix!(),
             r#"'
   local w = redis.pcall('GET', f)
-  if type(w) ~= 'string' then w = '1' elseif string.sub(w, -#ARGV[1] - 1) == ':' .. ARGV[1] then w = '0' end
+  if type(w) ~= 'string' then w = '1' end
   if redis.call('DEL', KEYS[1], f) > 1 then
     local n = redis.pcall('"#,
             $publish,

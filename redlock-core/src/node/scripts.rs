@@ -146,9 +146,13 @@ pub(crate) enum Call {
     /// An acquire pipelined with more commands, in one round trip: a fencing
     /// lock's (the same `SET`, `PTTL` and `TYPE`, then its reads, which must
     /// follow the `SET`), and a waiter's (the waiters flag first, see
-    /// [`Call::waiting_acquire`]). The first `skip` replies (the flag's) are
-    /// not part of the answer.
-    Acquire { pipeline: Pipeline, skip: usize },
+    /// [`Call::waiting_acquire`]). The first `skip` replies (the flag's) and
+    /// the last `tail` (a mutex waiter's name) are not part of the answer.
+    Acquire {
+        pipeline: Pipeline,
+        skip: usize,
+        tail: usize,
+    },
     /// A Lua script over several keys (the fence: the lock key and its
     /// counter), both forms built up front: `EVALSHA`, and the `EVAL` fallback.
     /// Scripts over several locks' keys keep them whole (`per_slot`), so
@@ -221,9 +225,10 @@ impl Call {
     /// finds the key held, so its `PTTL` and `TYPE` come in the same round
     /// trip too. `fence_key` as for [`Call::fenced_acquire`].
     ///
-    /// With `name` (a mutex waiter's, `keys::Named`), a flag it makes names
-    /// the waiter; one already there keeps its name (a waiter that has been
-    /// waiting longer, deferring, writes its own: [`Call::defer_flag`]).
+    /// With `name` (a mutex waiter's, `keys::Named`), a script after the
+    /// `SET` names the waiter on the flag if it did not take the key there
+    /// and is the most patient, and names nobody in its place if it did
+    /// ([`NAME_FLAG_LUA`]).
     pub(crate) fn waiting_acquire(
         key: &str,
         token: &str,
@@ -244,12 +249,10 @@ impl Call {
     ) -> Self {
         let mut pipeline = redis::pipe();
         let mut skip = 0;
+        let mut named = None;
         if let Some((ms, name)) = flag {
-            // The attempt's own token after the name: the release of the
-            // lock it may win then knows the name for its holder's own, and
-            // names nobody instead (`RELEASE_LUA`).
-            let value = name.map(|n| format!("{n}:{token}"));
-            skip = push_flag(&mut pipeline, key, ms, value.as_deref());
+            skip = push_flag(&mut pipeline, key, ms);
+            named = name.map(|n| (n, ms));
         }
         pipeline
             .add_command(set_nx(key, token, ttl_ms))
@@ -260,7 +263,28 @@ impl Call {
         if let Some(fence_key) = fence_key {
             pipeline.cmd("GET").arg(fence_key).cmd("TIME");
         }
-        Call::Acquire { pipeline, skip }
+        let mut tail = 0;
+        if let Some((name, ms)) = named {
+            // After the `SET`: the name goes on the flag unless the attempt
+            // took the key there ([`NAME_FLAG_LUA`]). `EVAL`, not
+            // `EVALSHA`: a pipeline cannot fall back after `NOSCRIPT`.
+            let flag = crate::keys::waiters_flag(key);
+            pipeline
+                .cmd("EVAL")
+                .arg(NAME_FLAG_LUA)
+                .arg(2)
+                .arg(&flag)
+                .arg(key)
+                .arg(name)
+                .arg(ms.max(1))
+                .arg(token);
+            tail = 1;
+        }
+        Call::Acquire {
+            pipeline,
+            skip,
+            tail,
+        }
     }
 
     /// The waiters flags of `keys`, set for `flag_ms` (or kept, if they live
@@ -269,9 +293,13 @@ impl Call {
     pub(crate) fn waiters_flags(keys: &[Arc<str>], flag_ms: u64) -> Self {
         let mut pipeline = redis::pipe();
         for key in keys {
-            push_flag(&mut pipeline, key, flag_ms, None);
+            push_flag(&mut pipeline, key, flag_ms);
         }
-        Call::Acquire { pipeline, skip: 0 }
+        Call::Acquire {
+            pipeline,
+            skip: 0,
+            tail: 0,
+        }
     }
 
     /// `EVALSHA sha <keys> keys.. args..`, and its `EVAL` fallback.
@@ -285,18 +313,16 @@ impl Call {
     }
 }
 
-/// Sets `key`'s waiters flag for `ms`: created if absent, else lengthened if
-/// shorter, so that of several waiters the one that waits longest keeps it.
-/// A flag made here holds `name` (a mutex waiter's, `keys::Named`), or `1`,
-/// which names nobody; one already there keeps its value. Returns how many
-/// commands it added.
-fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64, name: Option<&str>) -> usize {
+/// Sets `key`'s waiters flag for `ms`: created (naming nobody, `1`) if
+/// absent, else lengthened if shorter, so that of several waiters the one
+/// that waits longest keeps it. Returns how many commands it added.
+fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64) -> usize {
     let flag = crate::keys::waiters_flag(key);
     let ms = ms.max(1);
     pipeline
         .cmd("SET")
         .arg(&flag)
-        .arg(name.unwrap_or("1"))
+        .arg(1)
         .arg("NX")
         .arg("PX")
         .arg(ms)
@@ -307,13 +333,25 @@ fn push_flag(pipeline: &mut Pipeline, key: &str, ms: u64, name: Option<&str>) ->
     2
 }
 
-/// A deferring mutex waiter's flag (`wait/`, issue 48 item 7): `KEYS[1]`
-/// names `ARGV[1]` (a `keys::Named` value) if it named nobody or a waiter
-/// that left fewer turns (the turns are the 8 hex digits after the id, so
-/// their text orders as their number), and lives `ARGV[2]` ms or longer.
-/// So each node's flag names its most patient waiter.
-const DEFER_FLAG_LUA: &str = r#"
+/// A mutex waiter's name in its key's flag (`wait/`, issue 48 item 7):
+/// `KEYS[1]` names `ARGV[1]` (a `keys::Named` value) if it named nobody or
+/// a waiter that left fewer turns (the turns are the 8 hex digits after the
+/// id, so their text orders as their number), and lives `ARGV[2]` ms or
+/// longer. So each node's flag names its most patient waiter.
+///
+/// Run after an attempt's `SET` (`KEYS[2]` its lock key, `ARGV[3]` its
+/// token): if the attempt took the key there, the waiter waits no more, and
+/// a flag naming it (its id, the first 17 characters) names nobody instead
+/// (`1`); the flag keeps its expiry. Run by a deferring waiter, with the
+/// flag alone.
+const NAME_FLAG_LUA: &str = r#"
 local v = redis.call('GET', KEYS[1])
+if #KEYS > 1 and redis.call('GET', KEYS[2]) == ARGV[3] then
+  if v and string.sub(v, 1, 17) == string.sub(ARGV[1], 1, 17) then
+    redis.call('SET', KEYS[1], '1', 'KEEPTTL')
+  end
+  return 0
+end
 if not v then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
@@ -325,15 +363,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
 return 1
 "#;
 
-static DEFER_FLAG: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(DEFER_FLAG_LUA));
+static NAME_FLAG: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(NAME_FLAG_LUA));
 
 impl Call {
     /// A deferring mutex waiter's flag of `key`, naming it as `named` (a
-    /// `keys::Named` value) for `flag_ms` ([`DEFER_FLAG_LUA`]).
+    /// `keys::Named` value) for `flag_ms` ([`NAME_FLAG_LUA`]).
     pub(crate) fn defer_flag(key: &str, named: &str, flag_ms: u64) -> Self {
         let flag = crate::keys::waiters_flag(key);
         Call::keys(
-            &DEFER_FLAG,
+            &NAME_FLAG,
             &[flag.as_bytes()],
             &[named.as_bytes(), flag_ms.max(1).to_string().as_bytes()],
         )

@@ -36,26 +36,20 @@ impl Core {
 
     /// Sets a deferring mutex waiter's flag of `key` on `nodes`, for `flag`,
     /// naming it as `named` if the flag named nobody or a less patient
-    /// waiter (`Call::defer_flag`), in the background: nothing waits for the
-    /// answers.
-    pub(super) fn spawn_defer_flags(
+    /// waiter (`Call::defer_flag`), and waits for the answers (at most a
+    /// node timeout).
+    pub(super) async fn set_defer_flags(
         &self,
         key: &str,
         flag: Duration,
         named: Named,
         nodes: Vec<usize>,
     ) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let flag_ms = u64::try_from(flag.as_millis()).unwrap_or(u64::MAX);
         let call = Arc::new(Call::defer_flag(key, &named.value(), flag_ms));
-        let this = self.clone();
-        rt.spawn(async move {
-            let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
-            let mut pending = this.fan_out(&call, ignore, nodes.into_iter());
-            this.settle(&mut pending, |_| false).await;
-        });
+        let ignore = |_: redis::Value| -> Result<(), NodeError> { Ok(()) };
+        let mut pending = self.fan_out(&call, ignore, nodes.into_iter());
+        self.settle(&mut pending, |_| false).await;
     }
 
     /// Sets the waiters flags of `keys` on every node, for `flag`, and

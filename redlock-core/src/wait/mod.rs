@@ -173,10 +173,6 @@ impl Core {
         let mut attempt = 1;
         // The latest hand-off this waiter waited out: each is waited once.
         let mut handed = None;
-        // The next attempt is the turn a release named this waiter to: its
-        // flags leave its name out, so that the next release names another
-        // waiter, not the holder.
-        let mut unnamed = false;
         // How many turns this waiter has left to named others: of the
         // waiters a release names, the one that left the most goes.
         let mut turns = 0u32;
@@ -185,7 +181,7 @@ impl Core {
             // handle's last release woke in other handles (`handoff`); a
             // single attempt is never delayed.
             if retry.max_attempts > 1 {
-                let (made, named) = self
+                readied |= self
                     .wait_hand_off(
                         &waits,
                         retry,
@@ -194,8 +190,6 @@ impl Core {
                         (&mut handed, &mut turns),
                     )
                     .await;
-                readied |= made;
-                unnamed |= named;
             }
             if let Some(place) = &waits.place {
                 place.clear_kick();
@@ -211,10 +205,7 @@ impl Core {
             if !subscriptions.is_empty() {
                 let ttl = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
                 if waits.inline_flag {
-                    let name = waits
-                        .name
-                        .filter(|_| !unnamed)
-                        .map(|id| Named { id, turns });
+                    let name = waits.name.map(|id| Named { id, turns });
                     flag = Some(Flag {
                         ttl,
                         name: name.map(Named::value),
@@ -223,7 +214,6 @@ impl Core {
                     self.set_waiters_flags(waits.keys, ttl).await;
                 }
             }
-            unnamed = false;
             let err = match attempt_once(attempt, flag).await {
                 Ok(lock) => {
                     if let Some(place) = waits.place.take() {
@@ -329,14 +319,12 @@ impl Core {
                 continue;
             }
             match self.decide_turn(&waits, &mut subscriptions, retry).await {
-                AfterWake::Now { named } => unnamed = named,
-                AfterWake::Pending => {}
+                AfterWake::Now | AfterWake::Pending => {}
                 AfterWake::Spread(spread) => {
                     sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
                 }
                 AfterWake::Defer => {
-                    unnamed = self
-                        .defer_turn(&waits, &mut subscriptions, retry, latest_start, &mut turns)
+                    self.defer_turn(&waits, &mut subscriptions, retry, latest_start, &mut turns)
                         .await;
                 }
             }
@@ -354,6 +342,12 @@ impl Core {
         retry: &RetryPolicy,
     ) -> AfterWake {
         let decided = after_wake_up(waits, subscriptions, retry, false);
+        tracing::debug!(
+            ?decided,
+            me = ?waits.name,
+            channels = ?subscriptions.iter().map(Subscription::describe).collect::<Vec<_>>(),
+            "woken waiter's turn"
+        );
         let (AfterWake::Pending, [sub]) = (decided, &mut *subscriptions) else {
             return decided;
         };
@@ -388,12 +382,9 @@ impl Core {
         retry: &RetryPolicy,
         latest_start: Option<Instant>,
         turns: &mut u32,
-    ) -> bool {
-        let ([sub], Some(id)) = (subscriptions, waits.name) else {
-            return false;
-        };
-        let Some(key) = waits.keys.first() else {
-            return false;
+    ) {
+        let ([sub], Some(id), Some(key)) = (subscriptions, waits.name, waits.keys.first()) else {
+            return;
         };
         *turns = turns.saturating_add(1);
         let node_timeout = self.inner.settings.node_timeout;
@@ -414,7 +405,7 @@ impl Core {
         let mut first = true;
         loop {
             let Some(fresh) = sub.fresh_nodes() else {
-                return false;
+                return;
             };
             let now = Instant::now();
             let in_time = late_until.is_none_or(|t| now < t);
@@ -429,9 +420,12 @@ impl Core {
                         *l = false;
                     }
                 }
+                // Answered before this waiter goes on: its own attempt must
+                // not overtake its name, which would then stay on a node
+                // after it holds.
                 let ttl = flag_ttl(waits.ttl, retry, node_timeout, now, latest_start);
                 let named = Named { id, turns: *turns };
-                self.spawn_defer_flags(key, ttl, named, reached);
+                self.set_defer_flags(key, ttl, named, reached).await;
             }
             if !news.is_empty() && sub.wakes_now(&found) {
                 match self
@@ -448,18 +442,17 @@ impl Core {
                         first = true;
                         continue;
                     }
-                    AfterWake::Now { named } => return named,
-                    AfterWake::Pending => return false,
+                    AfterWake::Now | AfterWake::Pending => return,
                     AfterWake::Spread(spread) => {
                         sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
-                        return false;
+                        return;
                     }
                 }
             }
             let heard = changed_before(sub, poll).await;
             if !heard {
                 tracing::debug!("deferring waiter's poll");
-                return false;
+                return;
             }
         }
     }
@@ -484,7 +477,7 @@ impl Core {
         latest_start: Option<Instant>,
         subscriptions: &mut Vec<Subscription<'a>>,
         (handed, turns): (&mut Option<Instant>, &mut u32),
-    ) -> (bool, bool) {
+    ) -> bool {
         let waiting = &self.inner.waiting;
         let node_timeout = self.inner.settings.node_timeout;
         let now = Instant::now();
@@ -499,7 +492,7 @@ impl Core {
         let Some((decided, until)) = decided.and_then(|d| {
             crate::wake::handoff::not_before(d, window, now, latest_start).map(|until| (d, until))
         }) else {
-            return (false, false);
+            return false;
         };
         *handed = Some(decided);
         tracing::debug!(
@@ -509,7 +502,7 @@ impl Core {
         let sleep = tokio::time::sleep_until(until.into());
         if !waiting.enabled() {
             sleep.await;
-            return (false, false);
+            return false;
         }
         let mut readied = false;
         if subscriptions.is_empty() {
@@ -520,7 +513,7 @@ impl Core {
         }
         if subscriptions.is_empty() {
             sleep.await;
-            return (false, false);
+            return false;
         }
         let since: Vec<Vec<u64>> = subscriptions.iter().map(Subscription::others).collect();
         let flag = flag_ttl(waits.ttl, retry, node_timeout, Instant::now(), latest_start);
@@ -542,22 +535,19 @@ impl Core {
         // may have named one of them): this one is woken like them, and
         // leaves the named one its head start. Trying at once, it raced the
         // named waiter and split the votes at a bare quorum (issue 48, item 7).
-        if !by_release {
-            return (readied, false);
+        if by_release {
+            match self.decide_turn(waits, subscriptions, retry).await {
+                AfterWake::Now | AfterWake::Pending => {}
+                AfterWake::Spread(spread) => {
+                    sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
+                }
+                AfterWake::Defer => {
+                    self.defer_turn(waits, subscriptions, retry, latest_start, turns)
+                        .await;
+                }
+            }
         }
-        let named = match self.decide_turn(waits, subscriptions, retry).await {
-            AfterWake::Now { named } => named,
-            AfterWake::Pending => false,
-            AfterWake::Spread(spread) => {
-                sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
-                false
-            }
-            AfterWake::Defer => {
-                self.defer_turn(waits, subscriptions, retry, latest_start, turns)
-                    .await
-            }
-        };
-        (readied, named)
+        readied
     }
 
     /// The mutex's retrying acquire of `key` (`Core::lock_with_retained`).
@@ -633,9 +623,8 @@ pub(crate) struct Flag {
 /// What a waiter woken by releases heard does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AfterWake {
-    /// Tries at once; `named`: the releases named it, so its attempt leaves
-    /// its name out of the flags.
-    Now { named: bool },
+    /// Tries at once.
+    Now,
     /// Sleeps this long, then tries.
     Spread(Duration),
     /// Leaves the turn to the waiter the releases named: listens for the
@@ -656,13 +645,12 @@ enum AfterWake {
 ///   ([`AfterWake::Defer`]): it waits for the next release, or a poll delay
 ///   of its policy, so a named waiter that is dead or paused costs the
 ///   others one poll delay at most;
-/// - a permit's or share's waiter (which no release names), and a mutex
-///   waiter woken by a release whose flag named its own holder (no waiter
-///   wrote it since the holder's attempt), sleeps a random part of the
-///   jitter, since every waiter was woken at once;
-/// - a mutex waiter woken by releases that do not name (a set's, an older
-///   client's, a native delete's) tries at once, as before names; so does
-///   any waiter whose policy has no jitter.
+/// - a permit's or share's waiter (which no release names) sleeps a random
+///   part of the jitter, since every waiter was woken at once;
+/// - a mutex waiter woken by releases that name nobody (no mutex waiter
+///   wrote the flag, a set's release, an older client's, a native
+///   delete's) tries at once, as before names; so does any waiter whose
+///   policy has no jitter.
 fn after_wake_up(
     waits: &Waits<'_>,
     subscriptions: &[Subscription<'_>],
@@ -675,21 +663,19 @@ fn after_wake_up(
             (Naming::Me, _) | (_, Naming::Me) => Naming::Me,
             (Naming::Other, _) | (_, Naming::Other) => Naming::Other,
             (Naming::Pending, _) | (_, Naming::Pending) => Naming::Pending,
-            (Naming::Nobody, _) | (_, Naming::Nobody) => Naming::Nobody,
             _ => Naming::Legacy,
         })
     });
     let jitter = retry.jitter;
     let spread = || rand::rng().random_range(Duration::ZERO..=jitter);
     match naming {
-        Naming::Me => AfterWake::Now { named: true },
-        _ if jitter.is_zero() => AfterWake::Now { named: false },
+        Naming::Me => AfterWake::Now,
+        _ if jitter.is_zero() => AfterWake::Now,
         Naming::Pending if partial => AfterWake::Spread(spread()),
         Naming::Pending => AfterWake::Pending,
         Naming::Other => AfterWake::Defer,
-        Naming::Nobody => AfterWake::Spread(spread()),
         Naming::Legacy if waits.spread => AfterWake::Spread(spread()),
-        Naming::Legacy => AfterWake::Now { named: false },
+        Naming::Legacy => AfterWake::Now,
     }
 }
 

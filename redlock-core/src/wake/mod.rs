@@ -434,9 +434,7 @@ impl Subscription<'_> {
     /// Whom the releases announced since the waiter's last attempt name,
     /// for the waiter `me` (see `Chan::naming`).
     pub(crate) fn naming(&self, me: u64, partial: bool) -> Naming {
-        self.rx
-            .borrow()
-            .naming(&self.seen, me, self.waiting.quorum, partial)
+        self.rx.borrow().naming(&self.seen, me, partial)
     }
 
     /// The nodes that announced a release since the waiter last marked

@@ -46,8 +46,6 @@ pub(crate) enum Naming {
     /// Another waiter: the named one tries first, and this one leaves it
     /// the turn.
     Other,
-    /// Nobody: the flag named the releasing holder itself.
-    Nobody,
     /// Names are not in use (a permit's or share's release, a set's, an
     /// older client's, a native delete's).
     Legacy,
@@ -114,24 +112,30 @@ impl Found {
 }
 
 /// The waiter that goes, of the `names` a release gave on the nodes heard:
-/// the one that left the most turns to others (so the longest waiting goes
-/// first); of several as patient, the one most nodes named; of several
-/// still, one picked by a mix of all the names. Every waiter that heard the
-/// same names picks the same one, and the pick favours no waiter's id.
+/// the one most nodes named (a name left on a node or two by a waiter that
+/// holds since, or is gone, loses to the one every node's waiters wrote);
+/// of several, the one that left the most turns to others (each node keeps
+/// its most patient waiter's name); of several still, one picked by a mix
+/// of the names. Every waiter that heard the same names picks the same
+/// one, and the pick favours no waiter's id.
 fn chosen(names: &[Named]) -> Option<u64> {
-    let turns = names.iter().map(|n| n.turns).max()?;
-    let ids: Vec<u64> = names
-        .iter()
-        .filter(|n| n.turns == turns)
-        .map(|n| n.id)
-        .collect();
-    let salt = ids.iter().fold(0u64, |acc, n| acc ^ n.rotate_left(17));
-    let count = |id: u64| ids.iter().filter(|&&m| m == id).count();
-    let most = ids.iter().map(|&id| count(id)).max()?;
-    ids.iter()
-        .copied()
-        .filter(|&id| count(id) == most)
-        .min_by_key(|&id| (id ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    let count = |id: u64| names.iter().filter(|n| n.id == id).count();
+    let turns = |id: u64| {
+        names
+            .iter()
+            .filter(|n| n.id == id)
+            .map(|n| n.turns)
+            .max()
+            .unwrap_or(0)
+    };
+    let salt = names.iter().fold(0u64, |acc, n| acc ^ n.id.rotate_left(17));
+    names.iter().map(|n| n.id).max_by_key(|&id| {
+        (
+            count(id),
+            turns(id),
+            std::cmp::Reverse((id ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        )
+    })
 }
 
 impl Chan {
@@ -246,11 +250,10 @@ impl Chan {
     /// Each node counts with the name its latest release gave, and every
     /// waiter that heard the same nodes picks the same one ([`chosen`]):
     /// the nodes' flags may name different waiters (each node keeps the
-    /// last that wrote it there). `Pending` while fewer than a quorum of the
-    /// nodes (of the subscribed ones, with fewer subscribed; at least one)
-    /// were heard, unless `partial`: waiters that had heard different nodes
-    /// could pick different ones.
-    pub(super) fn naming(&self, seen: &Chan, me: u64, quorum: usize, partial: bool) -> Naming {
+    /// last that wrote it there). `Pending` until every subscribed node (at
+    /// least one) was heard, unless `partial`: waiters that had heard
+    /// different nodes could pick different ones.
+    pub(super) fn naming(&self, seen: &Chan, me: u64, partial: bool) -> Naming {
         let heard: Vec<usize> = (0..self.released.len())
             .filter(|&i| self.released.get(i) != seen.released.get(i))
             .collect();
@@ -273,13 +276,14 @@ impl Chan {
         if names.is_empty() {
             return if heard.is_empty() {
                 Naming::Pending
-            } else if said.contains(&Heard::Nobody) {
-                Naming::Nobody
             } else {
                 Naming::Legacy
             };
         }
-        if !partial && heard.len() < quorum.min(listening).max(1) {
+        // Every subscribed node: waiters that decided on different nodes'
+        // names (each node keeps the first of equally patient waiters) could
+        // each find the other named, and nobody went.
+        if !partial && heard.len() < listening.max(1) {
             return Naming::Pending;
         }
         if chosen(&names) == Some(me) {
@@ -455,38 +459,38 @@ mod tests {
         let named = |id| Heard::Named(Named { id, turns: 0 });
         let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
         let mut c = seen.clone();
-        assert_eq!(c.naming(&seen, me, 2, false), Naming::Pending);
+        assert_eq!(c.naming(&seen, me, false), Naming::Pending);
         c.heard(0, named(me));
         assert_eq!(
-            c.naming(&seen, me, 2, false),
+            c.naming(&seen, me, false),
             Naming::Pending,
             "one node of three"
         );
-        assert_eq!(c.naming(&seen, me, 2, true), Naming::Me);
-        assert_eq!(c.naming(&seen, other, 2, true), Naming::Other);
+        assert_eq!(c.naming(&seen, me, true), Naming::Me);
+        assert_eq!(c.naming(&seen, other, true), Naming::Other);
         c.heard(1, named(me));
-        assert_eq!(c.naming(&seen, me, 2, false), Naming::Me);
-        assert_eq!(c.naming(&seen, other, 2, false), Naming::Other);
-        // Node 2 named another: two nodes of three still name `me`.
+        assert_eq!(
+            c.naming(&seen, me, false),
+            Naming::Pending,
+            "two nodes of three"
+        );
+        // Node 2 named another: two nodes of three name `me`.
         c.heard(2, named(other));
-        assert_eq!(c.naming(&seen, me, 2, false), Naming::Me);
-        assert_eq!(c.naming(&seen, other, 2, false), Naming::Other);
+        assert_eq!(c.naming(&seen, me, false), Naming::Me);
+        assert_eq!(c.naming(&seen, other, false), Naming::Other);
         // Releases before the attempt do not count.
-        assert_eq!(c.naming(&c, me, 2, true), Naming::Pending);
+        assert_eq!(c.naming(&c, me, true), Naming::Pending);
         let mut legacy = seen.clone();
-        legacy.heard(0, Heard::Legacy);
-        legacy.heard(1, Heard::Legacy);
-        assert_eq!(legacy.naming(&seen, me, 2, false), Naming::Legacy);
-        let mut nobody = seen.clone();
-        nobody.heard(0, Heard::Nobody);
-        nobody.heard(1, Heard::Legacy);
-        assert_eq!(nobody.naming(&seen, me, 2, false), Naming::Nobody);
+        for n in 0..3 {
+            legacy.heard(n, Heard::Legacy);
+        }
+        assert_eq!(legacy.naming(&seen, me, false), Naming::Legacy);
         // With two subscriptions down, the one subscribed node decides.
         let mut down = seen.clone();
         down.nodes[2] = NodeSub::Down;
         down.nodes[1] = NodeSub::Down;
         down.heard(0, named(me));
-        assert_eq!(down.naming(&seen, me, 2, false), Naming::Me);
+        assert_eq!(down.naming(&seen, me, false), Naming::Me);
     }
 
     /// Two nodes named two waiters: exactly one of them goes, whichever
@@ -509,27 +513,35 @@ mod tests {
             ba.heard(0, named(b));
             ba.heard(1, named(a));
             for c in [&ab, &ba] {
-                let goes = [a, b].map(|w| c.naming(&seen, w, 2, false) == Naming::Me);
+                let goes = [a, b].map(|w| c.naming(&seen, w, false) == Naming::Me);
                 assert_eq!(goes.iter().filter(|g| **g).count(), 1, "{a} {b}");
             }
-            if ab.naming(&seen, a.min(b), 2, false) == Naming::Me {
+            if ab.naming(&seen, a.min(b), false) == Naming::Me {
                 low_wins += 1;
             }
         }
         assert!((350..650).contains(&low_wins), "{low_wins} of 1000");
     }
 
-    /// Of the names a release gave, the waiter that left the most turns
-    /// goes, however many nodes named the others.
+    /// Of the names a release gave, the one most nodes gave goes, however
+    /// many turns a name on fewer nodes claims (a stale name); of names as
+    /// often given, the one that left the most turns.
     #[test]
-    fn the_waiter_that_left_the_most_turns_goes() {
+    fn the_most_named_then_the_most_patient_waiter_goes() {
+        let named = |id, turns| Heard::Named(Named { id, turns });
         let seen = Chan::new(vec![NodeSub::Subscribed; 3]);
         let mut c = seen.clone();
-        c.heard(0, Heard::Named(Named { id: 1, turns: 2 }));
-        c.heard(1, Heard::Named(Named { id: 1, turns: 2 }));
-        c.heard(2, Heard::Named(Named { id: 2, turns: 5 }));
-        assert_eq!(c.naming(&seen, 2, 2, false), Naming::Me);
-        assert_eq!(c.naming(&seen, 1, 2, false), Naming::Other);
+        c.heard(0, named(1, 2));
+        c.heard(1, named(1, 2));
+        c.heard(2, named(2, 5));
+        assert_eq!(c.naming(&seen, 1, false), Naming::Me);
+        assert_eq!(c.naming(&seen, 2, false), Naming::Other);
+        let mut c = seen.clone();
+        c.heard(0, named(1, 2));
+        c.heard(1, named(2, 5));
+        c.heard(2, Heard::Legacy);
+        assert_eq!(c.naming(&seen, 2, false), Naming::Me);
+        assert_eq!(c.naming(&seen, 1, false), Naming::Other);
     }
 
     #[test]

@@ -163,6 +163,17 @@ pub(super) async fn child(args: &[String]) -> Result<(), BoxError> {
     let [wake, secs, key, urls @ ..] = args else {
         return Err("usage: waiting-child <wake> <secs> <key> <url>...".into());
     };
+    // `BENCH_CHILD_LOG=<dir>`: the library's debug events go to
+    // `<dir>/child-<pid>.log` (for reading a run, not for timing it).
+    if let Some(dir) = std::env::var_os("BENCH_CHILD_LOG") {
+        let path = std::path::Path::new(&dir).join(format!("child-{}.log", std::process::id()));
+        let file = std::fs::File::create(path)?;
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .with_env_filter("redlock_core=debug")
+            .try_init();
+    }
     let rl = handle(urls, wake == "true")?;
     let warm = rl
         .mutex(format!("{key}:warm:{}", std::process::id()))
