@@ -341,10 +341,10 @@ impl RedlockBuilder {
     ///
     /// Experimental (issue 50): measured at 0.82–1.01 times the raw loop's
     /// 64-task throughput against 0.96–0.98 without it, so it is not yet
-    /// worth turning on, and a release queued behind a busy connection can
-    /// be overtaken by a waiter's acquire sent directly (a `Busy` more, never
-    /// two holders). Cluster nodes, replica acks, native commands, fenced
-    /// and waiting acquires keep their own calls either way.
+    /// worth turning on. Cluster nodes, replica acks, native commands, fenced
+    /// and waiting acquires keep their own calls either way; on a node whose
+    /// queue is not empty, such a call waits for what queued before it, so
+    /// that it never overtakes a queued release.
     pub fn coalesce(mut self, on: bool) -> Self {
         self.settings.coalesce = on;
         self

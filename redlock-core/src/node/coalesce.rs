@@ -26,9 +26,14 @@
 //! the rest of its pipeline: a `SET` behind it in the same batch may then
 //! run before it, and is refused where the release would have let it in.)
 //!
-//! Everything else keeps today's path, unchanged: cluster nodes (one call
-//! per slot), replica acks (a `WAIT` per write), native commands, fenced and
-//! waiting acquires (pipelines), other databases, scripts over several keys.
+//! Everything else keeps today's path: cluster nodes (one call per slot),
+//! replica acks (a `WAIT` per write), native commands, fenced and waiting
+//! acquires (pipelines), other databases, scripts over several keys. On a
+//! node with a coalescer, such a call goes at once when everything before
+//! it is written, and otherwise waits for the turn behind what is queued
+//! ([`Entered::AfterQueue`]), so that it never overtakes a queued operation:
+//! a holder's release, queued behind a busy connection, reaches the node
+//! before the next holder's fenced or waiting acquire of its key.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -138,8 +143,17 @@ pub(super) struct Answer {
     pub(super) answered: bool,
 }
 
+/// What waits in a node's queue: an operation, or a call that is not
+/// batched waiting for the turn (see `coalesce/`).
+pub(super) enum Queued {
+    /// An operation of the next batch.
+    Op(QueuedOp),
+    /// A caller waiting for the turn, to send its own call.
+    Turn(oneshot::Sender<Turn<Queued>>),
+}
+
 /// An operation in the queue.
-pub(super) struct Queued {
+pub(super) struct QueuedOp {
     op: Op,
     tx: oneshot::Sender<Answer>,
     /// The connection its caller found (a batch goes on the newest of its
@@ -153,16 +167,35 @@ pub(super) struct Queued {
 
 impl Pending for Queued {
     fn bytes(&self) -> usize {
-        // The key, the token, the code, and RESP's framing of each.
-        self.op
-            .key
-            .len()
-            .saturating_add(self.op.token.len())
-            .saturating_add(48)
+        match self {
+            // The key, the token, the code, and RESP's framing of each.
+            Queued::Op(q) => {
+                q.op.key
+                    .len()
+                    .saturating_add(q.op.token.len())
+                    .saturating_add(48)
+            }
+            Queued::Turn(_) => 0,
+        }
     }
 
     fn abandoned(&self) -> bool {
-        self.tx.is_closed()
+        match self {
+            Queued::Op(q) => q.tx.is_closed(),
+            Queued::Turn(tx) => tx.is_closed(),
+        }
+    }
+
+    fn waits_for_turn(&self) -> bool {
+        matches!(self, Queued::Turn(_))
+    }
+
+    fn take_turn(self, turn: Turn<Self>) {
+        if let Queued::Turn(tx) = self {
+            // Its caller gone: the turn comes back and is dropped, which
+            // passes the queue on.
+            drop(tx.send(turn));
+        }
     }
 }
 
@@ -237,7 +270,7 @@ fn new_coalescer() -> Arc<NodeCoalescer> {
 /// `loaded`: the connection generation the batch script was last loaded on.
 async fn drive(mut turn: Turn<Queued>, mut batch: Vec<Queued>, loaded: Arc<AtomicU64>) {
     loop {
-        send_batch(batch, &loaded).await;
+        send_batch(batch, &loaded, &mut turn).await;
         match turn.next() {
             Some(next) => batch = next,
             None => return,
@@ -435,7 +468,16 @@ async fn probe_holders(
 /// Sends one batch on the newest connection its callers found, bounded by
 /// the latest of their deadlines (after it, nobody waits for it), and
 /// answers each operation.
-async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64) {
+async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64, turn: &mut Turn<Queued>) {
+    // A batch ends before a caller waiting for the turn (`coalesce/`): it
+    // holds operations only.
+    let batch: Vec<QueuedOp> = batch
+        .into_iter()
+        .filter_map(|q| match q {
+            Queued::Op(q) => Some(q),
+            Queued::Turn(_) => None,
+        })
+        .collect();
     let Some(newest) = batch.iter().max_by_key(|q| q.generation) else {
         return;
     };
@@ -454,9 +496,21 @@ async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64) {
         }
         Ok(results)
     };
-    let outcome = match until {
-        Some(until) => tokio::time::timeout_at(until.into(), call).await.ok(),
-        None => Some(call.await),
+    let outcome = {
+        // Polled once, the pipeline is on the connection (`Turn::written`).
+        let mut call = std::pin::pin!(call);
+        let mut first = true;
+        let call = std::future::poll_fn(|cx| {
+            let polled = call.as_mut().poll(cx);
+            if std::mem::replace(&mut first, false) {
+                turn.written();
+            }
+            polled
+        });
+        match until {
+            Some(until) => tokio::time::timeout_at(until.into(), call).await.ok(),
+            None => Some(call.await),
+        }
     };
     match outcome {
         Some(Ok(results)) => {
@@ -496,8 +550,18 @@ pub(super) enum Entered {
     No(Conn),
     /// It goes alone, now, holding the turn until its command answers.
     Alone(Turn<Queued>, Conn),
+    /// It waits in the queue.
+    Wait(Wait),
+}
+
+/// A call that waits in a node's queue.
+pub(super) enum Wait {
     /// It was queued: its answer comes here.
     Queued(oneshot::Receiver<Answer>, Conn),
+    /// It does not take part, but the node's queue is not empty: it goes
+    /// once it has the turn, which comes here (or, the coalescer gone, an
+    /// error: then at once).
+    AfterQueue(oneshot::Receiver<Turn<Queued>>, Conn),
 }
 
 impl Node {
@@ -547,29 +611,78 @@ impl Node {
         conn: Conn,
         timeout: Duration,
     ) -> Entered {
-        let Some(op) = self.coalesces(call) else {
+        if !self.coalesce || self.pool.is_cluster() {
             return Entered::No(conn);
-        };
+        }
         let Some(coalescer) = self.coalescer_here() else {
             return Entered::No(conn);
+        };
+        let Some(op) = self.coalesces(call) else {
+            // Not batched: it must not overtake what is queued.
+            let mut rx = None;
+            let now = coalescer.after_queue(|| {
+                let (tx, r) = oneshot::channel();
+                rx = Some(r);
+                Queued::Turn(tx)
+            });
+            return match (now, rx) {
+                (false, Some(rx)) => Entered::Wait(Wait::AfterQueue(rx, conn)),
+                _ => Entered::No(conn),
+            };
         };
         let mut rx = None;
         let turn = coalescer.enter(|| {
             let (tx, r) = oneshot::channel();
             rx = Some(r);
-            Queued {
+            Queued::Op(QueuedOp {
                 op,
                 tx,
                 generation,
                 conn: conn.clone(),
                 timeout,
                 until: Instant::now().checked_add(timeout),
-            }
+            })
         });
         match (turn, rx) {
             (Some(turn), _) => Entered::Alone(turn, conn),
-            (None, Some(rx)) => Entered::Queued(rx, conn),
+            (None, Some(rx)) => Entered::Wait(Wait::Queued(rx, conn)),
             (None, None) => Entered::No(conn),
+        }
+    }
+
+    /// A call that waits in the queue ([`Entered::Wait`]): its answer, or,
+    /// for a call that is not batched, its own call once it has the turn
+    /// (or at once when the queue was dropped: no runtime to send it).
+    /// Given up with [`NodeError::Timeout`] when polled at or after
+    /// `deadline` (`None`: the caller bounds it).
+    pub(super) async fn wait_in_queue(
+        &self,
+        call: &Call,
+        wait: Wait,
+        generation: u64,
+        timeout: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Value, NodeError> {
+        match wait {
+            Wait::Queued(rx, conn) => self.queued_until(call, rx, conn, timeout, deadline).await,
+            Wait::AfterQueue(rx, conn) => {
+                let turn = super::ByDeadline {
+                    inner: rx,
+                    deadline,
+                }
+                .await;
+                let Some(turn) = turn else {
+                    return Err(NodeError::Timeout(timeout));
+                };
+                super::Holding {
+                    inner: self.run_call(call, generation, conn, timeout),
+                    turn: turn.ok(),
+                    check_clock: true,
+                    deadline,
+                    timeout,
+                }
+                .await
+            }
         }
     }
 

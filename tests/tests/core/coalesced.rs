@@ -307,3 +307,77 @@ async fn concurrent_locks_keep_their_own_outcomes() {
         assert!(clean, "keys left on a node: {:?}", node.keys());
     }
 }
+
+/// Resumes a paused node when dropped, so that a failed assertion does not
+/// leave it stopped for the rest of the binary.
+struct Resume<'a>(&'a RedisNode);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// Lets every task spawned on this (current-thread) runtime run until it
+/// waits: each has then sent or queued what it sends first.
+async fn let_tasks_run() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A call that does not take part in the coalescer (here a fencing lock's
+/// acquire, a pipeline) never overtakes an operation queued in it for the
+/// same node: the holder's release, queued behind the node's busy
+/// connection, reaches the node before the next acquire of its key, which
+/// then finds the key free. Without that order, the acquire went out at
+/// once, before the release, and was refused (a spurious `Busy`).
+///
+/// The node is stopped (`SIGSTOP`) while the calls are sent, so that their
+/// order on its socket is the order they were written in, whatever the
+/// machine's load: a first release in flight, a second queued behind it,
+/// then the acquire.
+#[tokio::test(flavor = "current_thread")]
+async fn a_direct_call_does_not_overtake_a_queued_release() {
+    let cluster = Cluster::start(1);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(PATIENT_NODE_TIMEOUT)
+        .fencing(redlock_core::FencingMode::Durable)
+        .coalesce(true)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let first = rl.mutex("ord:first").try_acquire(ttl).await.unwrap();
+    let second = rl.mutex("ord:second").try_acquire(ttl).await.unwrap();
+    let node = cluster.node(0);
+    node.pause();
+    let resume = Resume(node);
+    // In flight: the coalescer is busy until the node answers it.
+    let r1 = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.unlock(first).await }
+    });
+    let_tasks_run().await;
+    // Queued behind it.
+    let r2 = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.unlock(second).await }
+    });
+    let_tasks_run().await;
+    // The next holder of the second key: a fenced acquire, sent directly.
+    let next = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.mutex("ord:second").try_acquire(ttl).await }
+    });
+    let_tasks_run().await;
+    drop(resume);
+    r1.await.unwrap().unwrap();
+    r2.await.unwrap().unwrap();
+    let next = next.await.unwrap();
+    assert!(
+        next.is_ok(),
+        "the acquire overtook the release queued before it: {next:?}"
+    );
+    rl.unlock(next.unwrap()).await.unwrap();
+}
