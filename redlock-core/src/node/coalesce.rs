@@ -103,6 +103,10 @@ return out
 
 pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(&BATCH_LUA));
 
+/// The scripts a batch's `SCRIPT LOAD` prefix loads besides its own: those
+/// of the release and the extend sent alone.
+const LOADED_WITH_BATCH: [&str; 2] = [RELEASE_LUA, EXTEND_LUA];
+
 /// What an operation asks of its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OpCode {
@@ -344,7 +348,15 @@ pub(crate) async fn run_batch<'a>(
     let prefix = load && parts.iter().any(|p| matches!(p, Part::Script(_)));
     let mut pipe = redis::pipe();
     if prefix {
+        // With the scripts a release or an extend sent alone runs: the
+        // batch script only wraps their text, and a lone call after the
+        // first batch would otherwise find them missing (`NOSCRIPT`, and
+        // its `EVAL` a second round trip: seen as a fencing test's release
+        // sent as EVALSHA then EVAL, with the coalescer on).
         pipe.cmd("SCRIPT").arg("LOAD").arg(BATCH.body);
+        for body in LOADED_WITH_BATCH {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(body);
+        }
     }
     for part in &parts {
         match part {
@@ -365,7 +377,11 @@ pub(crate) async fn run_batch<'a>(
             }
         }
     }
-    let skip = usize::from(prefix);
+    let skip = if prefix {
+        1 + LOADED_WITH_BATCH.len()
+    } else {
+        0
+    };
     let replies = match conn.send_packed_commands(&pipe, skip, parts.len()).await {
         Ok(replies) if replies.len() == parts.len() => replies,
         Ok(replies) => {
