@@ -13,15 +13,18 @@
 //!   script against 100 pipelined). A refused one gets the holder's `PTTL`
 //!   and `TYPE` in a second round trip, as when alone;
 //! - the release ([`Call::Release`], database 0) and the extend
-//!   ([`EXTEND`]): each run of them in the batch is one [`BATCH`] script
-//!   call, which runs per key the release script itself ([`RELEASE_LUA`],
+//!   ([`EXTEND`]): all of them in the batch are one [`BATCH`] script call,
+//!   ahead of the `SET`s (unless a `SET` of a key comes before a release or
+//!   extend of it in the batch: then one call per run of them, in order),
+//!   which runs per key the release script itself ([`RELEASE_LUA`],
 //!   wrapped as a Lua function: the same waiters flag, readers index,
 //!   `PUBLISH` and reply) or [`EXTEND_LUA`], wrapped the same way. A script
 //!   call's own cost (about two thirds of a lone release's, at
-//!   9debf85's counts) is paid once per run instead of once per operation.
+//!   9debf85's counts) is paid once per batch instead of once per operation.
 //!
-//! The pipeline keeps the operations' order, so two operations on one key
-//! run on the node in the order they came. (After a `NOSCRIPT`, a rare
+//! Two operations on one key run on the node in the order they came:
+//! operations on different keys commute, and the releases and extends move
+//! ahead of the `SET`s only when no `SET` of theirs was before them. (After a `NOSCRIPT`, a rare
 //! restarted or flushed node, a run of scripts goes again by `EVAL` after
 //! the rest of its pipeline: a `SET` behind it in the same batch may then
 //! run before it, and is refused where the release would have let it in.)
@@ -119,14 +122,15 @@ pub(crate) enum OpCode {
 }
 
 impl OpCode {
-    /// Its code in the batch script's `ARGV` (an acquire's is never sent:
-    /// its `SET` goes as itself, and the script refuses the code).
-    fn arg(&self) -> String {
+    /// Adds its code in the batch script's `ARGV` to `cmd` (an acquire's is
+    /// never sent: its `SET` goes as itself, and the script refuses the
+    /// code). A release's is a static `r`: no allocation per operation.
+    fn write_arg(&self, cmd: &mut Cmd) {
         match self {
-            OpCode::Acquire(ms) => format!("s{ms}"),
-            OpCode::Release => "r".to_owned(),
-            OpCode::Extend(ms) => format!("e{ms}"),
-        }
+            OpCode::Acquire(ms) => cmd.arg(format!("s{ms}")),
+            OpCode::Release => cmd.arg("r"),
+            OpCode::Extend(ms) => cmd.arg(format!("e{ms}")),
+        };
     }
 }
 
@@ -284,7 +288,7 @@ async fn drive(mut turn: Turn<Queued>, mut batch: Vec<Queued>, loaded: Arc<Atomi
 
 /// The batch script's call for `ops` (releases and extends): `EVALSHA`,
 /// or with `eval` the `EVAL` fallback (built only after a `NOSCRIPT`).
-fn script_cmd(ops: &[&Op], eval: bool) -> Cmd {
+fn script_cmd(ops: &[(usize, &Op)], eval: bool) -> Cmd {
     let mut cmd = if eval {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(BATCH.body);
@@ -295,30 +299,64 @@ fn script_cmd(ops: &[&Op], eval: bool) -> Cmd {
         cmd
     };
     cmd.arg(ops.len());
-    for o in ops {
+    for (_, o) in ops {
         cmd.arg(&*o.key);
     }
-    for o in ops {
-        cmd.arg(&*o.token).arg(o.code.arg());
+    for (_, o) in ops {
+        cmd.arg(&*o.token);
+        o.code.write_arg(&mut cmd);
     }
     cmd
 }
 
 /// One command of a batch's pipeline: an acquire's `SET`, or one script
-/// call for a run of releases and extends.
+/// call for releases and extends; each with its operations' places in the
+/// batch.
 enum Part<'a> {
-    Set(&'a Op),
-    Script(Vec<&'a Op>),
+    Set(usize, &'a Op),
+    Script(Vec<(usize, &'a Op)>),
 }
 
-/// `ops` as the commands of one pipeline, in their order.
-fn parts<'a>(ops: impl Iterator<Item = &'a Op>) -> Vec<Part<'a>> {
+/// `ops` as the commands of one pipeline. Operations on different keys
+/// commute on the node, and only an acquire's `SET` followed later in the
+/// batch by a release or extend of its key must stay before it; so, unless
+/// some key has that, every release and extend goes in **one** script call,
+/// first, and the `SET`s after it, in their order (a batch of interleaved
+/// locks and unlocks would otherwise be a script call per run of one or two
+/// releases, each paying a script call's cost on the node). Otherwise, in
+/// their order: one script call per run.
+fn parts<'a>(ops: &[&'a Op]) -> Vec<Part<'a>> {
+    let mut set_keys = std::collections::HashSet::new();
+    let reorder = ops.iter().all(|op| match op.code {
+        OpCode::Acquire(_) => {
+            set_keys.insert(&*op.key);
+            true
+        }
+        _ => !set_keys.contains(&*op.key),
+    });
     let mut parts: Vec<Part<'a>> = Vec::new();
-    for op in ops {
+    if reorder {
+        let scripts: Vec<(usize, &Op)> = ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| !matches!(op.code, OpCode::Acquire(_)))
+            .map(|(i, op)| (i, *op))
+            .collect();
+        if !scripts.is_empty() {
+            parts.push(Part::Script(scripts));
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if matches!(op.code, OpCode::Acquire(_)) {
+                parts.push(Part::Set(i, op));
+            }
+        }
+        return parts;
+    }
+    for (i, op) in ops.iter().enumerate() {
         match (&op.code, parts.last_mut()) {
-            (OpCode::Acquire(_), _) => parts.push(Part::Set(op)),
-            (_, Some(Part::Script(run))) => run.push(op),
-            _ => parts.push(Part::Script(vec![op])),
+            (OpCode::Acquire(_), _) => parts.push(Part::Set(i, op)),
+            (_, Some(Part::Script(run))) => run.push((i, op)),
+            _ => parts.push(Part::Script(vec![(i, op)])),
         }
     }
     parts
@@ -344,7 +382,8 @@ pub(crate) async fn run_batch<'a>(
     ops: impl Iterator<Item = &'a Op>,
     load: bool,
 ) -> Result<(Vec<Result<Value, NodeError>>, bool), (NodeError, bool)> {
-    let parts = parts(ops);
+    let ops: Vec<&Op> = ops.collect();
+    let parts = parts(&ops);
     let prefix = load && parts.iter().any(|p| matches!(p, Part::Script(_)));
     let mut pipe = redis::pipe();
     if prefix {
@@ -360,7 +399,7 @@ pub(crate) async fn run_batch<'a>(
     }
     for part in &parts {
         match part {
-            Part::Set(op) => {
+            Part::Set(_, op) => {
                 let ms = match op.code {
                     OpCode::Acquire(ms) => ms,
                     _ => 0,
@@ -401,16 +440,21 @@ pub(crate) async fn run_batch<'a>(
     };
     // Loaded (before, or now) unless a script call says otherwise.
     let mut is_loaded = !load || prefix;
-    let mut out = Vec::new();
-    // The refused `SET`s, by their place in `out`, for the holder's probe.
+    let mut out: Vec<Option<Result<Value, NodeError>>> = (0..ops.len()).map(|_| None).collect();
+    let mut put = |at: usize, result| {
+        if let Some(slot) = out.get_mut(at) {
+            *slot = Some(result);
+        }
+    };
+    // The refused `SET`s, by their place in the batch, for the holder's probe.
     let mut refused = Vec::new();
     for (part, v) in parts.iter().zip(replies) {
         match part {
-            Part::Set(op) => {
+            Part::Set(at, op) => {
                 if v == Value::Nil {
-                    refused.push((out.len(), Arc::clone(&op.key)));
+                    refused.push((*at, Arc::clone(&op.key)));
                 }
-                out.push(reply(v));
+                put(*at, reply(v));
             }
             Part::Script(run) => {
                 let v = match v {
@@ -433,20 +477,32 @@ pub(crate) async fn run_batch<'a>(
                 };
                 match v {
                     Ok(Value::Array(items)) if items.len() == run.len() => {
-                        out.extend(items.into_iter().map(reply));
+                        for ((at, _), item) in run.iter().zip(items) {
+                            put(*at, reply(item));
+                        }
                     }
                     Ok(other) => {
                         let e = NodeError::Protocol(format!(
                             "batch script reply for {} operations: {other:?}",
                             run.len()
                         ));
-                        out.extend(run.iter().map(|_| Err(e.clone())));
+                        for (at, _) in run {
+                            put(*at, Err(e.clone()));
+                        }
                     }
-                    Err(e) => out.extend(run.iter().map(|_| Err(e.clone()))),
+                    Err(e) => {
+                        for (at, _) in run {
+                            put(*at, Err(e.clone()));
+                        }
+                    }
                 }
             }
         }
     }
+    let mut out: Vec<Result<Value, NodeError>> = out
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(NodeError::Protocol("no reply in its batch".to_owned()))))
+        .collect();
     if !refused.is_empty() {
         probe_holders(conn, &refused, &mut out).await;
     }

@@ -170,7 +170,7 @@ fn heard(sub: &mut redis::PubSub<'_>) -> String {
     msg.get_channel_name().to_owned()
 }
 
-async fn same_answers_as_separate_calls(bin: Option<&Path>) {
+async fn same_answers_as_separate_calls(bin: Option<&Path>, ops: Vec<CheckOp>) {
     let start = || match bin {
         Some(b) => RedisNode::start_binary(b, &[], &[]),
         None => RedisNode::start(),
@@ -185,7 +185,6 @@ async fn same_answers_as_separate_calls(bin: Option<&Path>) {
     let mut sub_other = conn_other.as_pubsub();
     sub_one.subscribe(WAITED_CHANNEL).unwrap();
     sub_other.subscribe(WAITED_CHANNEL).unwrap();
-    let ops = operations();
     let separate = alone(&one.url(), &ops, PATIENT_NODE_TIMEOUT).await.unwrap();
     let batch = batched(&other.url(), &ops, PATIENT_NODE_TIMEOUT)
         .await
@@ -213,7 +212,33 @@ async fn same_answers_as_separate_calls(bin: Option<&Path>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_answers_each_key_as_its_own_call_on_redis() {
-    same_answers_as_separate_calls(None).await;
+    same_answers_as_separate_calls(None, operations()).await;
+}
+
+/// Locks and unlocks interleaved, as many tasks' are, where no key's
+/// acquire comes before a release or extend of it: the batch sends every
+/// release and extend in one script call ahead of the `SET`s, and each
+/// still answers as its own call, in the order they came (a key released
+/// and then taken by another token is free for it).
+fn interleaved_operations() -> Vec<CheckOp> {
+    vec![
+        release("mine", "t"),
+        acquire("free", "t"),
+        extend("mine2", "t"),
+        acquire("mine", "t2"),
+        release("held", "t"),
+        acquire("held", "t"),
+        extend("hash", "t"),
+        acquire("list", "t"),
+        release("waited", "t"),
+        acquire("nokey", "t"),
+        release("{r}:redlock-reader:t", "t"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reordered_batch_answers_each_key_as_its_own_call_on_redis() {
+    same_answers_as_separate_calls(None, interleaved_operations()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +246,7 @@ async fn a_batch_answers_each_key_as_its_own_call_on_valkey() {
     let Some(bin) = valkey_or_skip("a_batch_answers_each_key_as_its_own_call_on_valkey") else {
         return;
     };
-    same_answers_as_separate_calls(Some(&bin)).await;
+    same_answers_as_separate_calls(Some(&bin), operations()).await;
 }
 
 /// Many tasks at once, whose calls the nodes coalesce: every distinct key
