@@ -675,13 +675,15 @@ impl Node {
     }
 
     /// `call` arrives at this node's coalescer on connection `generation`:
-    /// it goes alone, is queued, or does not take part.
+    /// it goes alone, is queued, or does not take part. `deadline`: when
+    /// its caller gives up, if it set one.
     pub(super) fn enter(
         &self,
         call: &Call,
         generation: u64,
         conn: Conn,
         timeout: Duration,
+        deadline: Option<Instant>,
     ) -> Entered {
         if !self.coalesce || self.pool.is_cluster() {
             return Entered::No(conn);
@@ -712,7 +714,9 @@ impl Node {
                 generation,
                 conn: conn.clone(),
                 timeout,
-                until: Instant::now().checked_add(timeout),
+                // The caller's deadline when it has one (a fan-out's
+                // call): no clock read per queued operation.
+                until: deadline.or_else(|| Instant::now().checked_add(timeout)),
             })
         });
         match (turn, rx) {

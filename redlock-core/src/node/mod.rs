@@ -317,7 +317,7 @@ impl Node {
         // (The connection goes in and comes back by value: a borrow of it
         // here would keep it apart from the call's state, 64 bytes more on
         // every node call's future.)
-        let (turn, conn) = match self.enter(call, generation, conn, timeout) {
+        let (turn, conn) = match self.enter(call, generation, conn, timeout, deadline) {
             coalesce::Entered::No(conn) => (None, conn),
             coalesce::Entered::Alone(turn, conn) => (Some(turn), conn),
             // Queued, or waiting behind the queue: boxed (one await for
