@@ -339,12 +339,13 @@ impl RedlockBuilder {
     /// out together in one write, each answered as its own call would be
     /// (default: off). A lone call goes out at once, as without it.
     ///
-    /// Experimental (issue 50): measured at 0.82–1.01 times the raw loop's
-    /// 64-task throughput against 0.96–0.98 without it, so it is not yet
-    /// worth turning on, and a release queued behind a busy connection can
-    /// be overtaken by a waiter's acquire sent directly (a `Busy` more, never
-    /// two holders). Cluster nodes, replica acks, native commands, fenced
-    /// and waiting acquires keep their own calls either way.
+    /// Experimental (issue 50): measured at 0.81–0.97 times the raw loop's
+    /// 64-task throughput against 0.68–0.89 without it (six alternated
+    /// runs each way on a shared, loaded 2-core machine), so it is not yet
+    /// worth turning on. Cluster nodes, replica acks, native commands, fenced
+    /// and waiting acquires keep their own calls either way; on a node whose
+    /// queue is not empty, such a call waits for what queued before it, so
+    /// that it never overtakes a queued release.
     pub fn coalesce(mut self, on: bool) -> Self {
         self.settings.coalesce = on;
         self

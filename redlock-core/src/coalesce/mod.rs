@@ -23,6 +23,16 @@
 //!   sends them as one call, answers each, and goes on with the next batch
 //!   until the queue is empty; then the coalescer is idle again.
 //!
+//! A call that is not batched (a pipeline, a script over several keys, a
+//! native command) goes at once, without the turn, when everything before
+//! it is written: nothing is queued, and the call in flight, if any, is on
+//! its connection ([`Turn::written`]). Otherwise it queues a waiter
+//! ([`Coalescer::after_queue`]): the batch before it ends before it, and
+//! it gets the [`Turn`] when that batch is answered, sends its call holding
+//! it, and passes it on. So nothing overtakes what
+//! queued before it: a holder's release queued behind a busy connection
+//! reaches the node before the next holder's fenced or waiting acquire.
+//!
 //! At most **one** call is in flight per coalescer. Two would let a second
 //! batch start while the first is on the wire, which hides one round trip of
 //! latency when the node is idle between them, but halves the batch sizes
@@ -59,6 +69,31 @@ pub(crate) trait Pending {
     /// Whether its caller stopped waiting for it (its receiver is gone):
     /// then it is not sent.
     fn abandoned(&self) -> bool;
+    /// Whether it is not an operation but a caller waiting for the turn,
+    /// to send a call of its own that is not batched once everything
+    /// queued before it is out ([`Coalescer::after_queue`]): a batch ends
+    /// before it.
+    fn waits_for_turn(&self) -> bool {
+        false
+    }
+    /// Gives the turn to this caller (it [`waits_for_turn`](Self::waits_for_turn)).
+    /// A caller gone meanwhile drops it, which passes the queue on.
+    fn take_turn(self, turn: Turn<Self>)
+    where
+        Self: Sized,
+    {
+        drop(turn);
+    }
+}
+
+/// What the front of a queue gives.
+enum Taken<P> {
+    /// The next batch.
+    Batch(Vec<P>),
+    /// A caller waiting for the turn, first in line.
+    Turn(P),
+    /// Nothing is queued.
+    Empty,
 }
 
 /// The bounds of one batch.
@@ -88,6 +123,9 @@ pub(crate) struct Coalescer<P: Pending> {
 struct State<P> {
     /// A call is in flight: someone holds the [`Turn`].
     busy: bool,
+    /// ... and has not written its call yet ([`Turn::written`]): a call
+    /// that is not batched then waits for it ([`Coalescer::after_queue`]).
+    unsent: bool,
     /// The operations that came while it was, oldest first.
     queue: VecDeque<P>,
 }
@@ -99,6 +137,7 @@ impl<P: Pending> Coalescer<P> {
         Self {
             state: Mutex::new(State {
                 busy: false,
+                unsent: false,
                 queue: VecDeque::new(),
             }),
             limits: Limits {
@@ -124,20 +163,48 @@ impl<P: Pending> Coalescer<P> {
             return None;
         }
         state.busy = true;
+        state.unsent = true;
         Some(Turn {
             coalescer: Some(Arc::clone(self)),
+            written: false,
         })
     }
 
+    /// A call that is not batched arrives (a pipeline, a script over
+    /// several keys, a native command). When everything that came before
+    /// it is written (nothing queued, and the call in flight, if any, on
+    /// its connection), it goes at once, without the turn (`true`).
+    /// Otherwise `make`'s waiter is queued behind what is (`false`), and
+    /// gets the [`Turn`] once that is out and answered
+    /// ([`Pending::take_turn`]): a release queued for a key is never
+    /// overtaken by the next acquire of that key sent directly.
+    pub(crate) fn after_queue(&self, make: impl FnOnce() -> P) -> bool {
+        let mut state = self.state();
+        if !state.busy || (state.queue.is_empty() && !state.unsent) {
+            return true;
+        }
+        state.queue.push_back(make());
+        false
+    }
+
     /// The next batch out of `state`'s queue, oldest first, within the
-    /// limits; abandoned operations are dropped on the way.
-    fn take(&self, state: &mut State<P>) -> Vec<P> {
+    /// limits, and ending before a caller waiting for the turn; or that
+    /// caller, when it is first. Abandoned entries are dropped on the way.
+    fn take(&self, state: &mut State<P>) -> Taken<P> {
         let mut batch = Vec::new();
         let mut bytes = 0usize;
         while let Some(p) = state.queue.front() {
             if p.abandoned() {
                 state.queue.pop_front();
                 continue;
+            }
+            if p.waits_for_turn() {
+                if batch.is_empty()
+                    && let Some(p) = state.queue.pop_front()
+                {
+                    return Taken::Turn(p);
+                }
+                break;
             }
             let more = bytes.saturating_add(p.bytes());
             if batch.len() >= self.limits.ops || (!batch.is_empty() && more > self.limits.bytes) {
@@ -148,7 +215,11 @@ impl<P: Pending> Coalescer<P> {
                 batch.push(p);
             }
         }
-        batch
+        if batch.is_empty() {
+            Taken::Empty
+        } else {
+            Taken::Batch(batch)
+        }
     }
 
     /// How many operations are queued (abandoned ones included).
@@ -171,23 +242,54 @@ pub(crate) struct Turn<P: Pending> {
     /// `None` once given back ([`Turn::next`] found the queue empty, or
     /// [`Turn::give_up`]).
     coalescer: Option<Arc<Coalescer<P>>>,
+    /// Whether its holder said its current call is written.
+    written: bool,
 }
 
 impl<P: Pending> Turn<P> {
     /// The call in flight ended: the next batch, which the holder sends, or
-    /// `None` when nothing is queued (the coalescer is idle again, and this
-    /// turn is spent).
+    /// `None` when this turn is spent: nothing is queued (the coalescer is
+    /// idle again), or the caller first in line waits for the turn itself
+    /// and now has it.
     pub(crate) fn next(&mut self) -> Option<Vec<P>> {
         let coalescer = self.coalescer.as_ref()?;
         let mut state = coalescer.state();
-        let batch = coalescer.take(&mut state);
-        if batch.is_empty() {
-            state.busy = false;
-            drop(state);
-            self.coalescer = None;
-            return None;
+        self.written = false;
+        state.unsent = true;
+        match coalescer.take(&mut state) {
+            Taken::Batch(batch) => Some(batch),
+            Taken::Empty => {
+                state.busy = false;
+                state.unsent = false;
+                drop(state);
+                self.coalescer = None;
+                None
+            }
+            Taken::Turn(waiter) => {
+                // Handed over outside the lock: a waiter gone meanwhile
+                // drops the turn, which takes the lock to pass it on.
+                drop(state);
+                let turn = Turn {
+                    coalescer: self.coalescer.take(),
+                    written: false,
+                };
+                waiter.take_turn(turn);
+                None
+            }
         }
-        Some(batch)
+    }
+
+    /// Its holder's call is on its connection (its send was polled once:
+    /// whatever is sent on the connection after it goes after it), so a
+    /// call that is not batched need not wait for it. Once per call: only
+    /// the first takes the lock.
+    pub(crate) fn written(&mut self) {
+        if std::mem::replace(&mut self.written, true) {
+            return;
+        }
+        if let Some(coalescer) = &self.coalescer {
+            coalescer.state().unsent = false;
+        }
     }
 
     /// No driver can run (no runtime to run it on): every queued operation
@@ -198,6 +300,7 @@ impl<P: Pending> Turn<P> {
             let dropped = {
                 let mut state = coalescer.state();
                 state.busy = false;
+                state.unsent = false;
                 std::mem::take(&mut state.queue)
             };
             // Dropped outside the lock: a sender's drop wakes its receiver.
@@ -218,6 +321,7 @@ impl<P: Pending> Drop for Turn<P> {
         };
         let turn = Turn {
             coalescer: Some(Arc::clone(&coalescer)),
+            written: false,
         };
         (coalescer.start)(turn, next);
     }

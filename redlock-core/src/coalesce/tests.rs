@@ -7,10 +7,15 @@ mod unit {
     use std::sync::Mutex as StdMutex;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    /// Where a waiter's turn goes.
+    type TurnSlot = Arc<StdMutex<Option<Turn<Op>>>>;
+
     struct Op {
         id: u32,
         bytes: usize,
         gone: Arc<AtomicBool>,
+        /// A waiter for the turn, not an operation.
+        waiter: Option<TurnSlot>,
     }
 
     impl Pending for Op {
@@ -19,6 +24,23 @@ mod unit {
         }
         fn abandoned(&self) -> bool {
             self.gone.load(Ordering::SeqCst)
+        }
+        fn waits_for_turn(&self) -> bool {
+            self.waiter.is_some()
+        }
+        fn take_turn(self, turn: Turn<Self>) {
+            if let Some(slot) = self.waiter {
+                *slot.lock().unwrap() = Some(turn);
+            }
+        }
+    }
+
+    fn waiter(id: u32, slot: &TurnSlot) -> Op {
+        Op {
+            id,
+            bytes: 0,
+            gone: Arc::default(),
+            waiter: Some(Arc::clone(slot)),
         }
     }
 
@@ -42,6 +64,7 @@ mod unit {
             id,
             bytes,
             gone: Arc::default(),
+            waiter: None,
         }
     }
 
@@ -111,6 +134,7 @@ mod unit {
                 id: 2,
                 bytes: 1,
                 gone: Arc::clone(&gone),
+                waiter: None,
             })
             .is_none()
         );
@@ -138,6 +162,79 @@ mod unit {
         assert_eq!(ids(&batch), [2]);
         assert!(turn.next().is_none());
         assert!(!c.is_busy());
+    }
+
+    #[test]
+    fn a_call_not_batched_goes_at_once_when_everything_before_it_is_written() {
+        let (c, started) = coalescer(10, 1000);
+        // Idle.
+        assert!(c.after_queue(|| unreachable!("nothing to wait for")));
+        // A lone call in flight, not written yet: wait for it.
+        let mut turn = c.enter(|| op(0, 1)).expect("idle");
+        let slot = TurnSlot::default();
+        assert!(!c.after_queue(|| waiter(1, &slot)));
+        assert_eq!(c.queued(), 1);
+        drop(c.state().queue.pop_back());
+        // Written: what follows goes after it on the connection anyway.
+        turn.written();
+        assert!(c.after_queue(|| unreachable!("the call in flight is written")));
+        drop(turn);
+        assert!(!c.is_busy());
+        assert!(started.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_call_not_batched_waits_for_what_queued_before_it_and_goes_before_what_came_after() {
+        let (c, started) = coalescer(10, 1000);
+        let mut turn = c.enter(|| op(0, 1)).expect("idle");
+        turn.written();
+        assert!(c.enter(|| op(1, 1)).is_none());
+        let slot = TurnSlot::default();
+        assert!(!c.after_queue(|| waiter(2, &slot)));
+        assert!(c.enter(|| op(3, 1)).is_none());
+        // The lone call answers: the batch ends before the waiter.
+        drop(turn);
+        let (mut turn, batch) = started.lock().unwrap().pop().expect("a driver");
+        assert_eq!(ids(&batch), [1]);
+        assert!(
+            slot.lock().unwrap().is_none(),
+            "its turn before the batch is answered"
+        );
+        // Still not written: another call not batched waits too.
+        let later = TurnSlot::default();
+        assert!(!c.after_queue(|| waiter(4, &later)));
+        drop(c.state().queue.pop_back());
+        // The batch answers: the waiter has the turn, the driver is done.
+        assert!(turn.next().is_none());
+        drop(turn);
+        let mut theirs = slot.lock().unwrap().take().expect("the waiter's turn");
+        assert!(c.is_busy());
+        assert!(started.lock().unwrap().is_empty());
+        // Its call answers: what came after it goes.
+        theirs.written();
+        drop(theirs);
+        let (_turn, batch) = started.lock().unwrap().pop().expect("a driver");
+        assert_eq!(ids(&batch), [3]);
+    }
+
+    #[test]
+    fn a_waiter_gone_passes_the_turn_on() {
+        let (c, started) = coalescer(10, 1000);
+        let turn = c.enter(|| op(0, 1)).expect("idle");
+        let slot = TurnSlot::default();
+        let gone = Arc::new(AtomicBool::new(false));
+        assert!(!c.after_queue(|| Op {
+            gone: Arc::clone(&gone),
+            ..waiter(1, &slot)
+        }));
+        assert!(c.enter(|| op(2, 1)).is_none());
+        gone.store(true, Ordering::SeqCst);
+        drop(turn);
+        let (mut turn, batch) = started.lock().unwrap().pop().expect("a driver");
+        assert_eq!(ids(&batch), [2]);
+        assert!(turn.next().is_none());
+        assert!(!c.is_busy());
+        assert!(slot.lock().unwrap().is_none());
     }
 
     #[test]
@@ -175,25 +272,29 @@ mod loom_tests {
         use std::pin::Pin;
         use std::task::{Context, Poll};
 
-        #[derive(Default)]
-        struct Shared {
-            value: Mutex<Option<u32>>,
+        struct Shared<T> {
+            value: Mutex<Option<T>>,
             sender_gone: AtomicBool,
             receiver_gone: AtomicBool,
             waker: AtomicWaker,
         }
 
-        pub(super) struct Tx(Arc<Shared>);
-        pub(super) struct Rx(Arc<Shared>);
+        pub(super) struct Tx<T = u32>(Arc<Shared<T>>);
+        pub(super) struct Rx<T = u32>(Arc<Shared<T>>);
 
-        pub(super) fn channel() -> (Tx, Rx) {
-            let shared = Arc::new(Shared::default());
+        pub(super) fn channel<T>() -> (Tx<T>, Rx<T>) {
+            let shared = Arc::new(Shared {
+                value: Mutex::new(None),
+                sender_gone: AtomicBool::new(false),
+                receiver_gone: AtomicBool::new(false),
+                waker: AtomicWaker::new(),
+            });
             (Tx(Arc::clone(&shared)), Rx(shared))
         }
 
-        impl Tx {
+        impl<T> Tx<T> {
             /// Consumes the sender: an operation is answered at most once.
-            pub(super) fn send(self, v: u32) {
+            pub(super) fn send(self, v: T) {
                 *self.0.value.lock().unwrap() = Some(v);
             }
             pub(super) fn is_closed(&self) -> bool {
@@ -201,23 +302,23 @@ mod loom_tests {
             }
         }
 
-        impl Drop for Tx {
+        impl<T> Drop for Tx<T> {
             fn drop(&mut self) {
                 self.0.sender_gone.store(true, Ordering::SeqCst);
                 self.0.waker.wake();
             }
         }
 
-        impl Drop for Rx {
+        impl<T> Drop for Rx<T> {
             fn drop(&mut self) {
                 self.0.receiver_gone.store(true, Ordering::SeqCst);
             }
         }
 
         /// `Some(answer)`, or `None` when the sender was dropped unanswered.
-        impl Future for Rx {
-            type Output = Option<u32>;
-            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<u32>> {
+        impl<T> Future for Rx<T> {
+            type Output = Option<T>;
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
                 let check = || {
                     // Read before the value: a sender sets the value, then
                     // is dropped.
@@ -239,9 +340,11 @@ mod loom_tests {
         }
     }
 
+    /// An operation, or a caller waiting for the turn (`turn`).
     struct Op {
         id: u32,
         tx: chan::Tx,
+        turn: Option<chan::Tx<Turn<Op>>>,
     }
 
     impl Pending for Op {
@@ -249,7 +352,18 @@ mod loom_tests {
             1
         }
         fn abandoned(&self) -> bool {
-            self.tx.is_closed()
+            match &self.turn {
+                Some(turn) => turn.is_closed(),
+                None => self.tx.is_closed(),
+            }
+        }
+        fn waits_for_turn(&self) -> bool {
+            self.turn.is_some()
+        }
+        fn take_turn(self, turn: Turn<Self>) {
+            if let Some(tx) = self.turn {
+                tx.send(turn);
+            }
         }
     }
 
@@ -282,8 +396,12 @@ mod loom_tests {
                 return;
             }
             loop {
-                for op in batch {
+                // Written: the batch's operations, in order.
+                for op in &batch {
                     w.answered.lock().unwrap().push(op.id);
+                }
+                turn.written();
+                for op in batch {
                     op.tx.send(answer(op.id));
                 }
                 match turn.next() {
@@ -300,9 +418,10 @@ mod loom_tests {
     /// when its batch was dropped unanswered.
     fn call(c: &Arc<Coalescer<Op>>, world: &World, id: u32) -> Option<u32> {
         let (tx, rx) = chan::channel();
-        match c.enter(move || Op { id, tx }) {
-            Some(turn) => {
+        match c.enter(move || Op { id, tx, turn: None }) {
+            Some(mut turn) => {
                 world.answered.lock().unwrap().push(id);
+                turn.written();
                 drop(turn);
                 Some(answer(id))
             }
@@ -310,11 +429,30 @@ mod loom_tests {
         }
     }
 
+    /// A call that is not batched: it goes at once, or once it has the
+    /// turn; either way it is recorded as written when it goes.
+    fn direct_call(c: &Arc<Coalescer<Op>>, world: &World, id: u32) {
+        let (turn_tx, turn_rx) = chan::channel();
+        let (tx, _) = chan::channel();
+        let now = c.after_queue(move || Op {
+            id,
+            tx,
+            turn: Some(turn_tx),
+        });
+        if now {
+            world.answered.lock().unwrap().push(id);
+            return;
+        }
+        let turn = block_on(turn_rx);
+        world.answered.lock().unwrap().push(id);
+        drop(turn);
+    }
+
     /// A caller that gives up at once: its future dropped while its
     /// operation is queued, or while its own lone call is in flight.
     fn cancelled_call(c: &Arc<Coalescer<Op>>, id: u32) {
         let (tx, rx) = chan::channel();
-        let turn = c.enter(move || Op { id, tx });
+        let turn = c.enter(move || Op { id, tx, turn: None });
         drop(rx);
         drop(turn);
     }
@@ -427,6 +565,48 @@ mod loom_tests {
             for (id, got) in &outcomes {
                 assert_eq!(got.is_some(), answered.contains(id), "{outcomes:?}");
             }
+        });
+    }
+
+    /// A caller's operation is entered (alone or queued), and before its
+    /// answer comes the caller sends a call that is not batched (a fan-out
+    /// that returned at quorum, then the next acquire): that call is never
+    /// written before the operation, whoever else is queued or in flight.
+    #[test]
+    fn a_call_not_batched_never_overtakes_an_operation_entered_before_it() {
+        model(|| {
+            let world = Arc::new(World::default());
+            let c = coalescer(&world, 2, false);
+            let other = {
+                let (c, w) = (Arc::clone(&c), Arc::clone(&world));
+                thread::spawn(move || {
+                    assert_eq!(call(&c, &w, 0), Some(answer(0)));
+                })
+            };
+            let (tx, rx) = chan::channel();
+            match c.enter(move || Op {
+                id: 1,
+                tx,
+                turn: None,
+            }) {
+                Some(mut turn) => {
+                    world.answered.lock().unwrap().push(1);
+                    turn.written();
+                    // Its answer comes while the direct call is sent.
+                    let answering = thread::spawn(move || drop(turn));
+                    direct_call(&c, &world, 2);
+                    join_all(vec![answering]);
+                }
+                None => {
+                    direct_call(&c, &world, 2);
+                    assert_eq!(block_on(rx), Some(answer(1)));
+                }
+            }
+            join_all(vec![other]);
+            let order = world.answered.lock().unwrap().clone();
+            let at = |id| order.iter().position(|&x| x == id);
+            assert!(at(1) < at(2), "the direct call overtook: {order:?}");
+            assert_eq!(settled(&c, &world), [0, 1, 2]);
         });
     }
 }

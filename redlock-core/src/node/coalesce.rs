@@ -13,22 +13,30 @@
 //!   script against 100 pipelined). A refused one gets the holder's `PTTL`
 //!   and `TYPE` in a second round trip, as when alone;
 //! - the release ([`Call::Release`], database 0) and the extend
-//!   ([`EXTEND`]): each run of them in the batch is one [`BATCH`] script
-//!   call, which runs per key the release script itself ([`RELEASE_LUA`],
+//!   ([`EXTEND`]): all of them in the batch are one [`BATCH`] script call,
+//!   ahead of the `SET`s (unless a `SET` of a key comes before a release or
+//!   extend of it in the batch: then one call per run of them, in order),
+//!   which runs per key the release script itself ([`RELEASE_LUA`],
 //!   wrapped as a Lua function: the same waiters flag, readers index,
 //!   `PUBLISH` and reply) or [`EXTEND_LUA`], wrapped the same way. A script
 //!   call's own cost (about two thirds of a lone release's, at
-//!   9debf85's counts) is paid once per run instead of once per operation.
+//!   9debf85's counts) is paid once per batch instead of once per operation.
 //!
-//! The pipeline keeps the operations' order, so two operations on one key
-//! run on the node in the order they came. (After a `NOSCRIPT`, a rare
+//! Two operations on one key run on the node in the order they came:
+//! operations on different keys commute, and the releases and extends move
+//! ahead of the `SET`s only when no `SET` of theirs was before them. (After a `NOSCRIPT`, a rare
 //! restarted or flushed node, a run of scripts goes again by `EVAL` after
 //! the rest of its pipeline: a `SET` behind it in the same batch may then
 //! run before it, and is refused where the release would have let it in.)
 //!
-//! Everything else keeps today's path, unchanged: cluster nodes (one call
-//! per slot), replica acks (a `WAIT` per write), native commands, fenced and
-//! waiting acquires (pipelines), other databases, scripts over several keys.
+//! Everything else keeps today's path: cluster nodes (one call per slot),
+//! replica acks (a `WAIT` per write), native commands, fenced and waiting
+//! acquires (pipelines), other databases, scripts over several keys. On a
+//! node with a coalescer, such a call goes at once when everything before
+//! it is written, and otherwise waits for the turn behind what is queued
+//! ([`Entered::AfterQueue`]), so that it never overtakes a queued operation:
+//! a holder's release, queued behind a busy connection, reaches the node
+//! before the next holder's fenced or waiting acquire of its key.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -98,6 +106,10 @@ return out
 
 pub(crate) static BATCH: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(&BATCH_LUA));
 
+/// The scripts a batch's `SCRIPT LOAD` prefix loads besides its own: those
+/// of the release and the extend sent alone.
+const LOADED_WITH_BATCH: [&str; 2] = [RELEASE_LUA, EXTEND_LUA];
+
 /// What an operation asks of its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OpCode {
@@ -110,14 +122,15 @@ pub(crate) enum OpCode {
 }
 
 impl OpCode {
-    /// Its code in the batch script's `ARGV` (an acquire's is never sent:
-    /// its `SET` goes as itself, and the script refuses the code).
-    fn arg(&self) -> String {
+    /// Adds its code in the batch script's `ARGV` to `cmd` (an acquire's is
+    /// never sent: its `SET` goes as itself, and the script refuses the
+    /// code). A release's is a static `r`: no allocation per operation.
+    fn write_arg(&self, cmd: &mut Cmd) {
         match self {
-            OpCode::Acquire(ms) => format!("s{ms}"),
-            OpCode::Release => "r".to_owned(),
-            OpCode::Extend(ms) => format!("e{ms}"),
-        }
+            OpCode::Acquire(ms) => cmd.arg(format!("s{ms}")),
+            OpCode::Release => cmd.arg("r"),
+            OpCode::Extend(ms) => cmd.arg(format!("e{ms}")),
+        };
     }
 }
 
@@ -138,8 +151,17 @@ pub(super) struct Answer {
     pub(super) answered: bool,
 }
 
+/// What waits in a node's queue: an operation, or a call that is not
+/// batched waiting for the turn (see `coalesce/`).
+pub(super) enum Queued {
+    /// An operation of the next batch.
+    Op(QueuedOp),
+    /// A caller waiting for the turn, to send its own call.
+    Turn(oneshot::Sender<Turn<Queued>>),
+}
+
 /// An operation in the queue.
-pub(super) struct Queued {
+pub(super) struct QueuedOp {
     op: Op,
     tx: oneshot::Sender<Answer>,
     /// The connection its caller found (a batch goes on the newest of its
@@ -153,16 +175,35 @@ pub(super) struct Queued {
 
 impl Pending for Queued {
     fn bytes(&self) -> usize {
-        // The key, the token, the code, and RESP's framing of each.
-        self.op
-            .key
-            .len()
-            .saturating_add(self.op.token.len())
-            .saturating_add(48)
+        match self {
+            // The key, the token, the code, and RESP's framing of each.
+            Queued::Op(q) => {
+                q.op.key
+                    .len()
+                    .saturating_add(q.op.token.len())
+                    .saturating_add(48)
+            }
+            Queued::Turn(_) => 0,
+        }
     }
 
     fn abandoned(&self) -> bool {
-        self.tx.is_closed()
+        match self {
+            Queued::Op(q) => q.tx.is_closed(),
+            Queued::Turn(tx) => tx.is_closed(),
+        }
+    }
+
+    fn waits_for_turn(&self) -> bool {
+        matches!(self, Queued::Turn(_))
+    }
+
+    fn take_turn(self, turn: Turn<Self>) {
+        if let Queued::Turn(tx) = self {
+            // Its caller gone: the turn comes back and is dropped, which
+            // passes the queue on.
+            drop(tx.send(turn));
+        }
     }
 }
 
@@ -237,7 +278,7 @@ fn new_coalescer() -> Arc<NodeCoalescer> {
 /// `loaded`: the connection generation the batch script was last loaded on.
 async fn drive(mut turn: Turn<Queued>, mut batch: Vec<Queued>, loaded: Arc<AtomicU64>) {
     loop {
-        send_batch(batch, &loaded).await;
+        send_batch(batch, &loaded, &mut turn).await;
         match turn.next() {
             Some(next) => batch = next,
             None => return,
@@ -247,7 +288,7 @@ async fn drive(mut turn: Turn<Queued>, mut batch: Vec<Queued>, loaded: Arc<Atomi
 
 /// The batch script's call for `ops` (releases and extends): `EVALSHA`,
 /// or with `eval` the `EVAL` fallback (built only after a `NOSCRIPT`).
-fn script_cmd(ops: &[&Op], eval: bool) -> Cmd {
+fn script_cmd(ops: &[(usize, &Op)], eval: bool) -> Cmd {
     let mut cmd = if eval {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(BATCH.body);
@@ -258,30 +299,64 @@ fn script_cmd(ops: &[&Op], eval: bool) -> Cmd {
         cmd
     };
     cmd.arg(ops.len());
-    for o in ops {
+    for (_, o) in ops {
         cmd.arg(&*o.key);
     }
-    for o in ops {
-        cmd.arg(&*o.token).arg(o.code.arg());
+    for (_, o) in ops {
+        cmd.arg(&*o.token);
+        o.code.write_arg(&mut cmd);
     }
     cmd
 }
 
 /// One command of a batch's pipeline: an acquire's `SET`, or one script
-/// call for a run of releases and extends.
+/// call for releases and extends; each with its operations' places in the
+/// batch.
 enum Part<'a> {
-    Set(&'a Op),
-    Script(Vec<&'a Op>),
+    Set(usize, &'a Op),
+    Script(Vec<(usize, &'a Op)>),
 }
 
-/// `ops` as the commands of one pipeline, in their order.
-fn parts<'a>(ops: impl Iterator<Item = &'a Op>) -> Vec<Part<'a>> {
+/// `ops` as the commands of one pipeline. Operations on different keys
+/// commute on the node, and only an acquire's `SET` followed later in the
+/// batch by a release or extend of its key must stay before it; so, unless
+/// some key has that, every release and extend goes in **one** script call,
+/// first, and the `SET`s after it, in their order (a batch of interleaved
+/// locks and unlocks would otherwise be a script call per run of one or two
+/// releases, each paying a script call's cost on the node). Otherwise, in
+/// their order: one script call per run.
+fn parts<'a>(ops: &[&'a Op]) -> Vec<Part<'a>> {
+    let mut set_keys = std::collections::HashSet::new();
+    let reorder = ops.iter().all(|op| match op.code {
+        OpCode::Acquire(_) => {
+            set_keys.insert(&*op.key);
+            true
+        }
+        _ => !set_keys.contains(&*op.key),
+    });
     let mut parts: Vec<Part<'a>> = Vec::new();
-    for op in ops {
+    if reorder {
+        let scripts: Vec<(usize, &Op)> = ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| !matches!(op.code, OpCode::Acquire(_)))
+            .map(|(i, op)| (i, *op))
+            .collect();
+        if !scripts.is_empty() {
+            parts.push(Part::Script(scripts));
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if matches!(op.code, OpCode::Acquire(_)) {
+                parts.push(Part::Set(i, op));
+            }
+        }
+        return parts;
+    }
+    for (i, op) in ops.iter().enumerate() {
         match (&op.code, parts.last_mut()) {
-            (OpCode::Acquire(_), _) => parts.push(Part::Set(op)),
-            (_, Some(Part::Script(run))) => run.push(op),
-            _ => parts.push(Part::Script(vec![op])),
+            (OpCode::Acquire(_), _) => parts.push(Part::Set(i, op)),
+            (_, Some(Part::Script(run))) => run.push((i, op)),
+            _ => parts.push(Part::Script(vec![(i, op)])),
         }
     }
     parts
@@ -307,15 +382,24 @@ pub(crate) async fn run_batch<'a>(
     ops: impl Iterator<Item = &'a Op>,
     load: bool,
 ) -> Result<(Vec<Result<Value, NodeError>>, bool), (NodeError, bool)> {
-    let parts = parts(ops);
+    let ops: Vec<&Op> = ops.collect();
+    let parts = parts(&ops);
     let prefix = load && parts.iter().any(|p| matches!(p, Part::Script(_)));
     let mut pipe = redis::pipe();
     if prefix {
+        // With the scripts a release or an extend sent alone runs: the
+        // batch script only wraps their text, and a lone call after the
+        // first batch would otherwise find them missing (`NOSCRIPT`, and
+        // its `EVAL` a second round trip: seen as a fencing test's release
+        // sent as EVALSHA then EVAL, with the coalescer on).
         pipe.cmd("SCRIPT").arg("LOAD").arg(BATCH.body);
+        for body in LOADED_WITH_BATCH {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(body);
+        }
     }
     for part in &parts {
         match part {
-            Part::Set(op) => {
+            Part::Set(_, op) => {
                 let ms = match op.code {
                     OpCode::Acquire(ms) => ms,
                     _ => 0,
@@ -332,7 +416,11 @@ pub(crate) async fn run_batch<'a>(
             }
         }
     }
-    let skip = usize::from(prefix);
+    let skip = if prefix {
+        1 + LOADED_WITH_BATCH.len()
+    } else {
+        0
+    };
     let replies = match conn.send_packed_commands(&pipe, skip, parts.len()).await {
         Ok(replies) if replies.len() == parts.len() => replies,
         Ok(replies) => {
@@ -352,16 +440,21 @@ pub(crate) async fn run_batch<'a>(
     };
     // Loaded (before, or now) unless a script call says otherwise.
     let mut is_loaded = !load || prefix;
-    let mut out = Vec::new();
-    // The refused `SET`s, by their place in `out`, for the holder's probe.
+    let mut out: Vec<Option<Result<Value, NodeError>>> = (0..ops.len()).map(|_| None).collect();
+    let mut put = |at: usize, result| {
+        if let Some(slot) = out.get_mut(at) {
+            *slot = Some(result);
+        }
+    };
+    // The refused `SET`s, by their place in the batch, for the holder's probe.
     let mut refused = Vec::new();
     for (part, v) in parts.iter().zip(replies) {
         match part {
-            Part::Set(op) => {
+            Part::Set(at, op) => {
                 if v == Value::Nil {
-                    refused.push((out.len(), Arc::clone(&op.key)));
+                    refused.push((*at, Arc::clone(&op.key)));
                 }
-                out.push(reply(v));
+                put(*at, reply(v));
             }
             Part::Script(run) => {
                 let v = match v {
@@ -384,20 +477,32 @@ pub(crate) async fn run_batch<'a>(
                 };
                 match v {
                     Ok(Value::Array(items)) if items.len() == run.len() => {
-                        out.extend(items.into_iter().map(reply));
+                        for ((at, _), item) in run.iter().zip(items) {
+                            put(*at, reply(item));
+                        }
                     }
                     Ok(other) => {
                         let e = NodeError::Protocol(format!(
                             "batch script reply for {} operations: {other:?}",
                             run.len()
                         ));
-                        out.extend(run.iter().map(|_| Err(e.clone())));
+                        for (at, _) in run {
+                            put(*at, Err(e.clone()));
+                        }
                     }
-                    Err(e) => out.extend(run.iter().map(|_| Err(e.clone()))),
+                    Err(e) => {
+                        for (at, _) in run {
+                            put(*at, Err(e.clone()));
+                        }
+                    }
                 }
             }
         }
     }
+    let mut out: Vec<Result<Value, NodeError>> = out
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(NodeError::Protocol("no reply in its batch".to_owned()))))
+        .collect();
     if !refused.is_empty() {
         probe_holders(conn, &refused, &mut out).await;
     }
@@ -435,7 +540,16 @@ async fn probe_holders(
 /// Sends one batch on the newest connection its callers found, bounded by
 /// the latest of their deadlines (after it, nobody waits for it), and
 /// answers each operation.
-async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64) {
+async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64, turn: &mut Turn<Queued>) {
+    // A batch ends before a caller waiting for the turn (`coalesce/`): it
+    // holds operations only.
+    let batch: Vec<QueuedOp> = batch
+        .into_iter()
+        .filter_map(|q| match q {
+            Queued::Op(q) => Some(q),
+            Queued::Turn(_) => None,
+        })
+        .collect();
     let Some(newest) = batch.iter().max_by_key(|q| q.generation) else {
         return;
     };
@@ -454,9 +568,21 @@ async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64) {
         }
         Ok(results)
     };
-    let outcome = match until {
-        Some(until) => tokio::time::timeout_at(until.into(), call).await.ok(),
-        None => Some(call.await),
+    let outcome = {
+        // Polled once, the pipeline is on the connection (`Turn::written`).
+        let mut call = std::pin::pin!(call);
+        let mut first = true;
+        let call = std::future::poll_fn(|cx| {
+            let polled = call.as_mut().poll(cx);
+            if std::mem::replace(&mut first, false) {
+                turn.written();
+            }
+            polled
+        });
+        match until {
+            Some(until) => tokio::time::timeout_at(until.into(), call).await.ok(),
+            None => Some(call.await),
+        }
     };
     match outcome {
         Some(Ok(results)) => {
@@ -496,8 +622,18 @@ pub(super) enum Entered {
     No(Conn),
     /// It goes alone, now, holding the turn until its command answers.
     Alone(Turn<Queued>, Conn),
+    /// It waits in the queue.
+    Wait(Wait),
+}
+
+/// A call that waits in a node's queue.
+pub(super) enum Wait {
     /// It was queued: its answer comes here.
     Queued(oneshot::Receiver<Answer>, Conn),
+    /// It does not take part, but the node's queue is not empty: it goes
+    /// once it has the turn, which comes here (or, the coalescer gone, an
+    /// error: then at once).
+    AfterQueue(oneshot::Receiver<Turn<Queued>>, Conn),
 }
 
 impl Node {
@@ -539,37 +675,90 @@ impl Node {
     }
 
     /// `call` arrives at this node's coalescer on connection `generation`:
-    /// it goes alone, is queued, or does not take part.
+    /// it goes alone, is queued, or does not take part. `deadline`: when
+    /// its caller gives up, if it set one.
     pub(super) fn enter(
         &self,
         call: &Call,
         generation: u64,
         conn: Conn,
         timeout: Duration,
+        deadline: Option<Instant>,
     ) -> Entered {
-        let Some(op) = self.coalesces(call) else {
+        if !self.coalesce || self.pool.is_cluster() {
             return Entered::No(conn);
-        };
+        }
         let Some(coalescer) = self.coalescer_here() else {
             return Entered::No(conn);
+        };
+        let Some(op) = self.coalesces(call) else {
+            // Not batched: it must not overtake what is queued.
+            let mut rx = None;
+            let now = coalescer.after_queue(|| {
+                let (tx, r) = oneshot::channel();
+                rx = Some(r);
+                Queued::Turn(tx)
+            });
+            return match (now, rx) {
+                (false, Some(rx)) => Entered::Wait(Wait::AfterQueue(rx, conn)),
+                _ => Entered::No(conn),
+            };
         };
         let mut rx = None;
         let turn = coalescer.enter(|| {
             let (tx, r) = oneshot::channel();
             rx = Some(r);
-            Queued {
+            Queued::Op(QueuedOp {
                 op,
                 tx,
                 generation,
                 conn: conn.clone(),
                 timeout,
-                until: Instant::now().checked_add(timeout),
-            }
+                // The caller's deadline when it has one (a fan-out's
+                // call): no clock read per queued operation.
+                until: deadline.or_else(|| Instant::now().checked_add(timeout)),
+            })
         });
         match (turn, rx) {
             (Some(turn), _) => Entered::Alone(turn, conn),
-            (None, Some(rx)) => Entered::Queued(rx, conn),
+            (None, Some(rx)) => Entered::Wait(Wait::Queued(rx, conn)),
             (None, None) => Entered::No(conn),
+        }
+    }
+
+    /// A call that waits in the queue ([`Entered::Wait`]): its answer, or,
+    /// for a call that is not batched, its own call once it has the turn
+    /// (or at once when the queue was dropped: no runtime to send it).
+    /// Given up with [`NodeError::Timeout`] when polled at or after
+    /// `deadline` (`None`: the caller bounds it).
+    pub(super) async fn wait_in_queue(
+        &self,
+        call: &Call,
+        wait: Wait,
+        generation: u64,
+        timeout: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Value, NodeError> {
+        match wait {
+            Wait::Queued(rx, conn) => self.queued_until(call, rx, conn, timeout, deadline).await,
+            Wait::AfterQueue(rx, conn) => {
+                let turn = super::ByDeadline {
+                    inner: rx,
+                    deadline,
+                }
+                .await;
+                let Some(turn) = turn else {
+                    return Err(NodeError::Timeout(timeout));
+                };
+                super::Holding {
+                    inner: self.run_call(call, generation, conn, timeout),
+                    turn: turn.ok(),
+                    check_clock: true,
+                    deadline,
+                    timeout,
+                }
+                .await
+            }
         }
     }
 

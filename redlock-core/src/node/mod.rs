@@ -24,7 +24,7 @@ mod rwlock_scripts;
 mod scripts;
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -85,6 +85,49 @@ impl<F: Future> Future for ByDeadline<F> {
         match this.deadline {
             Some(deadline) if Instant::now() >= *deadline => Poll::Ready(None),
             _ => Poll::Pending,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A node call on its connection, holding the coalescer's `turn` (if
+    /// any) until it answers, and given up with [`NodeError::Timeout`] when
+    /// polled at or after `deadline` (from its first poll with
+    /// `check_clock`, else from its second: see `Node::run_inner`).
+    struct Holding<F> {
+        #[pin]
+        inner: F,
+        turn: Option<crate::coalesce::Turn<coalesce::Queued>>,
+        check_clock: bool,
+        deadline: Option<Instant>,
+        timeout: Duration,
+    }
+}
+
+impl<F: Future<Output = Result<Value, NodeError>>> Future for Holding<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let polled = this.inner.poll(cx);
+        // The answer first, as `tokio::time::timeout` does.
+        if polled.is_ready() {
+            *this.turn = None;
+            return polled;
+        }
+        // Polled once: the command is on the connection, and what is sent
+        // after it goes after it.
+        if let Some(turn) = this.turn.as_mut() {
+            turn.written();
+        }
+        let past = std::mem::replace(this.check_clock, true)
+            && this
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline);
+        if past {
+            Poll::Ready(Err(NodeError::Timeout(*this.timeout)))
+        } else {
+            Poll::Pending
         }
     }
 }
@@ -252,7 +295,7 @@ impl Node {
         // With the node's connection at hand, the first poll of the send
         // below comes right after the caller read the clock for `deadline`,
         // and need not read it again.
-        let (generation, conn, mut check_clock) = match self.cached_connection(used) {
+        let (generation, conn, check_clock) = match self.cached_connection(used) {
             Some((generation, conn)) => (generation, conn, false),
             None => match (ByDeadline {
                 inner: self.connection(timeout, used),
@@ -274,33 +317,27 @@ impl Node {
         // (The connection goes in and comes back by value: a borrow of it
         // here would keep it apart from the call's state, 64 bytes more on
         // every node call's future.)
-        let (mut turn, conn) = match self.enter(call, generation, conn, timeout) {
+        let (turn, conn) = match self.enter(call, generation, conn, timeout, deadline) {
             coalesce::Entered::No(conn) => (None, conn),
             coalesce::Entered::Alone(turn, conn) => (Some(turn), conn),
-            coalesce::Entered::Queued(rx, conn) => {
-                return Box::pin(self.queued_until(call, rx, conn, timeout, deadline)).await;
+            // Queued, or waiting behind the queue: boxed (one await for
+            // both), so that a wait costs the common path nothing.
+            coalesce::Entered::Wait(wait) => {
+                return Box::pin(self.wait_in_queue(call, wait, generation, timeout, deadline))
+                    .await;
             }
         };
         // No order among calls is read from when they were first polled: a
         // command that finds no room on its connection goes onto it only when
         // polled again, after commands sent later may have found room (see
         // `Late::deleted_by_release`).
-        let mut rest = pin!(self.run_call(call, generation, conn, timeout));
-        std::future::poll_fn(|cx| {
-            let polled = rest.as_mut().poll(cx);
-            // The answer first, as `tokio::time::timeout` does.
-            if polled.is_ready() {
-                turn = None;
-                return polled;
-            }
-            let past = std::mem::replace(&mut check_clock, true)
-                && deadline.is_some_and(|deadline| Instant::now() >= deadline);
-            if past {
-                Poll::Ready(Err(NodeError::Timeout(timeout)))
-            } else {
-                Poll::Pending
-            }
-        })
+        Holding {
+            inner: self.run_call(call, generation, conn, timeout),
+            turn,
+            check_clock,
+            deadline,
+            timeout,
+        }
         .await
     }
 

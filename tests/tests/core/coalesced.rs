@@ -170,7 +170,7 @@ fn heard(sub: &mut redis::PubSub<'_>) -> String {
     msg.get_channel_name().to_owned()
 }
 
-async fn same_answers_as_separate_calls(bin: Option<&Path>) {
+async fn same_answers_as_separate_calls(bin: Option<&Path>, ops: Vec<CheckOp>) {
     let start = || match bin {
         Some(b) => RedisNode::start_binary(b, &[], &[]),
         None => RedisNode::start(),
@@ -185,7 +185,6 @@ async fn same_answers_as_separate_calls(bin: Option<&Path>) {
     let mut sub_other = conn_other.as_pubsub();
     sub_one.subscribe(WAITED_CHANNEL).unwrap();
     sub_other.subscribe(WAITED_CHANNEL).unwrap();
-    let ops = operations();
     let separate = alone(&one.url(), &ops, PATIENT_NODE_TIMEOUT).await.unwrap();
     let batch = batched(&other.url(), &ops, PATIENT_NODE_TIMEOUT)
         .await
@@ -213,7 +212,33 @@ async fn same_answers_as_separate_calls(bin: Option<&Path>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_answers_each_key_as_its_own_call_on_redis() {
-    same_answers_as_separate_calls(None).await;
+    same_answers_as_separate_calls(None, operations()).await;
+}
+
+/// Locks and unlocks interleaved, as many tasks' are, where no key's
+/// acquire comes before a release or extend of it: the batch sends every
+/// release and extend in one script call ahead of the `SET`s, and each
+/// still answers as its own call, in the order they came (a key released
+/// and then taken by another token is free for it).
+fn interleaved_operations() -> Vec<CheckOp> {
+    vec![
+        release("mine", "t"),
+        acquire("free", "t"),
+        extend("mine2", "t"),
+        acquire("mine", "t2"),
+        release("held", "t"),
+        acquire("held", "t"),
+        extend("hash", "t"),
+        acquire("list", "t"),
+        release("waited", "t"),
+        acquire("nokey", "t"),
+        release("{r}:redlock-reader:t", "t"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reordered_batch_answers_each_key_as_its_own_call_on_redis() {
+    same_answers_as_separate_calls(None, interleaved_operations()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +246,7 @@ async fn a_batch_answers_each_key_as_its_own_call_on_valkey() {
     let Some(bin) = valkey_or_skip("a_batch_answers_each_key_as_its_own_call_on_valkey") else {
         return;
     };
-    same_answers_as_separate_calls(Some(&bin)).await;
+    same_answers_as_separate_calls(Some(&bin), operations()).await;
 }
 
 /// Many tasks at once, whose calls the nodes coalesce: every distinct key
@@ -306,4 +331,78 @@ async fn concurrent_locks_keep_their_own_outcomes() {
         .await;
         assert!(clean, "keys left on a node: {:?}", node.keys());
     }
+}
+
+/// Resumes a paused node when dropped, so that a failed assertion does not
+/// leave it stopped for the rest of the binary.
+struct Resume<'a>(&'a RedisNode);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// Lets every task spawned on this (current-thread) runtime run until it
+/// waits: each has then sent or queued what it sends first.
+async fn let_tasks_run() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A call that does not take part in the coalescer (here a fencing lock's
+/// acquire, a pipeline) never overtakes an operation queued in it for the
+/// same node: the holder's release, queued behind the node's busy
+/// connection, reaches the node before the next acquire of its key, which
+/// then finds the key free. Without that order, the acquire went out at
+/// once, before the release, and was refused (a spurious `Busy`).
+///
+/// The node is stopped (`SIGSTOP`) while the calls are sent, so that their
+/// order on its socket is the order they were written in, whatever the
+/// machine's load: a first release in flight, a second queued behind it,
+/// then the acquire.
+#[tokio::test(flavor = "current_thread")]
+async fn a_direct_call_does_not_overtake_a_queued_release() {
+    let cluster = Cluster::start(1);
+    let rl = Redlock::builder()
+        .urls(cluster.urls())
+        .node_timeout(PATIENT_NODE_TIMEOUT)
+        .fencing(redlock_core::FencingMode::Durable)
+        .coalesce(true)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let first = rl.mutex("ord:first").try_acquire(ttl).await.unwrap();
+    let second = rl.mutex("ord:second").try_acquire(ttl).await.unwrap();
+    let node = cluster.node(0);
+    node.pause();
+    let resume = Resume(node);
+    // In flight: the coalescer is busy until the node answers it.
+    let r1 = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.unlock(first).await }
+    });
+    let_tasks_run().await;
+    // Queued behind it.
+    let r2 = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.unlock(second).await }
+    });
+    let_tasks_run().await;
+    // The next holder of the second key: a fenced acquire, sent directly.
+    let next = tokio::spawn({
+        let rl = rl.clone();
+        async move { rl.mutex("ord:second").try_acquire(ttl).await }
+    });
+    let_tasks_run().await;
+    drop(resume);
+    r1.await.unwrap().unwrap();
+    r2.await.unwrap().unwrap();
+    let next = next.await.unwrap();
+    assert!(
+        next.is_ok(),
+        "the acquire overtook the release queued before it: {next:?}"
+    );
+    rl.unlock(next.unwrap()).await.unwrap();
 }
