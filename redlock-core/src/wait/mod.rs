@@ -318,23 +318,37 @@ impl Core {
             if !woken {
                 continue;
             }
-            match self.decide_turn(&waits, &mut subscriptions, retry).await {
-                AfterWake::Now | AfterWake::Pending => {}
-                AfterWake::Spread(spread) => {
-                    sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
-                }
-                AfterWake::Defer => {
-                    self.defer_turn(&waits, &mut subscriptions, retry, latest_start, &mut turns)
-                        .await;
-                }
+            self.take_turn(&waits, &mut subscriptions, retry, latest_start, &mut turns)
+                .await;
+        }
+    }
+
+    /// What a waiter woken by releases heard does before its next attempt
+    /// ([`Core::decide_turn`]): nothing if it goes now, a sleep of its
+    /// spread, or it leaves the turn to the waiter named ([`Core::defer_turn`]).
+    async fn take_turn<'a>(
+        &'a self,
+        waits: &Waits<'a>,
+        subscriptions: &mut [Subscription<'a>],
+        retry: &RetryPolicy,
+        latest_start: Option<Instant>,
+        turns: &mut u32,
+    ) {
+        match self.decide_turn(waits, subscriptions, retry).await {
+            AfterWake::Now | AfterWake::Pending => {}
+            AfterWake::Spread(spread) => {
+                sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
+            }
+            AfterWake::Defer => {
+                self.defer_turn(waits, subscriptions, retry, latest_start, turns)
+                    .await;
             }
         }
     }
 
     /// What a waiter woken by releases heard does next ([`after_wake_up`]),
-    /// once a quorum of the nodes announced the release (whom it named), or,
-    /// at most a node timeout later, with what was heard by then: waiters
-    /// that decided on different nodes' names could both go.
+    /// once every subscribed node announced the release (whom it named),
+    /// or, at most a node timeout later, with what was heard by then.
     async fn decide_turn(
         &self,
         waits: &Waits<'_>,
@@ -536,16 +550,8 @@ impl Core {
         // leaves the named one its head start. Trying at once, it raced the
         // named waiter and split the votes at a bare quorum (issue 48, item 7).
         if by_release {
-            match self.decide_turn(waits, subscriptions, retry).await {
-                AfterWake::Now | AfterWake::Pending => {}
-                AfterWake::Spread(spread) => {
-                    sleep_until_at_most(Instant::now().checked_add(spread), latest_start).await;
-                }
-                AfterWake::Defer => {
-                    self.defer_turn(waits, subscriptions, retry, latest_start, turns)
-                        .await;
-                }
-            }
+            self.take_turn(waits, subscriptions, retry, latest_start, turns)
+                .await;
         }
         readied
     }
@@ -639,7 +645,7 @@ enum AfterWake {
 /// What a waiter woken by releases heard does next (issue 48, item 7: at a
 /// bare quorum, waiters that all tried on the same release split the votes):
 ///
-/// - a mutex waiter the releases named (on a quorum) tries at once: the lock
+/// - a mutex waiter the releases named (`Core::decide_turn`) tries at once: the lock
 ///   is handed to it, and no other woken waiter races it;
 /// - a mutex waiter that another was named before leaves it the turn
 ///   ([`AfterWake::Defer`]): it waits for the next release, or a poll delay

@@ -451,7 +451,7 @@ mod tests {
     }
 
     /// Every waiter that heard the same announcements picks the same named
-    /// waiter, once a quorum of the nodes were heard; releases that name
+    /// waiter, once every subscribed node was heard; releases that name
     /// nobody are as before names existed.
     #[test]
     fn a_release_names_the_waiter_that_tries_first() {
