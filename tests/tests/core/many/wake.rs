@@ -99,9 +99,13 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
     let (holder, waiter, slow) = holder_waiter_and_slow_poll(&cluster).await;
     let lock = holder.mutex("fb").try_acquire(far()).await.unwrap();
     let set = tokio::spawn(async move {
+        // A TTL past the waits below: when the set's last node does not
+        // join it, the wait for every node runs its whole bound (10 s under
+        // the default slack), and a 5 s TTL let the set expire before it
+        // was counted (a full loaded run: "held on" fewer than two nodes).
         waiter
             .mutex_many(["fc", "fb"])?
-            .acquire_with(Duration::from_secs(5), &slow)
+            .acquire_with(far(), &slow)
             .await
             .map(|l| (l, waiter))
     });
