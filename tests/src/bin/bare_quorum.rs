@@ -3,7 +3,10 @@
 //! two left are a quorum of two and any split vote fails an attempt. Several
 //! OS processes contend for one mutex, each re-acquiring as soon as it
 //! released, in rounds that alternate wake-ups on and off on the same nodes;
-//! the probe prints, per mode, the holds per second, the split votes (failed
+//! the probe prints, per mode, the holds per second (of the holds that
+//! started within the round's seconds: a process still waiting at the end
+//! finishes its wait, later when it polls than when it is woken, and those
+//! holds are counted apart), the split votes (failed
 //! attempts that some node granted), the waits that ran out, and the longest
 //! time no process held the lock.
 //!
@@ -40,6 +43,10 @@ fn usage(msg: &str) -> ! {
 #[derive(Default)]
 struct Tally {
     holds: u64,
+    /// The holds that started within the round's `secs`: after them, the
+    /// processes stop one by one, and those still waiting finish their
+    /// waits with fewer rivals (a polling waiter's later than a woken one's).
+    in_window: u64,
     split: u64,
     ran_out: u64,
     errors: u64,
@@ -76,6 +83,7 @@ fn main() {
         let tally = run_round(&me, &nodes, procs, secs, wake);
         let into = if wake { &mut on } else { &mut off };
         into.holds += tally.holds;
+        into.in_window += tally.in_window;
         into.split += tally.split;
         into.ran_out += tally.ran_out;
         into.errors += tally.errors;
@@ -84,23 +92,45 @@ fn main() {
         into.longest_gap = into.longest_gap.max(gap);
         let handover = handovers(&tally.intervals);
         into.handovers.extend(&handover);
+        let held: Vec<u64> = tally
+            .intervals
+            .iter()
+            .map(|(from, to)| to.saturating_sub(*from))
+            .collect();
         println!(
             "round {round} wake_on_release={wake}: holds={} split_votes={} waits_ran_out={} \
-             other_errors={} longest_gap_ms={} handover_ms={}",
+             other_errors={} longest_gap_ms={} handover_ms={} held_ms={} first_hold_ms={} \
+             last_release_s={:.2}",
             tally.holds,
             tally.split,
             tally.ran_out,
             tally.errors,
             gap / 1000,
-            spread_ms(handover)
+            spread_ms(handover),
+            spread_ms(held),
+            tally
+                .intervals
+                .iter()
+                .map(|(from, _)| from.saturating_sub(tally.span.0))
+                .min()
+                .unwrap_or(0)
+                / 1000,
+            tally
+                .intervals
+                .iter()
+                .map(|(_, to)| to.saturating_sub(tally.span.0))
+                .max()
+                .unwrap_or(0) as f64
+                / 1e6
         );
     }
     println!("procs={procs} secs_per_round={secs} rounds_per_mode={rounds} (node 2 of 3 down)");
     for (name, t) in [("wake-ups on ", &on), ("wake-ups off", &off)] {
         println!(
-            "  {name}: holds/s={:.1} split_votes={} waits_ran_out={} other_errors={} \
-             longest_gap_ms={} handover_ms={}",
-            t.holds as f64 / t.secs.max(1) as f64,
+            "  {name}: holds/s={:.1} (all holds: {}) split_votes={} waits_ran_out={} \
+             other_errors={} longest_gap_ms={} handover_ms={}",
+            t.in_window as f64 / t.secs.max(1) as f64,
+            t.holds,
             t.split,
             t.ran_out,
             t.errors,
@@ -150,6 +180,12 @@ fn run_round(me: &std::path::Path, nodes: &str, procs: u64, secs: u64, wake: boo
         }
     }
     tally.span = (begin, now_us());
+    let end = begin.saturating_add(secs.saturating_mul(1_000_000));
+    tally.in_window = tally
+        .intervals
+        .iter()
+        .filter(|(from, _)| *from < end)
+        .count() as u64;
     tally
 }
 
@@ -213,10 +249,9 @@ impl<S: tracing::Subscriber> Layer<S> for SplitVotes {
         }
         impl Visit for Seen {
             fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-                let text = format!("{value:?}");
                 match field.name() {
-                    "message" => self.failed |= text == "attempt failed",
-                    "error" => self.granted |= text.contains(": ok ("),
+                    "message" => self.failed |= format!("{value:?}") == "attempt failed",
+                    "error" => self.granted |= format!("{value:?}").contains(": ok ("),
                     _ => {}
                 }
             }
@@ -240,8 +275,15 @@ fn worker(args: &ProbeArgs) {
     let secs = args.num("secs", 10);
     let wake = args.get("wake") != Some("off");
     let split = Arc::new(AtomicU64::new(0));
-    let filter = tracing_subscriber::filter::Targets::new()
-        .with_target("redlock_core", tracing::Level::DEBUG);
+    // Only the failed attempts' events: a debug event that is enabled has
+    // its fields built (a waiter's channels, formatted) and visited, at
+    // every wake-up of every waiting process, which the mode with wake-ups
+    // on paid for at each handover and the other did not.
+    let filter = tracing_subscriber::filter::filter_fn(|meta| {
+        meta.is_event()
+            && meta.target() == "redlock_core::wait"
+            && meta.fields().field("error").is_some()
+    });
     // `REDLOCK_PROBE_LOG=1`: every process also prints the library's debug
     // events, with wall-clock microseconds, to stderr (for reading a run).
     let log = std::env::var_os("REDLOCK_PROBE_LOG").map(|_| {
