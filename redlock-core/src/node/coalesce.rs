@@ -39,13 +39,14 @@
 //! before the next holder's fenced or waiting acquire of its key.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::cluster::Conn;
+use super::connection::Shared;
 use super::lua::LuaScript;
 use super::release_scripts::RELEASE_LUA;
 use super::scripts::{EXTEND, EXTEND_LUA};
@@ -194,12 +195,11 @@ pub(crate) struct Op {
 }
 
 /// The answer to a queued operation: its reply (error replies made errors,
-/// as `Node::send` makes them), and the connection its batch went out on,
-/// with whether the node answered on it.
+/// as `Node::send` makes them), and the connection its batch went out on
+/// (the batch noted whether the node answered on it).
 pub(super) struct Answer {
     pub(super) result: Result<Value, NodeError>,
     pub(super) generation: u64,
-    pub(super) answered: bool,
 }
 
 /// What waits in a node's queue: an operation, or a call that is not
@@ -290,18 +290,11 @@ pub fn coalesce_stats() -> CoalesceStats {
 /// A node's coalescer on one runtime.
 pub(super) type NodeCoalescer = Coalescer<Queued>;
 
-impl Node {
-    /// This node's coalescer on the current runtime (`None` outside one):
-    /// one per runtime, as its connection (`per_runtime.rs`).
-    fn coalescer_here(&self) -> Option<Arc<NodeCoalescer>> {
-        let rt = tokio::runtime::Handle::try_current().ok()?;
-        Some(self.coalescers.with(&rt, new_coalescer, |c| Arc::clone(c)))
-    }
-}
-
 /// A new node coalescer, whose batches each go out from a task of their
-/// own on the runtime of the call that ended before them.
-fn new_coalescer() -> Arc<NodeCoalescer> {
+/// own on the runtime of the call that ended before them. `shared`: its
+/// node's connection state on that runtime, where a batch notes the node's
+/// answer once for all its operations.
+pub(super) fn new_coalescer(shared: Weak<Shared>) -> Arc<NodeCoalescer> {
     // The connection generation the batch script was last loaded on.
     let loaded = Arc::new(AtomicU64::new(0));
     Arc::new(Coalescer::new(
@@ -312,7 +305,12 @@ fn new_coalescer() -> Arc<NodeCoalescer> {
         Box::new(move |turn: Turn<Queued>, batch: Vec<Queued>| {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(drive(turn, batch, Arc::clone(&loaded)));
+                    rt.spawn(drive(
+                        turn,
+                        batch,
+                        Arc::clone(&loaded),
+                        Weak::clone(&shared),
+                    ));
                 }
                 // Nothing can send: every queued caller is told so.
                 Err(_) => {
@@ -327,9 +325,14 @@ fn new_coalescer() -> Arc<NodeCoalescer> {
 /// A batch's driver: sends it, answers each operation, and goes on with
 /// the next batch until nothing is queued.
 /// `loaded`: the connection generation the batch script was last loaded on.
-async fn drive(mut turn: Turn<Queued>, mut batch: Vec<Queued>, loaded: Arc<AtomicU64>) {
+async fn drive(
+    mut turn: Turn<Queued>,
+    mut batch: Vec<Queued>,
+    loaded: Arc<AtomicU64>,
+    shared: Weak<Shared>,
+) {
     loop {
-        send_batch(batch, &loaded, &mut turn).await;
+        send_batch(batch, &loaded, &shared, &mut turn).await;
         match turn.next() {
             Some(next) => batch = next,
             None => return,
@@ -636,7 +639,12 @@ async fn probe_holders(
 /// Sends one batch on the newest connection its callers found, bounded by
 /// the latest of their deadlines (after it, nobody waits for it), and
 /// answers each operation.
-async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64, turn: &mut Turn<Queued>) {
+async fn send_batch(
+    batch: Vec<Queued>,
+    loaded: &AtomicU64,
+    shared: &Weak<Shared>,
+    turn: &mut Turn<Queued>,
+) {
     // A batch ends before a caller waiting for the turn (`coalesce/`): it
     // holds operations only.
     let batch: Vec<QueuedOp> = batch
@@ -680,22 +688,24 @@ async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64, turn: &mut Turn<Queu
             None => Some(call.await),
         }
     };
+    // The node's answer, noted once for the batch before any caller
+    // hears its own (a caller whose call failed then judges the connection
+    // by it, as after a call of its own).
+    let answered = matches!(outcome, Some(Ok(_)) | Some(Err((_, true))));
+    if answered && let Some(shared) = shared.upgrade() {
+        shared.answered_on(generation);
+    }
     match outcome {
         Some(Ok(results)) => {
             for (q, result) in batch.into_iter().zip(results) {
-                let _ = q.tx.send(Answer {
-                    result,
-                    generation,
-                    answered: true,
-                });
+                let _ = q.tx.send(Answer { result, generation });
             }
         }
-        Some(Err((e, answered))) => {
+        Some(Err((e, _))) => {
             for q in batch {
                 let _ = q.tx.send(Answer {
                     result: Err(e.clone()),
                     generation,
-                    answered,
                 });
             }
         }
@@ -704,7 +714,6 @@ async fn send_batch(batch: Vec<Queued>, loaded: &AtomicU64, turn: &mut Turn<Queu
                 let _ = q.tx.send(Answer {
                     result: Err(NodeError::Timeout(q.timeout)),
                     generation,
-                    answered: false,
                 });
             }
         }
@@ -773,9 +782,11 @@ impl Node {
     /// `call` arrives at this node's coalescer on connection `generation`:
     /// it goes alone, is queued, or does not take part. `deadline`: when
     /// its caller gives up, if it set one.
+    /// `shared`: this runtime's connection state, when the caller has it.
     pub(super) fn enter(
         &self,
         call: &Call,
+        shared: Option<Arc<Shared>>,
         generation: u64,
         conn: Conn,
         timeout: Duration,
@@ -784,9 +795,10 @@ impl Node {
         if !self.coalesce || self.pool.is_cluster() {
             return Entered::No(conn);
         }
-        let Some(coalescer) = self.coalescer_here() else {
+        let Some(shared) = shared.or_else(|| self.shared_here()) else {
             return Entered::No(conn);
         };
+        let coalescer = shared.coalescer();
         let Some(op) = self.coalesces(call) else {
             // Not batched: it must not overtake what is queued.
             let mut rx = None;
@@ -891,9 +903,6 @@ impl Node {
                     .into(),
             ));
         };
-        if answer.answered {
-            self.answered(answer.generation);
-        }
         match (answer.result, call) {
             // An ACL that refuses the waiters flag's key: as the release
             // alone does (`run_written`).
