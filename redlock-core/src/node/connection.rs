@@ -3,13 +3,14 @@
 //! runtime (`per_runtime.rs` says why per runtime).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use super::Node;
 use super::cluster::Conn;
+use super::coalesce::{NodeCoalescer, new_coalescer};
 use super::native::{NativeCommands, NativeSupport, detect};
 use crate::error::NodeError;
 use crate::per_runtime::PerRuntime;
@@ -86,7 +87,7 @@ impl Connections {
         let rt = tokio::runtime::Handle::try_current().ok()?;
         Some(
             self.per_runtime
-                .with(&rt, || Arc::new(Shared::new()), |s| Arc::clone(s)),
+                .with(&rt, || Arc::new_cyclic(Shared::new), |s| Arc::clone(s)),
         )
     }
 }
@@ -109,15 +110,37 @@ pub(super) struct Shared {
     /// answer writes it, from both worker threads.
     answered: AtomicU64,
     epoch: Instant,
+    /// The node's coalescer on this runtime (`coalesce.rs`), made by the
+    /// first call that takes part: kept here, so that a node call finds
+    /// its connection and its coalescer by one lookup of its runtime.
+    coalescer: OnceLock<Arc<NodeCoalescer>>,
+    /// This value, for its coalescer's batches to note the node's answers.
+    this: Weak<Shared>,
 }
 
 impl Shared {
-    fn new() -> Self {
+    fn new(this: &Weak<Shared>) -> Self {
         Self {
             slot: Mutex::new(Slot::default()),
             generation: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             epoch: Instant::now(),
+            coalescer: OnceLock::new(),
+            this: Weak::clone(this),
+        }
+    }
+
+    /// The node's coalescer on this runtime.
+    pub(super) fn coalescer(&self) -> &Arc<NodeCoalescer> {
+        self.coalescer
+            .get_or_init(|| new_coalescer(Weak::clone(&self.this)))
+    }
+
+    /// The node answered on connection `generation`: noted if that is the
+    /// newest connection (see [`Node::answered`]).
+    pub(super) fn answered_on(&self, generation: u64) {
+        if self.generation.load(Ordering::SeqCst) == generation {
+            self.stamp_answer();
         }
     }
 
@@ -156,9 +179,16 @@ impl Shared {
 
 impl Node {
     /// The cached connection, if there is one, without waiting (see
-    /// [`Node::connection`]).
-    pub(super) fn cached_connection(&self, used: &mut Option<u64>) -> Option<(u64, Conn)> {
-        self.shared.here()?.slot().cached(used)
+    /// [`Node::connection`]), with this runtime's connection state.
+    pub(super) fn cached_here(&self, used: &mut Option<u64>) -> Option<(Arc<Shared>, u64, Conn)> {
+        let shared = self.shared.here()?;
+        let (generation, conn) = shared.slot().cached(used)?;
+        Some((shared, generation, conn))
+    }
+
+    /// This runtime's connection state (`None` outside a runtime).
+    pub(super) fn shared_here(&self) -> Option<Arc<Shared>> {
+        self.shared.here()
     }
 
     /// The cached connection, else the outcome of the connection attempt under
@@ -310,10 +340,8 @@ impl Node {
     /// The node answered on connection `generation`: noted if that is the
     /// newest connection (the cached one, when there is one).
     pub(super) fn answered(&self, generation: u64) {
-        if let Some(shared) = self.shared.here()
-            && shared.generation.load(Ordering::SeqCst) == generation
-        {
-            shared.stamp_answer();
+        if let Some(shared) = self.shared.here() {
+            shared.answered_on(generation);
         }
     }
 

@@ -167,9 +167,6 @@ pub(crate) struct Node {
     replids: cluster_acks::Replids,
     /// The `WAIT`s of replica acks on the node (`replicas.rs`).
     waits: replicas::Waits,
-    /// The node's coalescer per runtime (`coalesce.rs`): its plain calls
-    /// queued behind a busy connection go out together.
-    coalescers: crate::per_runtime::PerRuntime<Arc<coalesce::NodeCoalescer>>,
     /// Whether calls take part in the coalescer (the handle's setting, given
     /// by `Inner::new`; off by default).
     pub(crate) coalesce: bool,
@@ -201,7 +198,6 @@ impl Node {
             replica_acks: None,
             replids: cluster_acks::Replids::default(),
             waits: replicas::Waits::default(),
-            coalescers: crate::per_runtime::PerRuntime::default(),
             coalesce: false,
         }
     }
@@ -295,8 +291,8 @@ impl Node {
         // With the node's connection at hand, the first poll of the send
         // below comes right after the caller read the clock for `deadline`,
         // and need not read it again.
-        let (generation, conn, check_clock) = match self.cached_connection(used) {
-            Some((generation, conn)) => (generation, conn, false),
+        let (shared, generation, conn, check_clock) = match self.cached_here(used) {
+            Some((shared, generation, conn)) => (Some(shared), generation, conn, false),
             None => match (ByDeadline {
                 inner: self.connection(timeout, used),
                 deadline,
@@ -305,7 +301,7 @@ impl Node {
             {
                 Some(conn) => {
                     let (generation, conn) = conn?;
-                    (generation, conn, true)
+                    (None, generation, conn, true)
                 }
                 None => return Err(NodeError::Timeout(timeout)),
             },
@@ -317,11 +313,19 @@ impl Node {
         // (The connection goes in and comes back by value: a borrow of it
         // here would keep it apart from the call's state, 64 bytes more on
         // every node call's future.)
-        let (turn, conn) = match self.enter(call, generation, conn, timeout, deadline) {
+        let entered = self.enter(call, shared, generation, conn, timeout, deadline);
+        let (turn, conn) = match entered {
             coalesce::Entered::No(conn) => (None, conn),
             coalesce::Entered::Alone(turn, conn) => (Some(turn), conn),
-            // Queued, or waiting behind the queue: boxed (one await for
-            // both), so that a wait costs the common path nothing.
+            // Queued, or waiting behind the queue: boxed, so that a wait
+            // costs the common path nothing. Each in a box of its own size:
+            // a queued call's wait is small, and in one future with the
+            // call that waits for the turn (a whole node call) it was
+            // about 2 KB, past the allocator's per-thread cache, allocated
+            // and copied for every queued operation.
+            coalesce::Entered::Wait(coalesce::Wait::Queued(rx, conn)) => {
+                return Box::pin(self.queued_until(call, rx, conn, timeout, deadline)).await;
+            }
             coalesce::Entered::Wait(wait) => {
                 return Box::pin(self.wait_in_queue(call, wait, generation, timeout, deadline))
                     .await;

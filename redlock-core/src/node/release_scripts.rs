@@ -183,15 +183,20 @@ fn release_cmd(name: &str, key: &str, token: &str, how: Announce) -> Cmd {
         Announce::Publish { db: 0 } => (&*RELEASE, 0),
         Announce::Publish { db } => (&*RELEASE_IN_DB, db),
     };
-    let mut cmd = redis::cmd(name);
-    cmd.arg(if name == "EVAL" {
+    let body = if name == "EVAL" {
         script.body
     } else {
         script.sha.as_str()
-    })
-    .arg(1)
-    .arg(key)
-    .arg(token);
+    };
+    // Sized up front (see `scripts::set_nx`).
+    let mut cmd = Cmd::with_capacity(
+        6,
+        body.len()
+            .saturating_add(key.len())
+            .saturating_add(token.len())
+            .saturating_add(32),
+    );
+    cmd.arg(name).arg(body).arg(1).arg(key).arg(token);
     if db != 0 {
         cmd.arg(db);
     }

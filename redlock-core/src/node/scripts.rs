@@ -380,10 +380,17 @@ impl Call {
 
 /// Spec step 2's `SET key token NX PX ttl`.
 fn set_nx(key: &str, token: &str, ttl_ms: u128) -> Cmd {
-    let mut cmd = redis::cmd("SET");
+    // Sized up front: grown an argument at a time, its buffers were
+    // reallocated four times per command.
+    let mut cmd = Cmd::with_capacity(6, key.len().saturating_add(token.len()).saturating_add(32));
     // `u128` is no `ToRedisArgs`; a TTL is checked to fit a `u64` earlier.
     let ttl_ms = u64::try_from(ttl_ms).unwrap_or(u64::MAX);
-    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+    cmd.arg("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
     cmd
 }
 

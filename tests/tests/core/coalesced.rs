@@ -333,6 +333,64 @@ async fn concurrent_locks_keep_their_own_outcomes() {
     }
 }
 
+/// A user whose ACL allows the lock keys but not their waiters flags: the
+/// batch script's read of a key and its flag (`MGET`) is refused, it reads
+/// them one at a time as the release alone does, and each held key's
+/// release then gets the flag's refusal, after which it runs again without
+/// the flag, as alone. Every lock is released, and nothing is left on the
+/// nodes (long before the locks' TTL), so every release landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_refused_the_flag_key_still_releases_in_a_batch() {
+    let cluster = Cluster::start(3);
+    let mut urls = Vec::new();
+    for node in cluster.nodes() {
+        // `acl:*` matches `acl:3`, not `{acl:3}:redlock-waiters`.
+        node.cmd(&[
+            "ACL", "SETUSER", "narrow", "on", ">secret", "~acl:*", "&*", "+@all",
+        ]);
+        urls.push(format!("redis://narrow:secret@127.0.0.1:{}", node.port()));
+    }
+    let rl = Redlock::builder()
+        .urls(urls)
+        .node_timeout(PATIENT_NODE_TIMEOUT)
+        .coalesce(true)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let before = redlock_core::coalesce_stats();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                let key = format!("acl:{i}");
+                for _ in 0..3 {
+                    // Decided at quorum: a node whose last release was
+                    // still on its way refused this lock's `SET`, and says
+                    // "not held" to its release (timing rule 4).
+                    let lock = rl.mutex(&key).try_acquire(ttl).await.unwrap();
+                    let released = rl.unlock(lock).await.unwrap();
+                    assert!(released.deleted >= 1, "{}", released.report());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let after = redlock_core::coalesce_stats();
+    assert!(
+        after.operations > before.operations,
+        "no call was coalesced: this tested nothing"
+    );
+    for node in cluster.nodes() {
+        let clean = redlock_tests::util::eventually(timing::settle(PATIENT_NODE_TIMEOUT), || {
+            node.keys().iter().all(|k| !k.starts_with("acl:"))
+        })
+        .await;
+        assert!(clean, "keys left on a node: {:?}", node.keys());
+    }
+}
+
 /// Resumes a paused node when dropped, so that a failed assertion does not
 /// leave it stopped for the rest of the binary.
 struct Resume<'a>(&'a RedisNode);

@@ -27,6 +27,9 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     // The library's coalesced node calls (issue 50): batches sent, the
     // operations they carried, and the largest.
     let (mut batches, mut batched, mut largest) = (0u64, 0u64, 0u64);
+    // Each pair's time, lock to unlock, by contender: the 64-task p50 and
+    // p99 (issue 50's "p99 at 64 tasks no worse than raw's").
+    let latencies: Arc<[std::sync::Mutex<Vec<Duration>>; 3]> = Arc::new(Default::default());
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for round in 0..rounds {
         let mut rate = [0.0f64; 3];
@@ -40,11 +43,14 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
             let cpu0 = cpu_time();
             let start = Instant::now();
             let contenders = (lib.clone(), raw.clone(), rsl.clone());
+            let latencies = Arc::clone(&latencies);
             let pairs = run_tasks(64, secs, move |t, i| {
                 let (lib, raw, rsl) = contenders.clone();
+                let latencies = Arc::clone(&latencies);
                 let key = format!("bench:conc:{round}:{pass}:{t}:{i}");
                 async move {
-                    match who {
+                    let started = Instant::now();
+                    let ok = match who {
                         0 => match lib.mutex(&key).try_acquire(TTL).await {
                             Ok(l) => lib.unlock(l).await.is_ok(),
                             Err(_) => false,
@@ -64,7 +70,13 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
                             }
                             Err(_) => false,
                         },
+                    };
+                    if let Some(l) = latencies.get(who) {
+                        l.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(started.elapsed());
                     }
+                    ok
                 }
             })
             .await?;
@@ -130,6 +142,23 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         spread(&per_round[1], f64::max),
         ""
     );
+    let stats: Vec<Stats> = latencies
+        .iter()
+        .map(|l| {
+            Stats::new(std::mem::take(
+                &mut *l.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+            ))
+        })
+        .collect();
+    for (name, p) in [("pair latency p50", 0.5), ("pair latency p99", 0.99)] {
+        row3(
+            name,
+            us(stats[0].pct(p)),
+            us(stats[1].pct(p)),
+            us(stats[2].pct(p)),
+            "µs",
+        );
+    }
     let per_pair = |w: usize, x: f64| x / total[w].max(1) as f64;
     row3(
         "client CPU per pair",
