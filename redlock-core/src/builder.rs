@@ -339,9 +339,9 @@ impl RedlockBuilder {
     /// out together in one write, each answered as its own call would be
     /// (default: off). A lone call goes out at once, as without it.
     ///
-    /// Experimental (issue 50): measured at 0.81–0.97 times the raw loop's
-    /// 64-task throughput against 0.68–0.89 without it (six alternated
-    /// runs each way on a shared, loaded 2-core machine), so it is not yet
+    /// Experimental (issue 50): measured at 1.01–1.15 times the raw loop's
+    /// 64-task throughput on a 2-core machine at load 2–4, and 0.76–0.96
+    /// times at load 5–8 (BENCHMARKS.md, "Coalescing"), so it is not yet
     /// worth turning on. Cluster nodes, replica acks, native commands, fenced
     /// and waiting acquires keep their own calls either way; on a node whose
     /// queue is not empty, such a call waits for what queued before it, so
