@@ -46,7 +46,6 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::cluster::Conn;
-use super::connection::Shared;
 use super::lua::LuaScript;
 use super::release_scripts::RELEASE_LUA;
 use super::scripts::{EXTEND, EXTEND_LUA};
@@ -290,11 +289,23 @@ pub fn coalesce_stats() -> CoalesceStats {
 /// A node's coalescer on one runtime.
 pub(super) type NodeCoalescer = Coalescer<Queued>;
 
+/// Where a node's coalescer lives: its connection state on one runtime
+/// (`connection.rs`), which keeps it (one lookup of the runtime finds both)
+/// and where a batch notes the node's answer once for all its operations.
+/// A trait, so that this module does not name the connection state that
+/// names it.
+pub(super) trait Home: Send + Sync {
+    /// The node's coalescer on this runtime, made at its first use.
+    fn coalescer(&self) -> &Arc<NodeCoalescer>;
+    /// The node answered on connection `generation`.
+    fn answered_on(&self, generation: u64);
+}
+
 /// A new node coalescer, whose batches each go out from a task of their
 /// own on the runtime of the call that ended before them. `shared`: its
 /// node's connection state on that runtime, where a batch notes the node's
 /// answer once for all its operations.
-pub(super) fn new_coalescer(shared: Weak<Shared>) -> Arc<NodeCoalescer> {
+pub(super) fn new_coalescer(shared: Weak<dyn Home>) -> Arc<NodeCoalescer> {
     // The connection generation the batch script was last loaded on.
     let loaded = Arc::new(AtomicU64::new(0));
     Arc::new(Coalescer::new(
@@ -329,7 +340,7 @@ async fn drive(
     mut turn: Turn<Queued>,
     mut batch: Vec<Queued>,
     loaded: Arc<AtomicU64>,
-    shared: Weak<Shared>,
+    shared: Weak<dyn Home>,
 ) {
     loop {
         send_batch(batch, &loaded, &shared, &mut turn).await;
@@ -642,7 +653,7 @@ async fn probe_holders(
 async fn send_batch(
     batch: Vec<Queued>,
     loaded: &AtomicU64,
-    shared: &Weak<Shared>,
+    shared: &Weak<dyn Home>,
     turn: &mut Turn<Queued>,
 ) {
     // A batch ends before a caller waiting for the turn (`coalesce/`): it
@@ -786,7 +797,7 @@ impl Node {
     pub(super) fn enter(
         &self,
         call: &Call,
-        shared: Option<Arc<Shared>>,
+        shared: Option<Arc<dyn Home>>,
         generation: u64,
         conn: Conn,
         timeout: Duration,
@@ -795,7 +806,8 @@ impl Node {
         if !self.coalesce || self.pool.is_cluster() {
             return Entered::No(conn);
         }
-        let Some(shared) = shared.or_else(|| self.shared_here()) else {
+        let here = || self.shared_here().map(|s| -> Arc<dyn Home> { s });
+        let Some(shared) = shared.or_else(here) else {
             return Entered::No(conn);
         };
         let coalescer = shared.coalescer();

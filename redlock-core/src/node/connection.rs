@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::Node;
 use super::cluster::Conn;
-use super::coalesce::{NodeCoalescer, new_coalescer};
+use super::coalesce::{Home, NodeCoalescer, new_coalescer};
 use super::native::{NativeCommands, NativeSupport, detect};
 use crate::error::NodeError;
 use crate::per_runtime::PerRuntime;
@@ -118,6 +118,19 @@ pub(super) struct Shared {
     this: Weak<Shared>,
 }
 
+impl Home for Shared {
+    fn coalescer(&self) -> &Arc<NodeCoalescer> {
+        self.coalescer.get_or_init(|| {
+            let home: Weak<dyn Home> = Weak::clone(&self.this) as Weak<Shared>;
+            new_coalescer(home)
+        })
+    }
+
+    fn answered_on(&self, generation: u64) {
+        Shared::answered_on(self, generation);
+    }
+}
+
 impl Shared {
     fn new(this: &Weak<Shared>) -> Self {
         Self {
@@ -128,12 +141,6 @@ impl Shared {
             coalescer: OnceLock::new(),
             this: Weak::clone(this),
         }
-    }
-
-    /// The node's coalescer on this runtime.
-    pub(super) fn coalescer(&self) -> &Arc<NodeCoalescer> {
-        self.coalescer
-            .get_or_init(|| new_coalescer(Weak::clone(&self.this)))
     }
 
     /// The node answered on connection `generation`: noted if that is the

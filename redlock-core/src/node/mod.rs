@@ -313,6 +313,7 @@ impl Node {
         // (The connection goes in and comes back by value: a borrow of it
         // here would keep it apart from the call's state, 64 bytes more on
         // every node call's future.)
+        let shared = shared.map(|s| -> Arc<dyn coalesce::Home> { s });
         let entered = self.enter(call, shared, generation, conn, timeout, deadline);
         let (turn, conn) = match entered {
             coalesce::Entered::No(conn) => (None, conn),
