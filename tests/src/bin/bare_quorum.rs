@@ -48,6 +48,9 @@ struct Tally {
     /// waits with fewer rivals (a polling waiter's later than a woken one's).
     in_window: u64,
     split: u64,
+    /// Each process's holds (the busiest against the least busy: whether
+    /// the releaser took the lock straight back).
+    per_proc: Vec<u64>,
     ran_out: u64,
     errors: u64,
     secs: u64,
@@ -100,7 +103,7 @@ fn main() {
         println!(
             "round {round} wake_on_release={wake}: holds={} split_votes={} waits_ran_out={} \
              other_errors={} longest_gap_ms={} handover_ms={} held_ms={} first_hold_ms={} \
-             last_release_s={:.2}",
+             last_release_s={:.2} overlaps={} holds_per_process={:?}",
             tally.holds,
             tally.split,
             tally.ran_out,
@@ -121,7 +124,9 @@ fn main() {
                 .map(|(_, to)| to.saturating_sub(tally.span.0))
                 .max()
                 .unwrap_or(0) as f64
-                / 1e6
+                / 1e6,
+            overlaps(&tally.intervals),
+            tally.per_proc
         );
     }
     println!("procs={procs} secs_per_round={secs} rounds_per_mode={rounds} (node 2 of 3 down)");
@@ -173,6 +178,7 @@ fn run_round(me: &std::path::Path, nodes: &str, procs: u64, secs: u64, wake: boo
                 tally.intervals.push((field("from"), field("to")));
             } else if line.starts_with("done ") {
                 tally.holds += field("holds");
+                tally.per_proc.push(field("holds"));
                 tally.split += field("split");
                 tally.ran_out += field("ran_out");
                 tally.errors += field("errors");
@@ -217,6 +223,22 @@ fn spread_ms(mut us: Vec<u64>) -> String {
         ms(at(90)),
         ms(at(99))
     )
+}
+
+/// How many holds started before an earlier-started hold had ended: two
+/// holders at once (the probe's safety check; always 0 when the lock holds).
+fn overlaps(intervals: &[(u64, u64)]) -> usize {
+    let mut sorted = intervals.to_vec();
+    sorted.sort_unstable();
+    let mut covered_to = 0;
+    let mut n = 0;
+    for (from, to) in sorted {
+        if from < covered_to {
+            n += 1;
+        }
+        covered_to = covered_to.max(to);
+    }
+    n
 }
 
 /// The longest time within `span` that no interval covers, in microseconds.
