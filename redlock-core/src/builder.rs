@@ -342,8 +342,11 @@ impl RedlockBuilder {
     /// Experimental (issue 50): measured at 1.01–1.15 times the raw loop's
     /// 64-task throughput on a 2-core machine at load 2–4, and 0.76–0.96
     /// times at load 5–8 (BENCHMARKS.md, "Coalescing"), so it is not yet
-    /// worth turning on. Cluster nodes, replica acks, native commands, fenced
-    /// and waiting acquires keep their own calls either way; on a node whose
+    /// worth turning on, except on nodes with replica acks
+    /// ([`NodeSpec::replica_acks`](crate::NodeSpec::replica_acks)): there a
+    /// batch waits for the replicas by one `WAIT` after all its writes, where
+    /// each write alone waits for its own. Cluster nodes, native commands,
+    /// fenced and waiting acquires keep their own calls either way; on a node whose
     /// queue is not empty, such a call waits for what queued before it, so
     /// that it never overtakes a queued release.
     pub fn coalesce(mut self, on: bool) -> Self {

@@ -29,8 +29,13 @@
 //! the rest of its pipeline: a `SET` behind it in the same batch may then
 //! run before it, and is refused where the release would have let it in.)
 //!
+//! On a node with replica acks, a batch whose acquires or extends wrote
+//! waits for the replicas once, by one `WAIT` (or `WAITAOF`) after its
+//! pipeline, which counts for every write in it ([`wait_for_acks`]): where
+//! each write sent alone blocks the connection for its own `WAIT`.
+//!
 //! Everything else keeps today's path: cluster nodes (one call per slot),
-//! replica acks (a `WAIT` per write), native commands, fenced and waiting
+//! native commands, fenced and waiting
 //! acquires (pipelines), other databases, scripts over several keys. On a
 //! node with a coalescer, such a call goes at once when everything before
 //! it is written, and otherwise waits for the turn behind what is queued
@@ -48,6 +53,7 @@ use tokio::sync::oneshot;
 use super::cluster::Conn;
 use super::lua::LuaScript;
 use super::release_scripts::RELEASE_LUA;
+use super::replicas::{ReplicaAcks, Waits, counted, wait_failed};
 use super::scripts::{EXTEND, EXTEND_LUA};
 use super::{Call, Node};
 use crate::coalesce::{Coalescer, Limits, Pending, Turn};
@@ -221,6 +227,10 @@ pub(super) struct QueuedOp {
     timeout: Duration,
     /// When its caller stops waiting, at the latest.
     until: Option<Instant>,
+    /// The node's replica acks, if it has them, and its `WAIT`s in flight:
+    /// a batch that wrote waits for the replicas once, after all its writes
+    /// (see [`wait_for_acks`]), counted there.
+    acks: Option<(ReplicaAcks, Arc<Waits>)>,
 }
 
 impl Pending for Queued {
@@ -647,6 +657,65 @@ async fn probe_holders(
     }
 }
 
+/// Whether operation `op`, answered `result`, wrote on the node: an
+/// acquire that took its key (a refused one's answer is the holder's
+/// `[nil, PTTL, TYPE]`), an extend that found its key held (not `0`). A
+/// release never waits for replicas, as alone (`replicas::waits`).
+fn wrote(op: &Op, result: &Result<Value, NodeError>) -> bool {
+    match (&op.code, result) {
+        (OpCode::Acquire(_), Ok(v)) => !matches!(v, Value::Array(_) | Value::Nil),
+        (OpCode::Extend(_), Ok(v)) => *v != Value::Int(0),
+        _ => false,
+    }
+}
+
+/// Replica acks for a batch (issue 50): one `WAIT` (or `WAITAOF`) on the
+/// batch's connection after its pipeline, when some acquire or extend in it
+/// wrote. `WAIT` counts the replicas that acknowledged the client's last
+/// write on the connection, which is after every write of the batch, so its
+/// count holds for each of them: a write whose operation alone would have
+/// waited gets [`NodeError::ReplicaAcks`] (or the `WAIT`'s own error) in
+/// place of its reply when the count falls short, as its own call does
+/// (`replicas.rs`). The wait is cut to three quarters of what is left until
+/// `deadline` (the batch's latest caller deadline).
+/// `waits` counts it in flight, so that a call given up meanwhile says why
+/// (`Node::queued_until`, `replicas.rs`).
+async fn wait_for_acks(
+    conn: &mut Conn,
+    (acks, waits): (ReplicaAcks, &Waits),
+    ops: &[&Op],
+    results: &mut [Result<Value, NodeError>],
+    deadline: Option<Instant>,
+) {
+    let writes: Vec<usize> = ops
+        .iter()
+        .zip(results.iter())
+        .enumerate()
+        .filter(|(_, (op, r))| wrote(op, r))
+        .map(|(i, _)| i)
+        .collect();
+    if writes.is_empty() {
+        return;
+    }
+    let left = deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    });
+    let wait_ms = acks.wait_ms(left);
+    let _counted = waits.start();
+    let verdict = match conn.send_packed_command(&acks.command(wait_ms)).await {
+        Ok(Value::ServerError(e)) => Err(wait_failed(&e.into())),
+        Ok(answer) => counted(acks, &answer, wait_ms, None),
+        Err(e) => Err(wait_failed(&e)),
+    };
+    if let Err(e) = verdict {
+        for i in writes {
+            if let Some(r) = results.get_mut(i) {
+                *r = Err(e.clone());
+            }
+        }
+    }
+}
+
 /// Sends one batch on the newest connection its callers found, bounded by
 /// the latest of their deadlines (after it, nobody waits for it), and
 /// answers each operation.
@@ -670,6 +739,16 @@ async fn send_batch(
     };
     let (generation, mut conn) = (newest.generation, newest.conn.clone());
     let until = batch.iter().map(|q| q.until).max().flatten();
+    let acks = batch.iter().find_map(|q| q.acks.clone());
+    // Without a caller's deadline, the longest node timeout from now: what
+    // a `WAIT` may take of it (`ReplicaAcks::wait_ms`).
+    let ack_deadline = until.or_else(|| {
+        batch
+            .iter()
+            .map(|q| q.timeout)
+            .max()
+            .and_then(|t| Instant::now().checked_add(t))
+    });
     let n = batch.len();
     let size = u64::try_from(n).unwrap_or(u64::MAX);
     BATCHES.fetch_add(1, Ordering::Relaxed);
@@ -677,9 +756,15 @@ async fn send_batch(
     LARGEST.fetch_max(size, Ordering::Relaxed);
     let load = loaded.load(Ordering::Relaxed) != generation;
     let call = async {
-        let (results, is_loaded) = run_batch(&mut conn, batch.iter().map(|q| &q.op), load).await?;
+        let (mut results, is_loaded) =
+            run_batch(&mut conn, batch.iter().map(|q| &q.op), load).await?;
         if is_loaded {
             loaded.store(generation, Ordering::Relaxed);
+        }
+        if let Some((acks, waits)) = &acks {
+            let ops: Vec<&Op> = batch.iter().map(|q| &q.op).collect();
+            let acks = (*acks, &**waits);
+            wait_for_acks(&mut conn, acks, &ops, &mut results, ack_deadline).await;
         }
         Ok(results)
     };
@@ -756,11 +841,7 @@ impl Node {
     /// The operation `call` is in a batch, if it may be coalesced on this
     /// node (see the module docs).
     pub(super) fn coalesces(&self, call: &Call) -> Option<Op> {
-        if !self.coalesce
-            || self.pool.is_cluster()
-            || self.native_may_run(call)
-            || (self.replica_acks.is_some() && super::replicas::waits(call))
-        {
+        if !self.coalesce || self.pool.is_cluster() || self.native_may_run(call) {
             return None;
         }
         match call {
@@ -837,6 +918,9 @@ impl Node {
                 // The caller's deadline when it has one (a fan-out's
                 // call): no clock read per queued operation.
                 until: deadline.or_else(|| Instant::now().checked_add(timeout)),
+                acks: self
+                    .replica_acks
+                    .map(|a| (a, Arc::clone(&self.waits))),
             })
         });
         match (turn, rx) {
@@ -894,11 +978,29 @@ impl Node {
         timeout: Duration,
         deadline: Option<Instant>,
     ) -> Result<Value, NodeError> {
+        let start = Instant::now();
+        let seen = self.waits.seen();
         let answer = super::ByDeadline {
             inner: self.queued_answer(call, rx, conn),
             deadline,
         };
-        answer.await.unwrap_or(Err(NodeError::Timeout(timeout)))
+        answer.await.unwrap_or_else(|| match self.replica_acks {
+            // Out of time while a `WAIT` was in flight on the node (a
+            // batch's, or a call's of its own): the cause is the missing
+            // replicas, not a slow server, as for a call sent alone
+            // (`Node::run_acked`).
+            Some(acks) if super::replicas::waits(call) && self.waits.since(seen) => {
+                Err(NodeError::ReplicaAcks {
+                    acked: 0,
+                    wanted: acks.replicas(),
+                    waited: start.elapsed(),
+                    master: None,
+                    local_aof: None,
+                    queued: true,
+                })
+            }
+            _ => Err(NodeError::Timeout(timeout)),
+        })
     }
 
     /// A queued call's answer, as its own call would have given it.

@@ -166,7 +166,7 @@ pub(crate) struct Node {
     /// for each slot's master (`cluster_acks.rs`).
     replids: cluster_acks::Replids,
     /// The `WAIT`s of replica acks on the node (`replicas.rs`).
-    waits: replicas::Waits,
+    waits: Arc<replicas::Waits>,
     /// Whether calls take part in the coalescer (the handle's setting, given
     /// by `Inner::new`; off by default).
     pub(crate) coalesce: bool,
@@ -197,7 +197,7 @@ impl Node {
             native: NativeCommands::Off,
             replica_acks: None,
             replids: cluster_acks::Replids::default(),
-            waits: replicas::Waits::default(),
+            waits: Arc::default(),
             coalesce: false,
         }
     }

@@ -148,7 +148,7 @@ impl ReplicaAcks {
 
     /// The `WAIT` timeout in milliseconds for a call that has `left` of its
     /// node timeout: at least 1 (`WAIT n 0` would block for ever).
-    fn wait_ms(&self, left: Duration) -> u64 {
+    pub(super) fn wait_ms(&self, left: Duration) -> u64 {
         let cut = left.saturating_sub(left / 4);
         let ms = self.timeout.min(cut).as_millis();
         // Redis refuses a timeout that overflows its clock; 49 days is ample.
@@ -341,7 +341,7 @@ pub(super) struct Seen {
 
 impl Waits {
     /// The state at a call's start.
-    fn seen(&self) -> Seen {
+    pub(super) fn seen(&self) -> Seen {
         Seen {
             in_flight: self.in_flight.load(Ordering::SeqCst) > 0,
             started: self.started.load(Ordering::SeqCst),
@@ -349,7 +349,7 @@ impl Waits {
     }
 
     /// Whether a `WAIT` was in flight at `seen`, started since, or is now.
-    fn since(&self, seen: Seen) -> bool {
+    pub(super) fn since(&self, seen: Seen) -> bool {
         seen.in_flight
             || self.started.load(Ordering::SeqCst) != seen.started
             || self.in_flight.load(Ordering::SeqCst) > 0
@@ -357,7 +357,7 @@ impl Waits {
 
     /// One `WAIT` sent: counted in flight while the guard lives (a call
     /// given up or cancelled drops it).
-    fn start(&self) -> InFlight<'_> {
+    pub(super) fn start(&self) -> InFlight<'_> {
         self.started.fetch_add(1, Ordering::SeqCst);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(&self.in_flight)

@@ -464,3 +464,141 @@ async fn a_direct_call_does_not_overtake_a_queued_release() {
     );
     rl.unlock(next.unwrap()).await.unwrap();
 }
+
+/// `WAIT` calls a node has run so far (`INFO commandstats`).
+fn waits_run(node: &RedisNode) -> u64 {
+    let info: String = node.raw(&["INFO", "commandstats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:"))
+        .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Replica acks with the coalescer (issue 50): a batch whose acquires wrote
+/// waits for the replica once, by one `WAIT` after its pipeline, and that
+/// count holds for each write in it. 64 tasks lock and release their own
+/// keys on a primary with a replica: every lock is granted, its key is on
+/// the replica, and the primary ran fewer `WAIT`s than there were
+/// acquires (each acquire alone waits by its own: one `WAIT` per write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waits_for_its_replicas_once_for_all_its_writes() {
+    let group = redlock_tests::replicas::ReplicaGroup::start().await;
+    let rl = Redlock::builder()
+        .node(redlock_core::NodeSpec::url(group.url()).replica_acks(1, Duration::from_secs(3)))
+        // Room for the `WAIT` (three quarters of it) on a loaded machine.
+        .node_timeout(Duration::from_secs(5))
+        .retry(redlock_core::RetryPolicy::no_retry())
+        .coalesce(true)
+        .build()
+        .unwrap();
+    rl.inspect("warm-up").await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let waits_before = waits_run(group.primary());
+    let before = redlock_core::coalesce_stats();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                let key = format!("acked:{i}");
+                let mut tokens = Vec::new();
+                for _ in 0..3 {
+                    let lock = rl.mutex(&key).try_acquire(ttl).await.unwrap();
+                    tokens.push(lock.token().to_owned());
+                    rl.unlock(lock).await.unwrap();
+                }
+                (key, tokens)
+            })
+        })
+        .collect();
+    let mut acquires = 0;
+    for t in tasks {
+        let (_, tokens) = t.await.unwrap();
+        acquires += tokens.len() as u64;
+    }
+    let after = redlock_core::coalesce_stats();
+    let waits = waits_run(group.primary()) - waits_before;
+    eprintln!(
+        "{acquires} acquires, {waits} WAITs; coalesced: {} batches of {} operations",
+        after.batches - before.batches,
+        after.operations - before.operations,
+    );
+    assert!(
+        after.operations > before.operations,
+        "no call was coalesced: this tested nothing"
+    );
+    assert!(waits > 0, "no WAIT at all: the acks were not asked for");
+    assert!(
+        waits < acquires,
+        "{waits} WAITs for {acquires} acquires: the batches waited once per write"
+    );
+    // A write acknowledged by the replica is on it.
+    let lock = rl.mutex("acked:last").try_acquire(ttl).await.unwrap();
+    assert!(group.replica_has("acked:last", lock.token()).await);
+    rl.unlock(lock).await.unwrap();
+}
+
+/// A node whose replica never acknowledges (here a primary with none, so
+/// `WAIT 1` answers 0 when its timeout ends): each acquire of a batch fails
+/// for its acks ([`NodeError::ReplicaAcks`]), never granted and never a
+/// timeout, and the batch waited once, not once per write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_without_its_replica_acks_fails_each_write_for_its_acks() {
+    const CALLS: u64 = 8;
+    let node = RedisNode::start();
+    let ack_timeout = Duration::from_millis(300);
+    let rl = Redlock::builder()
+        .node(redlock_core::NodeSpec::url(node.url()).replica_acks(1, ack_timeout))
+        // Room for eight `WAIT`s in a row (each write's own, without the
+        // batch's), so that each call sends its own rather than giving up
+        // behind the others.
+        .node_timeout(Duration::from_secs(5))
+        .retry(redlock_core::RetryPolicy::no_retry())
+        .wake_on_release(false)
+        .coalesce(true)
+        .build()
+        .unwrap();
+    rl.inspect("warm-up").await.unwrap();
+    let waits_before = waits_run(&node);
+    let before = redlock_core::coalesce_stats();
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                rl.mutex(format!("unacked:{i}"))
+                    .try_acquire(Duration::from_secs(30))
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        let err = call
+            .await
+            .unwrap()
+            .expect_err("no replica acknowledges the write");
+        let errors: Vec<NodeError> = err
+            .report()
+            .map(|r| r.errors().map(|(_, e)| e.clone()).collect())
+            .unwrap_or_default();
+        assert!(
+            matches!(
+                errors.as_slice(),
+                [NodeError::ReplicaAcks {
+                    acked: 0,
+                    wanted: 1,
+                    ..
+                }]
+            ),
+            "the node must fail for its acks: {errors:?} ({err})"
+        );
+    }
+    let after = redlock_core::coalesce_stats();
+    let waits = waits_run(&node) - waits_before;
+    assert!(
+        after.operations > before.operations,
+        "no call was coalesced: this tested nothing"
+    );
+    assert!(
+        waits < CALLS,
+        "{waits} WAITs for {CALLS} acquires: the batch waited once per write"
+    );
+}

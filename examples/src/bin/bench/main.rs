@@ -9,7 +9,8 @@
 //! Scenarios: `sequential`, `concurrent`, `contended`, `paused`, `middleware`,
 //! `fenced`, `held`, `waiting`, `idempotency`, `metrics`, `scale`, `shared`, `cluster-scale`
 //! (its own 3 clusters of 4 shards and 3 single servers), `native` (not in `all`:
-//! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`), `side-by-side`
+//! for nodes with native commands, e.g. `REDIS_SERVER=<valkey-server>`), `acked` (not in `all`:
+//! replica acks with and without the coalescer, on its own 3 primaries with a replica each), `side-by-side`
 //! (not in `all`: the library's tasks and raw's at the same time). It starts 5 local Redis nodes, or uses `REDLOCK_NODES`.
 //!
 //! The raw baseline uses the same deadpool pools with no library logic: one
@@ -25,6 +26,7 @@ use futures_util::future::join_all;
 use redlock_core::{Error, Redlock};
 use redlock_tests::Cluster;
 
+mod acked;
 mod cluster_scale;
 mod cost;
 mod idempotency;
@@ -382,6 +384,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if scenario == "native" {
         native::native(&setup).await?;
+    }
+    if scenario == "acked" {
+        acked::acked(&setup).await?;
     }
     if scenario == "publish" {
         publish::publish(&setup).await?;
