@@ -602,3 +602,73 @@ async fn a_batch_without_its_replica_acks_fails_each_write_for_its_acks() {
         "{waits} WAITs for {CALLS} acquires: the batch waited once per write"
     );
 }
+
+/// A queued call whose time runs out while a `WAIT` holds the node's
+/// connection fails for its acks ([`NodeError::ReplicaAcks`] marked
+/// `queued`), as a call sent alone does, not with a `Timeout` that would
+/// send an operator looking for a slow server. Node timeout 2 s, acks
+/// wanted from a replica the node does not have, each `WAIT` up to 1.5 s:
+/// the first acquire goes alone and its `WAIT` takes 1.5 s; the second,
+/// queued behind it, has until 2 s; the third, started 0.6 s later (so
+/// that the batch's latest deadline is 2.6 s), makes the batch's `WAIT`
+/// last past the second's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_out_of_time_behind_a_wait_fails_for_its_acks() {
+    let node = RedisNode::start();
+    let rl = Redlock::builder()
+        .node(redlock_core::NodeSpec::url(node.url()).replica_acks(1, Duration::from_millis(1500)))
+        .node_timeout(Duration::from_secs(2))
+        .retry(redlock_core::RetryPolicy::no_retry())
+        .wake_on_release(false)
+        .coalesce(true)
+        .build()
+        .unwrap();
+    rl.inspect("warm-up").await.unwrap();
+    let acquire = |key: &'static str| {
+        let rl = rl.clone();
+        tokio::spawn(async move { rl.mutex(key).try_acquire(Duration::from_secs(30)).await })
+    };
+    let first = acquire("queued-acks:1");
+    // The first holds the node's turn (its `WAIT` in flight) before the
+    // second comes: the second is queued.
+    let blocked = redlock_tests::util::eventually(Duration::from_secs(10), || {
+        let info: String = node.raw(&["INFO", "clients"]).unwrap_or_default();
+        info.lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .is_some_and(|v| v.trim() != "0")
+    })
+    .await;
+    assert!(blocked, "the first acquire's WAIT never blocked");
+    let second = acquire("queued-acks:2");
+    // Not a wait for a condition: the third's later start is what makes
+    // the batch's deadline, and so its `WAIT`, outlast the second's.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let third = acquire("queued-acks:3");
+    let errors = |r: Result<redlock_core::Lock, redlock_core::Error>| -> Vec<NodeError> {
+        let err = r.expect_err("no replica acknowledges the write");
+        err.report()
+            .map(|r| r.errors().map(|(_, e)| e.clone()).collect())
+            .unwrap_or_default()
+    };
+    for (name, call) in [("first", first), ("third", third)] {
+        let e = errors(call.await.unwrap());
+        assert!(
+            matches!(e.as_slice(), [NodeError::ReplicaAcks { wanted: 1, .. }]),
+            "the {name} acquire must fail for its acks: {e:?}"
+        );
+    }
+    let e = errors(second.await.unwrap());
+    assert!(
+        matches!(
+            e.as_slice(),
+            [NodeError::ReplicaAcks {
+                acked: 0,
+                wanted: 1,
+                queued: true,
+                ..
+            }]
+        ),
+        "the second acquire ran out of time behind a WAIT: it must say so, \
+         not time out: {e:?}"
+    );
+}
