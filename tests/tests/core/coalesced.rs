@@ -465,6 +465,30 @@ async fn a_direct_call_does_not_overtake_a_queued_release() {
     rl.unlock(next.unwrap()).await.unwrap();
 }
 
+/// A coalescing handle on `node` alone, whose writes want one replica's
+/// ack within `ack_timeout`; no retries, no wake-ups; connected.
+async fn acked_handle(node: &RedisNode, ack_timeout: Duration, node_timeout: Duration) -> Redlock {
+    let rl = Redlock::builder()
+        .node(redlock_core::NodeSpec::url(node.url()).replica_acks(1, ack_timeout))
+        .node_timeout(node_timeout)
+        .retry(redlock_core::RetryPolicy::no_retry())
+        .wake_on_release(false)
+        .coalesce(true)
+        .build()
+        .unwrap();
+    rl.inspect("warm-up").await.unwrap();
+    rl
+}
+
+/// The node errors of an acquire that no replica acknowledged (it must
+/// have failed).
+fn unacked(r: Result<redlock_core::Lock, redlock_core::Error>) -> Vec<NodeError> {
+    let err = r.expect_err("no replica acknowledges the write");
+    err.report()
+        .map(|r| r.errors().map(|(_, e)| e.clone()).collect())
+        .unwrap_or_default()
+}
+
 /// `WAIT` calls a node has run so far (`INFO commandstats`).
 fn waits_run(node: &RedisNode) -> u64 {
     let info: String = node.raw(&["INFO", "commandstats"]).unwrap();
@@ -546,18 +570,10 @@ async fn a_batch_without_its_replica_acks_fails_each_write_for_its_acks() {
     const CALLS: u64 = 8;
     let node = RedisNode::start();
     let ack_timeout = Duration::from_millis(300);
-    let rl = Redlock::builder()
-        .node(redlock_core::NodeSpec::url(node.url()).replica_acks(1, ack_timeout))
-        // Room for eight `WAIT`s in a row (each write's own, without the
-        // batch's), so that each call sends its own rather than giving up
-        // behind the others.
-        .node_timeout(Duration::from_secs(5))
-        .retry(redlock_core::RetryPolicy::no_retry())
-        .wake_on_release(false)
-        .coalesce(true)
-        .build()
-        .unwrap();
-    rl.inspect("warm-up").await.unwrap();
+    // Room for eight `WAIT`s in a row (each write's own, without the
+    // batch's), so that each call sends its own rather than giving up
+    // behind the others.
+    let rl = acked_handle(&node, ack_timeout, Duration::from_secs(5)).await;
     let waits_before = waits_run(&node);
     let before = redlock_core::coalesce_stats();
     let calls: Vec<_> = (0..CALLS)
@@ -571,14 +587,7 @@ async fn a_batch_without_its_replica_acks_fails_each_write_for_its_acks() {
         })
         .collect();
     for call in calls {
-        let err = call
-            .await
-            .unwrap()
-            .expect_err("no replica acknowledges the write");
-        let errors: Vec<NodeError> = err
-            .report()
-            .map(|r| r.errors().map(|(_, e)| e.clone()).collect())
-            .unwrap_or_default();
+        let errors = unacked(call.await.unwrap());
         assert!(
             matches!(
                 errors.as_slice(),
@@ -588,7 +597,7 @@ async fn a_batch_without_its_replica_acks_fails_each_write_for_its_acks() {
                     ..
                 }]
             ),
-            "the node must fail for its acks: {errors:?} ({err})"
+            "the node must fail for its acks: {errors:?}"
         );
     }
     let after = redlock_core::coalesce_stats();
@@ -615,15 +624,7 @@ async fn a_batch_without_its_replica_acks_fails_each_write_for_its_acks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_call_out_of_time_behind_a_wait_fails_for_its_acks() {
     let node = RedisNode::start();
-    let rl = Redlock::builder()
-        .node(redlock_core::NodeSpec::url(node.url()).replica_acks(1, Duration::from_millis(1500)))
-        .node_timeout(Duration::from_secs(2))
-        .retry(redlock_core::RetryPolicy::no_retry())
-        .wake_on_release(false)
-        .coalesce(true)
-        .build()
-        .unwrap();
-    rl.inspect("warm-up").await.unwrap();
+    let rl = acked_handle(&node, Duration::from_millis(1500), Duration::from_secs(2)).await;
     let acquire = |key: &'static str| {
         let rl = rl.clone();
         tokio::spawn(async move { rl.mutex(key).try_acquire(Duration::from_secs(30)).await })
@@ -644,20 +645,14 @@ async fn a_queued_call_out_of_time_behind_a_wait_fails_for_its_acks() {
     // the batch's deadline, and so its `WAIT`, outlast the second's.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let third = acquire("queued-acks:3");
-    let errors = |r: Result<redlock_core::Lock, redlock_core::Error>| -> Vec<NodeError> {
-        let err = r.expect_err("no replica acknowledges the write");
-        err.report()
-            .map(|r| r.errors().map(|(_, e)| e.clone()).collect())
-            .unwrap_or_default()
-    };
     for (name, call) in [("first", first), ("third", third)] {
-        let e = errors(call.await.unwrap());
+        let e = unacked(call.await.unwrap());
         assert!(
             matches!(e.as_slice(), [NodeError::ReplicaAcks { wanted: 1, .. }]),
             "the {name} acquire must fail for its acks: {e:?}"
         );
     }
-    let e = errors(second.await.unwrap());
+    let e = unacked(second.await.unwrap());
     assert!(
         matches!(
             e.as_slice(),

@@ -128,6 +128,23 @@ async fn raw_acked_lock(raw: &Raw, key: &str, token: &str) -> bool {
     oks.into_iter().filter(|b| *b).count() > raw.conns.len() / 2
 }
 
+/// One lock+unlock pair of contender `who` on `key`: the library with the
+/// coalescer (0), without it (1), or raw (2). Whether it held.
+async fn pair(libs: &[Redlock; 2], raw: &Raw, who: usize, key: &str) -> bool {
+    match libs.get(who) {
+        Some(lib) => match lib.mutex(key).try_acquire(TTL).await {
+            Ok(l) => lib.unlock(l).await.is_ok(),
+            Err(_) => false,
+        },
+        None => {
+            let tok = Raw::token();
+            let ok = raw_acked_lock(raw, key, &tok).await;
+            raw.unlock(key, &tok).await;
+            ok
+        }
+    }
+}
+
 /// Scenario `acked`.
 pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
     let n = env_or("BENCH_ACKED_NODES", 3.0) as usize;
@@ -181,18 +198,7 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
                 let key = format!("bench:acked:{round}:{pass}:{t}:{i}");
                 async move {
                     let started = Instant::now();
-                    let ok = match libs.get(who) {
-                        Some(lib) => match lib.mutex(&key).try_acquire(TTL).await {
-                            Ok(l) => lib.unlock(l).await.is_ok(),
-                            Err(_) => false,
-                        },
-                        None => {
-                            let tok = Raw::token();
-                            let ok = raw_acked_lock(&raw, &key, &tok).await;
-                            raw.unlock(&key, &tok).await;
-                            ok
-                        }
-                    };
+                    let ok = pair(&libs, &raw, who, &key).await;
                     if let Some(l) = latencies.get(who) {
                         l.lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -267,18 +273,7 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
             let key = format!("bench:acked:seq:{who}:{i}");
             async move {
                 let started = Instant::now();
-                let ok = match libs.get(who) {
-                    Some(lib) => match lib.mutex(&key).try_acquire(TTL).await {
-                        Ok(l) => lib.unlock(l).await.is_ok(),
-                        Err(_) => false,
-                    },
-                    None => {
-                        let tok = Raw::token();
-                        let ok = raw_acked_lock(&raw, &key, &tok).await;
-                        raw.unlock(&key, &tok).await;
-                        ok
-                    }
-                };
+                let ok = pair(&libs, &raw, who, &key).await;
                 lat.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(started.elapsed());

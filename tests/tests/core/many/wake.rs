@@ -109,18 +109,31 @@ pub(super) async fn a_single_key_release_wakes_the_waiter_of_a_set() {
             .await
             .map(|l| (l, waiter))
     });
-    // Subscribed, and its keys flagged on every node.
+    // Subscribed, and its keys flagged on a quorum of nodes. Not on every
+    // node: where the holder's `SET` of `fb` straggled in after the waiter's
+    // first attempt (the holder's lock was decided at quorum), that attempt
+    // took the set there, and its clean-up release deleted the keys and
+    // their flags (seen once under load: no flag on one node, both on the
+    // others). The nodes that refused the attempt are a quorum, and their
+    // announcements alone wake the waiter.
     assert!(
-        cluster.wait_until(timing::settled(), |c| c.nodes().iter().all(|n| {
-            n.pttl("{fb}:redlock-waiters") > 0 && n.pttl("{fc}:redlock-waiters") > 0
-        })),
-        "the waiter never flagged its keys: PTTLs {:?}, waiter done: {}",
+        cluster.wait_until(timing::settled(), |c| c
+            .nodes()
+            .iter()
+            .filter(|n| {
+                n.pttl("{fb}:redlock-waiters") > 0 && n.pttl("{fc}:redlock-waiters") > 0
+            })
+            .count()
+            >= 2),
+        "the waiter never flagged its keys on a quorum: PTTLs of the flags and \
+         whether the holder's fb is there {:?}, waiter done: {}",
         cluster
             .nodes()
             .iter()
             .map(|n| (
                 n.pttl("{fb}:redlock-waiters"),
-                n.pttl("{fc}:redlock-waiters")
+                n.pttl("{fc}:redlock-waiters"),
+                n.get("fb").is_some()
             ))
             .collect::<Vec<_>>(),
         set.is_finished()
