@@ -678,6 +678,10 @@ fn wrote(op: &Op, result: &Result<Value, NodeError>) -> bool {
 /// place of its reply when the count falls short, as its own call does
 /// (`replicas.rs`). The wait is cut to three quarters of what is left until
 /// `deadline` (the batch's latest caller deadline).
+///
+/// `tests/models/tests/model_batch_acks.rs` checks that a counted `WAIT`
+/// keeps every write of its batch across a failover, with a `WAIT` on
+/// another connection and one between the writes as negative controls.
 /// `waits` counts it in flight, so that a call given up meanwhile says why
 /// (`Node::queued_until`, `replicas.rs`).
 async fn wait_for_acks(
@@ -918,9 +922,7 @@ impl Node {
                 // The caller's deadline when it has one (a fan-out's
                 // call): no clock read per queued operation.
                 until: deadline.or_else(|| Instant::now().checked_add(timeout)),
-                acks: self
-                    .replica_acks
-                    .map(|a| (a, Arc::clone(&self.waits))),
+                acks: self.replica_acks.map(|a| (a, Arc::clone(&self.waits))),
             })
         });
         match (turn, rx) {
