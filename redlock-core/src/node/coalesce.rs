@@ -677,13 +677,13 @@ fn wrote(op: &Op, result: &Result<Value, NodeError>) -> bool {
 /// waited gets [`NodeError::ReplicaAcks`] (or the `WAIT`'s own error) in
 /// place of its reply when the count falls short, as its own call does
 /// (`replicas.rs`). The wait is cut to three quarters of what is left until
-/// `deadline` (the batch's latest caller deadline).
+/// `deadline` (the batch's latest caller deadline). `waits` counts it in
+/// flight, so that a call given up meanwhile says why
+/// (`Node::queued_until`, `replicas.rs`).
 ///
 /// `tests/models/tests/model_batch_acks.rs` checks that a counted `WAIT`
 /// keeps every write of its batch across a failover, with a `WAIT` on
 /// another connection and one between the writes as negative controls.
-/// `waits` counts it in flight, so that a call given up meanwhile says why
-/// (`Node::queued_until`, `replicas.rs`).
 async fn wait_for_acks(
     conn: &mut Conn,
     (acks, waits): (ReplicaAcks, &Waits),
