@@ -257,6 +257,38 @@ fn again() -> redlock_core::RetryPolicy {
         .with_jitter(Duration::from_millis(20))
 }
 
+/// 64 tasks at once, each locking and releasing its own key (`prefix` and
+/// its number) `rounds` times; with `deleted`, each release must have
+/// deleted its key on some node.
+///
+/// Decided at quorum: a node whose last release was still on its way
+/// refused a lock's `SET`, and says "not held" to its release, with or
+/// without coalescing; and a release is decided by a majority of answers,
+/// "not held" among them, so two nodes may still hold the key for a moment
+/// (seen once: an acquire refused): the next lock waits briefly (timing
+/// rule 4).
+async fn each_its_own_key(rl: &Redlock, prefix: &'static str, rounds: usize, deleted: bool) {
+    let ttl = Duration::from_secs(30);
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let rl = rl.clone();
+            tokio::spawn(async move {
+                let key = format!("{prefix}{i}");
+                for _ in 0..rounds {
+                    let lock = rl.mutex(&key).acquire_with(ttl, &again()).await.unwrap();
+                    let released = rl.unlock(lock).await.unwrap();
+                    if deleted {
+                        assert!(released.deleted >= 1, "{}", released.report());
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 /// Many tasks at once, whose calls the nodes coalesce: every distinct key
 /// is locked and released by its own task, and on one shared key the tasks
 /// never hold it together; nothing is left on the nodes once the releases
@@ -273,27 +305,7 @@ async fn concurrent_locks_keep_their_own_outcomes() {
     let ttl = Duration::from_secs(30);
     let before = redlock_core::coalesce_stats();
     // Distinct keys: each task's lock is its own.
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let rl = rl.clone();
-            tokio::spawn(async move {
-                let key = format!("co:{i}");
-                for _ in 0..5 {
-                    // Decided at quorum: a node may say "not held" when this
-                    // lock's `SET` there came after the last release's (it
-                    // was refused), with or without coalescing; and the last
-                    // release, decided by a majority of answers, may still be
-                    // on its way to a node that holds the key: a short wait
-                    // (timing rule 4).
-                    let lock = rl.mutex(&key).acquire_with(ttl, &again()).await.unwrap();
-                    rl.unlock(lock).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    each_its_own_key(&rl, "co:", 5, false).await;
     // One key: at most one holder at a time, each refusal its own.
     let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = (0..32)
@@ -367,30 +379,8 @@ async fn a_user_refused_the_flag_key_still_releases_in_a_batch() {
         .coalesce(true)
         .build()
         .unwrap();
-    let ttl = Duration::from_secs(30);
     let before = redlock_core::coalesce_stats();
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let rl = rl.clone();
-            tokio::spawn(async move {
-                let key = format!("acl:{i}");
-                for _ in 0..3 {
-                    // Decided at quorum: a node whose last release was
-                    // still on its way refused this lock's `SET`, and says
-                    // "not held" to its release; and a release is decided by
-                    // a majority of answers, "not held" among them, so two
-                    // nodes may still hold the key for a moment (seen once:
-                    // this acquire refused): a short wait (timing rule 4).
-                    let lock = rl.mutex(&key).acquire_with(ttl, &again()).await.unwrap();
-                    let released = rl.unlock(lock).await.unwrap();
-                    assert!(released.deleted >= 1, "{}", released.report());
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    each_its_own_key(&rl, "acl:", 3, true).await;
     let after = redlock_core::coalesce_stats();
     assert!(
         after.operations > before.operations,
