@@ -353,7 +353,7 @@ mod tests {
         assert_eq!(keys.len(), 1);
         assert_eq!(slot_of(&keys[0]), slot_of(b"k2"));
         let batch = Call::keys_per_slot(
-            &crate::node::EXTEND_BATCH,
+            &crate::node::BATCH,
             &[b"a", b"b", b"{a}:x"],
             &[b"t", b"1", b"t", b"1", b"t", b"1"],
             crate::node::Shape::ExtendBatch,

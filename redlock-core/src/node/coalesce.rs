@@ -61,7 +61,7 @@ use crate::error::NodeError;
 
 /// At most this many operations per batch: a node runs a script alone, so
 /// a batch is kept short enough not to hold up other clients' calls (the
-/// batched renewal's bound, and Redisson's).
+/// batched renewal's bound too, and Redisson's).
 pub(crate) const BATCH_OPS: usize = 100;
 
 /// At most this many bytes of keys and arguments per batch.
@@ -85,12 +85,20 @@ pub(crate) const BATCH_BYTES: usize = 64 * 1024;
 ///   read again by `GET`, which answers such a key with the `WRONGTYPE` its
 ///   release alone gets. A refused `MGET` (an ACL that refuses the flag's
 ///   key) reads the two as the release alone does;
-/// - extend: what [`EXTEND_LUA`] returns.
+/// - extend (`e`): what [`EXTEND_LUA`] returns;
+/// - renewal (`k`, the batched renewal's code, `protocol/extend_batch.rs`):
+///   what `EXTEND_READER_LUA` returns (the extend, and a read share's or a
+///   permit's key also keeps its index or count alive), except that a key
+///   holding a value of another type answers `0`, "not held", where that
+///   script fails: a flag per key, so that one foreign key fails only its
+///   own lock (an error item would fail the node's whole reply,
+///   `Value::extract_error`).
 ///
 /// Each command is a `redis.pcall`: one that fails (a key of another type,
 /// an ACL) answers its operation with its error, as that operation's own
 /// call would have, and the others go on.
 const BATCH_LUA: &str = concat!(
+    reader_index_lua!(),
     r#"
 local out = {}
 for i = 1, #KEYS do
@@ -144,6 +152,14 @@ for i = 1, #KEYS do
         out[i] = 0
       end
     end
+  elseif string.byte(code) == 107 then
+    if redis.pcall('GET', key) == tok then
+      local ms = string.sub(code, 2)
+      out[i] = redis.call('PEXPIRE', key, ms)
+      keep_companion(key, ms)
+    else
+      out[i] = 0
+    end
   elseif string.byte(code) == 101 then
     local v = redis.pcall('GET', key)
     if type(v) == 'table' then
@@ -176,6 +192,17 @@ pub(crate) enum OpCode {
     Release,
     /// The extend script, to `ms` (as the call's argument gave it).
     Extend(Arc<str>),
+    /// The batched renewal's extend to `ms` ([`renewal_code`]), which also
+    /// keeps a read share's or a permit's companion alive. Not queued: the
+    /// renewal forms its batch up front and sends it as one [`BATCH`] call.
+    Renew(u128),
+}
+
+/// The batch script's code for the batched renewal's extend of a key to
+/// `ms` ([`OpCode::Renew`]): `protocol/extend_batch.rs` sends its locks in
+/// [`BATCH`] calls, each lock's key with its token and this code.
+pub(crate) fn renewal_code(ms: u128) -> String {
+    format!("k{ms}")
 }
 
 impl OpCode {
@@ -187,6 +214,7 @@ impl OpCode {
             OpCode::Acquire(ms) => cmd.arg(format!("s{ms}")),
             OpCode::Release => cmd.arg("r"),
             OpCode::Extend(ms) => cmd.arg(format!("e{ms}")),
+            OpCode::Renew(ms) => cmd.arg(renewal_code(*ms)),
         };
     }
 }
@@ -664,7 +692,7 @@ async fn probe_holders(
 fn wrote(op: &Op, result: &Result<Value, NodeError>) -> bool {
     match (&op.code, result) {
         (OpCode::Acquire(_), Ok(v)) => !matches!(v, Value::Array(_) | Value::Nil),
-        (OpCode::Extend(_), Ok(v)) => *v != Value::Int(0),
+        (OpCode::Extend(_) | OpCode::Renew(_), Ok(v)) => *v != Value::Int(0),
         _ => false,
     }
 }
@@ -1042,7 +1070,7 @@ pub mod check {
 
     use super::{Op, OpCode, run_batch};
     use crate::error::{Error, NodeError};
-    use crate::node::{Call, EXTEND, Node};
+    use crate::node::{Call, EXTEND, EXTEND_READER, Node};
 
     /// One operation on one key.
     #[derive(Debug, Clone)]
@@ -1072,6 +1100,15 @@ pub mod check {
             /// The new TTL in ms.
             ttl_ms: u64,
         },
+        /// The batched renewal's extend; alone, a read share's extend.
+        Renew {
+            /// The key.
+            key: String,
+            /// The token.
+            token: String,
+            /// The new TTL in ms.
+            ttl_ms: u64,
+        },
     }
 
     impl CheckOp {
@@ -1088,6 +1125,11 @@ pub mod check {
                     key.as_str().into(),
                     vec![token.clone(), ttl_ms.to_string()],
                 ),
+                CheckOp::Renew { key, token, ttl_ms } => Call::script(
+                    &EXTEND_READER,
+                    key.as_str().into(),
+                    vec![token.clone(), ttl_ms.to_string()],
+                ),
             }
         }
 
@@ -1097,6 +1139,9 @@ pub mod check {
                 CheckOp::Release { key, token } => (key, token, OpCode::Release),
                 CheckOp::Extend { key, token, ttl_ms } => {
                     (key, token, OpCode::Extend(ttl_ms.to_string().into()))
+                }
+                CheckOp::Renew { key, token, ttl_ms } => {
+                    (key, token, OpCode::Renew(u128::from(*ttl_ms)))
                 }
             };
             Op {

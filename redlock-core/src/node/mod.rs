@@ -49,9 +49,10 @@ pub(crate) use parse::{
 pub(crate) use record::{RECORD_GENERATION, RECORD_GET, RECORD_PEEK, RECORD_PUT};
 pub(crate) use scripts::Shape;
 
+pub(crate) use coalesce::{BATCH, BATCH_OPS, renewal_code};
 pub(crate) use release_scripts::{RELEASE_LUA, RELEASE_QUIET, RELEASE_QUIET_LUA};
 pub(crate) use rwlock_scripts::RwKeys;
-pub(crate) use scripts::{Call, EXTEND, EXTEND_BATCH, EXTEND_READER, FENCE};
+pub(crate) use scripts::{Call, EXTEND, EXTEND_READER, FENCE};
 
 pub use native::{CompareAndDelete, NativeCommands, NativeSupport};
 pub use replicas::ReplicaAcks;

@@ -499,7 +499,7 @@ mod tests {
     #[test]
     fn only_a_write_that_wrote_nothing_skips_the_wait() {
         let key: std::sync::Arc<str> = "k".into();
-        let batch = Call::keys(&crate::node::EXTEND_BATCH, &[b"a", b"b"], &[b"t", b"1"]);
+        let batch = Call::keys(&crate::node::BATCH, &[b"a", b"b"], &[b"t", b"1"]);
         let zero = Value::Int(0);
         assert!(!wrote_nothing(
             &batch,

@@ -78,7 +78,7 @@ end
 /// their keys are gone, so that readers that died unreleased do not pile up
 /// between writers. The index lives at least as long as the reader's key
 /// (`list_reader`): here, and in every extend of a reader's key
-/// (`EXTEND_READER_LUA`, `EXTEND_BATCH_LUA`), so a writer sees every live
+/// (`EXTEND_READER_LUA`, the batch script's renewal code), so a writer sees every live
 /// reader and no index outlives its readers by more than their TTL. A
 /// reader's release takes it off the index (`RELEASE_LUA`), and Redis
 /// deletes the set once it is empty.

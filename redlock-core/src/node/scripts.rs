@@ -37,28 +37,6 @@ return 0
 "#
 );
 
-/// Batched extend (`extend_batch.rs`): compare-and-pexpire of every key
-/// `KEYS[i]` held with token `ARGV[2i-1]` to `ARGV[2i]` ms, one flag per key.
-/// The `GET` is a `pcall`: a key holding a foreign non-string value is "not
-/// held" for that lock alone instead of failing the whole batch on the node.
-/// A read share's or a permit's key also keeps its index or count alive, as
-/// [`EXTEND_READER_LUA`].
-const EXTEND_BATCH_LUA: &str = concat!(
-    reader_index_lua!(),
-    r#"
-local out = {}
-for i = 1, #KEYS do
-  if redis.pcall('GET', KEYS[i]) == ARGV[2 * i - 1] then
-    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    keep_companion(KEYS[i], ARGV[2 * i])
-  else
-    out[i] = 0
-  end
-end
-return out
-"#
-);
-
 /// Fencing step 3: raises the key's fence counter (`KEYS[2]`) to the token
 /// `ARGV[2]`, never lowers it, and only while the lock key (`KEYS[1]`) still
 /// holds this attempt's token `ARGV[1]`: a fence that lands after the key
@@ -92,13 +70,12 @@ pub(crate) static FENCE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(F
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(EXTEND_LUA));
 pub(crate) static EXTEND_READER: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(EXTEND_READER_LUA));
-pub(crate) static EXTEND_BATCH: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(EXTEND_BATCH_LUA));
 
 /// How a script over several locks' keys is cut by slot and put together.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Shape {
-    /// `EXTEND_BATCH_LUA`: `KEYS[i]` with `ARGV[2i-1]`, `ARGV[2i]`; a flag
+    /// The batch script (`node/coalesce.rs`, [`BATCH`](super::BATCH)) of
+    /// the batched renewal: `KEYS[i]` with `ARGV[2i-1]`, `ARGV[2i]`; a flag
     /// per key. A slot whose script failed reads as "not extended" there.
     ExtendBatch,
     /// `ACQUIRE_MANY_LUA`: `n` lock keys, then as many fence counters when

@@ -1,7 +1,8 @@
 //! *Layer 3, the Redlock steps (see `lib.rs`).*
 //!
-//! The distlock page's extension for many locks at once: one compare-and-pexpire
-//! script per node over every key of the batch, each lock counted on its own
+//! The distlock page's extension for many locks at once: one call per node
+//! of the coalescer's batch script (`node/coalesce.rs`), a compare-and-pexpire
+//! per key of the batch, each lock counted on its own
 //! quorum inside its own validity.
 //!
 //! The auto-extension schedule (`guard/schedule.rs`) renews a handle's held
@@ -15,17 +16,18 @@ use futures_util::StreamExt;
 use redis::Value;
 
 use crate::error::{Error, NodeError, NodeStatus, Report};
-use crate::node::{Call, EXTEND_BATCH, Shape};
+use crate::node::{BATCH as BATCH_SCRIPT, BATCH_OPS, Call, Shape, renewal_code};
 use crate::protocol::extend::{Extended, answered};
 use crate::protocol::fan_out::Settled;
 use crate::protocol::lock::Lock;
 use crate::protocol::redlock::Core;
 use crate::protocol::steps::validity;
 
-/// At most this many keys go in one script call: a node runs a script alone,
-/// so a batch is kept short enough not to hold up other clients' calls
-/// (Redisson renews 100 locks per call for the same reason).
-pub(crate) const BATCH: usize = 100;
+/// At most this many keys go in one script call: a coalesced batch's bound
+/// (a node runs a script alone, so a batch is kept short enough not to hold
+/// up other clients' calls; Redisson renews 100 locks per call for the same
+/// reason).
+pub(crate) const BATCH: usize = BATCH_OPS;
 
 /// One lock's outcome in a batch.
 pub(crate) struct BatchOutcome {
@@ -114,9 +116,12 @@ impl Core {
             .collect();
         let mut settled: Vec<Option<Settled<Vec<bool>>>> = (0..n).map(|_| None).collect();
         if !sent.is_empty() {
+            // The coalescer's batch script, one renewal code per key: the
+            // renewal is one user of the node's one batch mechanism, with
+            // its batch formed up front (`node/coalesce.rs`).
             let ttls: Vec<String> = sent
                 .iter()
-                .map(|&i| batch[i].1.as_millis().to_string())
+                .map(|&i| renewal_code(batch[i].1.as_millis()))
                 .collect();
             let keys: Vec<&[u8]> = sent.iter().map(|&i| batch[i].0.key.as_bytes()).collect();
             let args: Vec<&[u8]> = sent
@@ -125,7 +130,7 @@ impl Core {
                 .flat_map(|(&i, ttl)| [batch[i].0.token.as_bytes(), ttl.as_bytes()])
                 .collect();
             let call = Arc::new(Call::keys_per_slot(
-                &EXTEND_BATCH,
+                &BATCH_SCRIPT,
                 &keys,
                 &args,
                 Shape::ExtendBatch,

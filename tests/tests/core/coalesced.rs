@@ -39,6 +39,9 @@ fn prepare(node: &RedisNode) {
         vec!["SADD", "{r}:redlock-readers", "{r}:redlock-reader:t"],
         vec!["SET", "{r}:redlock-reader:u", "u", "PX", &ttl],
         vec!["SADD", "{r}:redlock-readers", "{r}:redlock-reader:u"],
+        vec!["SET", "{q}:redlock-reader:t", "t", "PX", &ttl],
+        vec!["SADD", "{q}:redlock-readers", "{q}:redlock-reader:t"],
+        vec!["PEXPIRE", "{q}:redlock-readers", "5000"],
         vec!["SET", "waited", "t", "PX", &ttl],
         vec!["SET", "{waited}:redlock-waiters", "1", "PX", &ttl],
     ] {
@@ -58,6 +61,8 @@ const KEYS: &[&str] = &[
     "{r}:redlock-reader:t",
     "{r}:redlock-reader:u",
     "{r}:redlock-readers",
+    "{q}:redlock-reader:t",
+    "{q}:redlock-readers",
     "waited",
     "{waited}:redlock-waiters",
 ];
@@ -79,6 +84,14 @@ fn release(key: &str, token: &str) -> CheckOp {
 
 fn extend(key: &str, token: &str) -> CheckOp {
     CheckOp::Extend {
+        key: key.into(),
+        token: token.into(),
+        ttl_ms: 45_000,
+    }
+}
+
+fn renew(key: &str, token: &str) -> CheckOp {
+    CheckOp::Renew {
         key: key.into(),
         token: token.into(),
         ttl_ms: 45_000,
@@ -170,7 +183,13 @@ fn heard(sub: &mut redis::PubSub<'_>) -> String {
     msg.get_channel_name().to_owned()
 }
 
-async fn same_answers_as_separate_calls(bin: Option<&Path>, ops: Vec<CheckOp>) {
+/// Runs `ops` as separate calls on one server and as one batch on another,
+/// both prepared alike, and checks the answers and the states match.
+/// Returns the two servers (separate, batched) for the caller's own checks.
+async fn same_answers_as_separate_calls(
+    bin: Option<&Path>,
+    ops: Vec<CheckOp>,
+) -> (RedisNode, RedisNode) {
     let start = || match bin {
         Some(b) => RedisNode::start_binary(b, &[], &[]),
         None => RedisNode::start(),
@@ -208,6 +227,8 @@ async fn same_answers_as_separate_calls(bin: Option<&Path>, ops: Vec<CheckOp>) {
     // The waited-for key's release was announced by both.
     assert_eq!(heard(&mut sub_one), WAITED_CHANNEL);
     assert_eq!(heard(&mut sub_other), WAITED_CHANNEL);
+    drop((sub_one, sub_other));
+    (one, other)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,6 +260,37 @@ fn interleaved_operations() -> Vec<CheckOp> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reordered_batch_answers_each_key_as_its_own_call_on_redis() {
     same_answers_as_separate_calls(None, interleaved_operations()).await;
+}
+
+/// The batched renewal's extends (issue 50: the renewal is one user of the
+/// batch script) among the coalescer's operations: each answers as a read
+/// share's extend alone, and a read share's renewal keeps its readers index
+/// alive as long as its key.
+fn renewals() -> Vec<CheckOp> {
+    vec![
+        acquire("free", "t"),
+        renew("mine", "t"),
+        acquire("held", "t"),
+        renew("held", "t"),
+        renew("nokey", "t"),
+        renew("{q}:redlock-reader:t", "t"),
+        renew("{q}:redlock-reader:t", "u"),
+        release("mine2", "t"),
+        extend("hash", "t"),
+        release("waited", "t"),
+        renew("free", "t"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_renewals_answers_each_key_as_its_own_call_on_redis() {
+    let (one, other) = same_answers_as_separate_calls(None, renewals()).await;
+    // The readers index, prepared to expire in 5 s, now lives as long as
+    // its renewed reader (45 s), on both.
+    for node in [&one, &other] {
+        let pttl = node.pttl("{q}:redlock-readers");
+        assert!(pttl > 30_000, "readers index PTTL {pttl} ms");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
