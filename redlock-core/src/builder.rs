@@ -348,7 +348,10 @@ impl RedlockBuilder {
     /// each write alone waits for its own. Cluster nodes, native commands,
     /// fenced and waiting acquires keep their own calls either way; on a node whose
     /// queue is not empty, such a call waits for what queued before it, so
-    /// that it never overtakes a queued release.
+    /// that it never overtakes a queued release. The batched renewal of
+    /// auto-extended locks sends the coalescer's batch script whether this is
+    /// on or off: it knows its batch (up to 100 locks per node) up front, and
+    /// on a coalescing node it takes its turn behind what is queued.
     pub fn coalesce(mut self, on: bool) -> Self {
         self.settings.coalesce = on;
         self
