@@ -43,6 +43,7 @@
 //! a holder's release, queued behind a busy connection, reaches the node
 //! before the next holder's fenced or waiting acquire of its key.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
@@ -202,20 +203,25 @@ pub(crate) enum OpCode {
 /// `ms` ([`OpCode::Renew`]): `protocol/extend_batch.rs` sends its locks in
 /// [`BATCH`] calls, each lock's key with its token and this code.
 pub(crate) fn renewal_code(ms: u128) -> String {
-    format!("k{ms}")
+    OpCode::Renew(ms).code().into_owned()
 }
 
 impl OpCode {
-    /// Adds its code in the batch script's `ARGV` to `cmd` (an acquire's is
-    /// never sent: its `SET` goes as itself, and the script refuses the
-    /// code). A release's is a static `r`: no allocation per operation.
-    fn write_arg(&self, cmd: &mut Cmd) {
+    /// Its code in the batch script's `ARGV` (an acquire's is never sent:
+    /// its `SET` goes as itself, and the script refuses the code). A
+    /// release's is a static `r`: no allocation per operation.
+    fn code(&self) -> Cow<'static, str> {
         match self {
-            OpCode::Acquire(ms) => cmd.arg(format!("s{ms}")),
-            OpCode::Release => cmd.arg("r"),
-            OpCode::Extend(ms) => cmd.arg(format!("e{ms}")),
-            OpCode::Renew(ms) => cmd.arg(renewal_code(*ms)),
-        };
+            OpCode::Acquire(ms) => Cow::Owned(format!("s{ms}")),
+            OpCode::Release => Cow::Borrowed("r"),
+            OpCode::Extend(ms) => Cow::Owned(format!("e{ms}")),
+            OpCode::Renew(ms) => Cow::Owned(format!("k{ms}")),
+        }
+    }
+
+    /// Adds its [`code`](Self::code) to `cmd`.
+    fn write_arg(&self, cmd: &mut Cmd) {
+        cmd.arg(&*self.code());
     }
 }
 
