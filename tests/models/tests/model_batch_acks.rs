@@ -32,9 +32,7 @@
 //! - the `WAIT` sent between the batch's writes: it counts for the first
 //!   write only, and a failover loses the second.
 
-use std::time::Instant;
-
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use stateright::{Model, Property};
 
 const KEPT_ALL: &str = "a batch whose WAIT counted keeps every write across a failover";
 const REACHED: &str = "a batch counted, then a failover";
@@ -173,14 +171,6 @@ impl Model for BatchAcks {
     }
 }
 
-fn trace(path: stateright::Path<State, Action>) -> String {
-    path.into_actions()
-        .iter()
-        .map(|a| format!("  {a:?}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn batch(items: &[Item], wait_conn: usize) -> BatchAcks {
     BatchAcks {
         items: items.to_vec(),
@@ -192,28 +182,11 @@ const AFTER: [Item; 3] = [Item::Write('a'), Item::Write('b'), Item::Wait];
 
 #[test]
 fn one_wait_after_the_batch_on_its_connection_covers_every_write() {
-    let start = Instant::now();
-    let checker = batch(&AFTER, 0).checker().threads(2).spawn_bfs().join();
-    println!(
-        "model_batch_acks: {} unique states, depth {}, {:.2?}",
-        checker.unique_state_count(),
-        checker.max_depth(),
-        start.elapsed()
-    );
-    if let Some(path) = checker.discovery(KEPT_ALL) {
-        panic!("counterexample:\n{}", trace(path));
-    }
-    checker.assert_properties();
+    redlock_models::holds(batch(&AFTER, 0), "model_batch_acks", KEPT_ALL);
 }
 
 fn counterexample(model: BatchAcks) -> String {
-    let checker = model
-        .checker()
-        .threads(2)
-        .finish_when(HasDiscoveries::AnyOf([KEPT_ALL].into()))
-        .spawn_bfs()
-        .join();
-    trace(checker.assert_any_discovery(KEPT_ALL))
+    redlock_models::counterexample(model, "model_batch_acks", KEPT_ALL)
 }
 
 #[test]

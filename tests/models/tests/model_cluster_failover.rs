@@ -56,9 +56,7 @@
 //!   instead of before the write: a failover between the write and that
 //!   fetch goes unseen, two holders. The ID must be seen before the write.
 
-use std::time::Instant;
-
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use stateright::{Model, Property};
 
 const ONE_HOLDER: &str = "no two clients hold the lock at once";
 const KEPT: &str = "a lock is held across a failover";
@@ -322,47 +320,24 @@ impl Model for ClusterAcks {
     }
 }
 
-fn trace(path: stateright::Path<State, Action>) -> String {
-    path.into_actions()
-        .iter()
-        .map(|a| format!("  {a:?}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Checks the whole space of `model`: one holder at most, a lock held
 /// across a failover reachable, and a write refused for a changed master
 /// reachable (the check is not vacuous).
 fn holds(model: ClusterAcks, name: &str) {
-    let start = Instant::now();
-    let checker = model.checker().threads(2).spawn_bfs().join();
-    println!(
-        "model_cluster_failover ({name}): {} unique states, depth {}, {:.2?}",
-        checker.unique_state_count(),
-        checker.max_depth(),
-        start.elapsed()
+    redlock_models::holds(
+        model,
+        &format!("model_cluster_failover ({name})"),
+        ONE_HOLDER,
     );
-    if let Some(path) = checker.discovery(ONE_HOLDER) {
-        panic!("counterexample:\n{}", trace(path));
-    }
-    checker.assert_properties();
 }
 
 /// The first path to two holders in `model`, which must have one.
 fn counterexample(model: ClusterAcks, name: &str) -> String {
-    let start = Instant::now();
-    let checker = model
-        .checker()
-        .threads(2)
-        .finish_when(HasDiscoveries::AnyOf([ONE_HOLDER].into()))
-        .spawn_bfs()
-        .join();
-    println!(
-        "model_cluster_failover ({name}): counterexample after {} unique states, {:.2?}",
-        checker.unique_state_count(),
-        start.elapsed()
-    );
-    trace(checker.assert_any_discovery(ONE_HOLDER))
+    redlock_models::counterexample(
+        model,
+        &format!("model_cluster_failover ({name})"),
+        ONE_HOLDER,
+    )
 }
 
 #[test]

@@ -40,9 +40,7 @@
 //! - two replicas, `WAIT 1`, and a failover free to promote either: two
 //!   holders (`WAIT` counts any replica, the failover may pick another).
 
-use std::time::Instant;
-
-use stateright::{Checker, HasDiscoveries, Model, Property};
+use stateright::{Model, Property};
 
 const ONE_HOLDER: &str = "no two clients hold the lock at once";
 const KEPT: &str = "a lock is held across a failover";
@@ -229,39 +227,14 @@ impl Model for Failover {
     }
 }
 
-fn trace(path: stateright::Path<State, Action>) -> String {
-    path.into_actions()
-        .iter()
-        .map(|a| format!("  {a:?}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Checks the whole space of `model`: one holder at most, and a lock held
 /// across a failover reachable.
 fn holds(model: Failover, name: &str) {
-    let start = Instant::now();
-    let checker = model.checker().threads(2).spawn_bfs().join();
-    println!(
-        "model_failover ({name}): {} unique states, depth {}, {:.2?}",
-        checker.unique_state_count(),
-        checker.max_depth(),
-        start.elapsed()
-    );
-    if let Some(path) = checker.discovery(ONE_HOLDER) {
-        panic!("counterexample:\n{}", trace(path));
-    }
-    checker.assert_properties();
+    redlock_models::holds(model, &format!("model_failover ({name})"), ONE_HOLDER);
 }
 
 fn counterexample(model: Failover) -> String {
-    let checker = model
-        .checker()
-        .threads(2)
-        .finish_when(HasDiscoveries::AnyOf([ONE_HOLDER].into()))
-        .spawn_bfs()
-        .join();
-    trace(checker.assert_any_discovery(ONE_HOLDER))
+    redlock_models::counterexample(model, "model_failover", ONE_HOLDER)
 }
 
 #[test]
