@@ -182,7 +182,7 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
     let mut waits = [0u64; 3];
     let mut costs = [cost::Cost::default(); 3];
     let mut per_round: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    let latencies: Arc<[std::sync::Mutex<Vec<Duration>>; 3]> = Arc::new(Default::default());
+    let latencies: Arc<[Samples; 3]> = Arc::new(Default::default());
     let (mut batches, mut batched) = (0u64, 0u64);
     for round in 0..rounds {
         let mut rate = [0.0f64; 3];
@@ -200,9 +200,7 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
                     let started = Instant::now();
                     let ok = pair(&libs, &raw, who, &key).await;
                     if let Some(l) = latencies.get(who) {
-                        l.lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(started.elapsed());
+                        l.record(started);
                     }
                     ok
                 }
@@ -239,11 +237,7 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
         format!("{min:.2}–{max:.2}")
     };
     for (w, name) in names.iter().enumerate() {
-        let stats = Stats::new(std::mem::take(
-            &mut *latencies[w]
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        ));
+        let stats = latencies[w].take();
         let ratio = per_s(w) / per_s(2).max(1e-9);
         let rounds = per_round
             .get(w)
@@ -266,7 +260,7 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
     // One task: a lone lock goes alone, at once, coalescer or not.
     let mut p50 = [Duration::ZERO; 3];
     for (who, p) in p50.iter_mut().enumerate() {
-        let lat: Arc<std::sync::Mutex<Vec<Duration>>> = Arc::default();
+        let lat: Arc<Samples> = Arc::default();
         let contenders = (libs.clone(), Arc::clone(&raw), Arc::clone(&lat));
         run_tasks(1, secs, move |_, i| {
             let (libs, raw, lat) = contenders.clone();
@@ -274,19 +268,12 @@ pub(crate) async fn acked(setup: &Setup) -> Result<(), BoxError> {
             async move {
                 let started = Instant::now();
                 let ok = pair(&libs, &raw, who, &key).await;
-                lat.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(started.elapsed());
+                lat.record(started);
                 ok
             }
         })
         .await?;
-        let v = std::mem::take(
-            &mut *lat
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        *p = Stats::new(v).pct(0.50);
+        *p = lat.take().pct(0.50);
     }
     println!(
         "sequential (1 task) pair p50: coalesced {:.0} µs ({:.2}× raw), alone {:.0} µs, raw {:.0} µs",

@@ -29,7 +29,7 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
     let (mut batches, mut batched, mut largest) = (0u64, 0u64, 0u64);
     // Each pair's time, lock to unlock, by contender: the 64-task p50 and
     // p99 (issue 50's "p99 at 64 tasks no worse than raw's").
-    let latencies: Arc<[std::sync::Mutex<Vec<Duration>>; 3]> = Arc::new(Default::default());
+    let latencies: Arc<[Samples; 3]> = Arc::new(Default::default());
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     for round in 0..rounds {
         let mut rate = [0.0f64; 3];
@@ -72,9 +72,7 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
                         },
                     };
                     if let Some(l) = latencies.get(who) {
-                        l.lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(started.elapsed());
+                        l.record(started);
                     }
                     ok
                 }
@@ -142,14 +140,7 @@ pub(super) async fn concurrent(setup: &Setup) -> Result<(), BoxError> {
         spread(&per_round[1], f64::max),
         ""
     );
-    let stats: Vec<Stats> = latencies
-        .iter()
-        .map(|l| {
-            Stats::new(std::mem::take(
-                &mut *l.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
-            ))
-        })
-        .collect();
+    let stats: Vec<Stats> = latencies.iter().map(Samples::take).collect();
     for (name, p) in [("pair latency p50", 0.5), ("pair latency p99", 0.99)] {
         row3(
             name,

@@ -207,6 +207,30 @@ fn redlock(setup: &Setup) -> Result<Redlock, Error> {
         .build()
 }
 
+/// The latencies tasks record for one contender, shared between them.
+#[derive(Default)]
+struct Samples(std::sync::Mutex<Vec<Duration>>);
+
+impl Samples {
+    /// One sample: the time since `started`.
+    fn record(&self, started: std::time::Instant) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(started.elapsed());
+    }
+
+    /// The samples so far, taken out.
+    fn take(&self) -> Stats {
+        Stats::new(std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ))
+    }
+}
+
 struct Stats {
     sorted: Vec<Duration>,
 }
